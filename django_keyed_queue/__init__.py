@@ -1,0 +1,31 @@
+"""Keyed serial execution for Celery tasks in Django projects."""
+
+from typing import TYPE_CHECKING, Any
+
+from .exceptions import GateUnavailable, InvalidArguments, InvalidKey, KeyedQueueError
+
+if TYPE_CHECKING:
+    from .decorators import keyed_serial_task
+    from .task import KeyedSerialTask
+
+__all__ = [
+    "GateUnavailable",
+    "InvalidArguments",
+    "InvalidKey",
+    "KeyedQueueError",
+    "KeyedSerialTask",
+    "keyed_serial_task",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # The task layer imports the models, so it loads on first use, after Django's apps.
+    if name == "keyed_serial_task":
+        from .decorators import keyed_serial_task
+
+        return keyed_serial_task
+    if name == "KeyedSerialTask":
+        from .task import KeyedSerialTask
+
+        return KeyedSerialTask
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

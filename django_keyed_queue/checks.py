@@ -1,0 +1,39 @@
+"""System checks: ``keyed_queue.E001`` ... and ``keyed_queue.W001`` ..."""
+
+from __future__ import annotations
+
+from urllib.parse import urlparse
+
+from django.conf import settings as django_settings
+from django.core.checks import Error, Warning, register
+
+from .conf import DEFAULTS, PREFIX, settings
+
+
+@register()
+def check_settings(app_configs=None, **kwargs) -> list:
+    problems = []
+    for name in dir(django_settings):
+        if name.startswith(PREFIX) and name[len(PREFIX) :] not in DEFAULTS:
+            problems.append(
+                Warning(
+                    f"Unknown setting {name}.",
+                    hint=f"Known settings: {', '.join(PREFIX + n for n in sorted(DEFAULTS))}.",
+                    id="keyed_queue.W001",
+                )
+            )
+    url = settings.REDIS_URL
+    if not isinstance(url, str) or urlparse(url).scheme not in ("redis", "rediss", "unix"):
+        problems.append(
+            Error(
+                f"KEYED_QUEUE_REDIS_URL must be a redis://, rediss:// or unix:// URL, got {url!r}.",
+                id="keyed_queue.E001",
+            )
+        )
+    for name in ("LEASE_SECONDS", "DISPATCH_TIMEOUT_SECONDS", "IDLE_HORIZON_SECONDS", "RECORD_FLUSH_SECONDS"):
+        value = getattr(settings, name)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            problems.append(
+                Error(f"KEYED_QUEUE_{name} must be a positive number of seconds, got {value!r}.", id="keyed_queue.E002")
+            )
+    return problems

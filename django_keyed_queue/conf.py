@@ -1,0 +1,38 @@
+"""``KEYED_QUEUE_*`` settings, read from ``django.conf.settings`` on every access.
+
+Reading lazily keeps ``override_settings`` working and nothing is read at import.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings as django_settings
+
+PREFIX = "KEYED_QUEUE_"
+
+DEFAULTS: dict[str, Any] = {
+    # Redis holding the gate (may differ from the Celery broker).
+    "REDIS_URL": "redis://localhost:6379/0",
+    # A running task's lease, renewed by its worker process; measured on the Redis clock.
+    "LEASE_SECONDS": 60.0,
+    # A granted ticket not started within this time has its message published again.
+    "DISPATCH_TIMEOUT_SECONDS": 300.0,
+    # A drained key's counters stay this long, keeping fencing tokens monotonic.
+    "IDLE_HORIZON_SECONDS": 86400.0,
+    # Worker-side record writes are batched and flushed at this interval.
+    "RECORD_FLUSH_SECONDS": 0.2,
+    # Dotted path or callable (task_name, args, kwargs) -> (args, kwargs) applied
+    # before arguments are written to KeyedTask.arguments.
+    "REDACT_ARGUMENTS": None,
+}
+
+
+class Settings:
+    def __getattr__(self, name: str) -> Any:
+        if name not in DEFAULTS:
+            raise AttributeError(f"unknown keyed_queue setting {name!r}")
+        return getattr(django_settings, PREFIX + name, DEFAULTS[name])
+
+
+settings = Settings()

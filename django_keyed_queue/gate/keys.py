@@ -1,0 +1,80 @@
+"""Every Redis key name the gate uses, built in this one place.
+
+All keys of one logical key share the hash tag ``{<escaped key>}`` so each
+script touches a single slot and the gate runs unchanged on Redis Cluster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PREFIX = "keyed_queue"
+
+#: Longest logical key accepted, in characters (before escaping).
+MAX_KEY_LENGTH = 200
+
+# Braces would end the hash tag early; "%" is escaped so the mapping is reversible.
+_ESCAPES = {"%": "%25", "{": "%7B", "}": "%7D"}
+_UNESCAPES = {v: k for k, v in _ESCAPES.items()}
+
+
+def escape(key: str) -> str:
+    return "".join(_ESCAPES.get(ch, ch) for ch in key)
+
+
+def unescape(escaped: str) -> str:
+    out, i = [], 0
+    while i < len(escaped):
+        token = escaped[i : i + 3]
+        if token in _UNESCAPES:
+            out.append(_UNESCAPES[token])
+            i += 3
+        else:
+            out.append(escaped[i])
+            i += 1
+    return "".join(out)
+
+
+@dataclass(frozen=True)
+class KeyNames:
+    """The Redis keys holding one logical key's gate state."""
+
+    key: str
+
+    @property
+    def base(self) -> str:
+        return f"{PREFIX}:{{{escape(self.key)}}}"
+
+    @property
+    def meta(self) -> str:
+        """HASH: seq (last ticket), fence (last fencing token), paused."""
+        return f"{self.base}:meta"
+
+    @property
+    def queue(self) -> str:
+        """LIST of parked tickets, oldest first."""
+        return f"{self.base}:queue"
+
+    @property
+    def messages(self) -> str:
+        """HASH ticket -> task message, kept until the ticket finishes."""
+        return f"{self.base}:messages"
+
+    @property
+    def holders(self) -> str:
+        """HASH ticket -> holder record, one per occupied slot."""
+        return f"{self.base}:holders"
+
+    @property
+    def joined(self) -> str:
+        """ZSET of task ids that joined the queue on arrival, scored by time (duplicate guard)."""
+        return f"{self.base}:joined"
+
+    def all(self) -> list[str]:
+        return [self.meta, self.queue, self.messages, self.holders]
+
+
+def key_from_redis_name(name: str) -> str:
+    """The logical key of a name built by :class:`KeyNames`."""
+    start, end = name.index("{") + 1, name.index("}")
+    return unescape(name[start:end])

@@ -1,0 +1,38 @@
+--[[
+  Withdraw a ticket that has not started: a parked one leaves the queue; a
+  granted one frees its slot for the next ticket. A running ticket stays.
+
+  KEYS[1] meta      KEYS[2] queue      KEYS[3] messages      KEYS[4] holders
+  ARGV[1] ticket
+  ARGV[2] limit (slots per key)
+  ARGV[3] dispatch timeout, ms
+  ARGV[4] idle horizon, ms
+
+  Returns {code, ticket1, dispatch1, message1, ...}
+    code 0 OK           withdrawn; the listed tickets are now granted and must be published
+    code 2 NOT_GRANTED  the ticket is unknown to the gate (finished or never taken)
+    code 6 RUNNING      the ticket is running; nothing changed
+]]
+--- @include "common"
+
+local meta_key, queue_key, messages_key, holders_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local ticket = ARGV[1]
+local limit = tonumber(ARGV[2])
+local dispatch_timeout = tonumber(ARGV[3])
+local horizon = tonumber(ARGV[4])
+
+local raw = redis.call('HGET', holders_key, ticket)
+if raw then
+  if decode_holder(raw).state == 'r' then
+    return {6}
+  end
+  redis.call('HDEL', holders_key, ticket)
+elseif redis.call('LREM', queue_key, 1, ticket) == 0 then
+  return {2}
+end
+
+redis.call('HDEL', messages_key, ticket)
+local out = grant_waiting(meta_key, queue_key, messages_key, holders_key, limit,
+  now_ms() + dispatch_timeout, {0})
+expire_if_idle(meta_key, queue_key, holders_key, horizon)
+return out

@@ -1,0 +1,39 @@
+--[[
+  A running ticket is done (succeeded, or failed for good): free its slot and
+  grant the next parked tickets up to the limit.
+
+  KEYS[1] meta      KEYS[2] queue      KEYS[3] messages      KEYS[4] holders
+  ARGV[1] ticket
+  ARGV[2] fencing token of the finishing attempt
+  ARGV[3] limit (slots per key)
+  ARGV[4] dispatch timeout, ms
+  ARGV[5] idle horizon, ms
+
+  Returns {code, ticket1, dispatch1, message1, ticket2, ...}
+    code 0 OK           finished; the listed tickets are now granted and must be published
+    code 5 STALE_TOKEN  the caller no longer holds the ticket (fenced); nothing changed
+]]
+--- @include "common"
+
+local meta_key, queue_key, messages_key, holders_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local ticket = ARGV[1]
+local token = tonumber(ARGV[2])
+local limit = tonumber(ARGV[3])
+local dispatch_timeout = tonumber(ARGV[4])
+local horizon = tonumber(ARGV[5])
+
+local raw = redis.call('HGET', holders_key, ticket)
+if not raw then
+  return {5}
+end
+local holder = decode_holder(raw)
+if holder.state ~= 'r' or holder.token ~= token then
+  return {5}
+end
+
+redis.call('HDEL', holders_key, ticket)
+redis.call('HDEL', messages_key, ticket)
+local out = grant_waiting(meta_key, queue_key, messages_key, holders_key, limit,
+  now_ms() + dispatch_timeout, {0})
+expire_if_idle(meta_key, queue_key, holders_key, horizon)
+return out

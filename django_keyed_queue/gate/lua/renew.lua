@@ -1,0 +1,29 @@
+--[[
+  Extend the leases one worker process holds on one key, in one call.
+
+  KEYS[1] holders
+  ARGV[1] lease, ms
+  ARGV[2], ARGV[3], ...  ticket, token pairs
+
+  Returns {renewed1, renewed2, ...}  1 = extended, 0 = lost (fenced or finished)
+]]
+--- @include "common"
+
+local holders_key = KEYS[1]
+local deadline = now_ms() + tonumber(ARGV[1])
+local out = {}
+for i = 2, #ARGV, 2 do
+  local ticket, token = ARGV[i], tonumber(ARGV[i + 1])
+  local raw = redis.call('HGET', holders_key, ticket)
+  local renewed = 0
+  if raw then
+    local holder = decode_holder(raw)
+    if holder.state == 'r' and holder.token == token then
+      holder.deadline = deadline
+      redis.call('HSET', holders_key, ticket, encode_holder(holder))
+      renewed = 1
+    end
+  end
+  out[#out + 1] = renewed
+end
+return out

@@ -1,0 +1,39 @@
+--[[
+  A running ticket retries: it keeps its slot through the countdown, and only
+  the retry's message (the next dispatch generation) may start it again.
+
+  KEYS[1] messages  KEYS[2] holders
+  ARGV[1] ticket
+  ARGV[2] fencing token of the running attempt
+  ARGV[3] countdown, ms
+  ARGV[4] dispatch timeout, ms
+  ARGV[5] message of the retry (replaces the stored one)
+
+  Returns {code, dispatch}
+    code 0 OK           the retry message must carry `dispatch`
+    code 5 STALE_TOKEN  the caller no longer holds the ticket; nothing changed
+]]
+--- @include "common"
+
+local messages_key, holders_key = KEYS[1], KEYS[2]
+local ticket = ARGV[1]
+local token = tonumber(ARGV[2])
+local countdown = tonumber(ARGV[3])
+local dispatch_timeout = tonumber(ARGV[4])
+
+local raw = redis.call('HGET', holders_key, ticket)
+if not raw then
+  return {5, 0}
+end
+local holder = decode_holder(raw)
+if holder.state ~= 'r' or holder.token ~= token then
+  return {5, 0}
+end
+
+holder.state = 'g'
+holder.dispatch = holder.dispatch + 1
+holder.token = 0
+holder.deadline = now_ms() + countdown + dispatch_timeout
+redis.call('HSET', holders_key, ticket, encode_holder(holder))
+redis.call('HSET', messages_key, ticket, ARGV[5])
+return {0, holder.dispatch}

@@ -1,0 +1,41 @@
+--[[
+  A worker is about to run a ticket: check that this message may start it,
+  then start its lease on the server's clock and hand out a fencing token.
+
+  KEYS[1] meta      KEYS[2] holders
+  ARGV[1] ticket
+  ARGV[2] dispatch generation carried by the message
+  ARGV[3] lease, ms
+
+  Returns {code, token, attempts, lease_deadline_ms}
+    code 0 OK               started
+    code 2 NOT_GRANTED      the ticket holds no slot (finished, cancelled or still parked)
+    code 3 ALREADY_STARTED  a message of this ticket already started it
+    code 4 STALE_DISPATCH   the message is from an older dispatch (superseded by a retry)
+]]
+--- @include "common"
+
+local meta_key, holders_key = KEYS[1], KEYS[2]
+local ticket = ARGV[1]
+local dispatch = tonumber(ARGV[2])
+local lease = tonumber(ARGV[3])
+
+local raw = redis.call('HGET', holders_key, ticket)
+if not raw then
+  return {2, 0, 0, 0}
+end
+local holder = decode_holder(raw)
+if holder.dispatch ~= dispatch then
+  return {4, 0, holder.attempts, 0}
+end
+if holder.state == 'r' then
+  return {3, 0, holder.attempts, 0}
+end
+
+local deadline = now_ms() + lease
+holder.state = 'r'
+holder.token = redis.call('HINCRBY', meta_key, 'fence', 1)
+holder.deadline = deadline
+holder.attempts = holder.attempts + 1
+redis.call('HSET', holders_key, ticket, encode_holder(holder))
+return {0, holder.token, holder.attempts, deadline}

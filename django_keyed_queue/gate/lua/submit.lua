@@ -1,0 +1,64 @@
+--[[
+  Take the next ticket of a key and store its task message.
+  The ticket is granted at once when nothing waits before it and the key has
+  a free slot; with ARGV[4] > 0 it is also started (a delayed task joining
+  its queue on the worker that holds it).
+
+  KEYS[1] meta      KEYS[2] queue      KEYS[3] messages      KEYS[4] holders
+  KEYS[5] joined    ZSET of join ids (task ids of delayed tasks that joined), scored by time
+  ARGV[1] message (opaque bytes)
+  ARGV[2] limit (slots per key)
+  ARGV[3] dispatch timeout, ms
+  ARGV[4] lease, ms (0 = grant only, do not start)
+  ARGV[5] join id ('' = none): a second submit with the same id within the horizon is refused
+  ARGV[6] idle horizon, ms
+
+  Returns {code, ticket, token, deadline_ms}
+    code 0 OK         granted (token > 0 when started, deadline = lease end)
+    code 1 PARKED     waiting in the queue
+    code 7 DUPLICATE  the join id was seen before; nothing changed
+]]
+--- @include "common"
+
+local meta_key, queue_key, messages_key, holders_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local message = ARGV[1]
+local limit = tonumber(ARGV[2])
+local dispatch_timeout = tonumber(ARGV[3])
+local lease = tonumber(ARGV[4])
+local join_id = ARGV[5]
+local horizon = tonumber(ARGV[6])
+local now = now_ms()
+
+if join_id ~= '' then
+  local joined_key = KEYS[5]
+  redis.call('ZREMRANGEBYSCORE', joined_key, '-inf', now - horizon)
+  if redis.call('ZSCORE', joined_key, join_id) then
+    return {7, 0, 0, 0}
+  end
+  redis.call('ZADD', joined_key, now, join_id)
+  redis.call('PEXPIRE', joined_key, horizon)
+end
+
+local ticket = redis.call('HINCRBY', meta_key, 'seq', 1)
+redis.call('PERSIST', meta_key)
+redis.call('HSET', messages_key, ticket, message)
+
+local free = redis.call('LLEN', queue_key) == 0
+  and redis.call('HLEN', holders_key) < limit
+  and redis.call('HEXISTS', meta_key, 'paused') == 0
+if not free then
+  redis.call('RPUSH', queue_key, ticket)
+  return {1, ticket, 0, 0}
+end
+
+if lease > 0 then
+  local token = redis.call('HINCRBY', meta_key, 'fence', 1)
+  redis.call('HSET', holders_key, ticket, encode_holder({
+    state = 'r', dispatch = 1, token = token, deadline = now + lease, attempts = 1,
+  }))
+  return {0, ticket, token, now + lease}
+end
+redis.call('HSET', holders_key, ticket, encode_holder({
+  state = 'g', dispatch = 1, token = 0, deadline = now + dispatch_timeout, attempts = 0,
+}))
+return {0, ticket, 0, now + dispatch_timeout}

@@ -1,0 +1,42 @@
+"""Load the Lua scripts shipped in ``lua/`` and name what they return."""
+
+from __future__ import annotations
+
+import enum
+import re
+from functools import cache
+from importlib import resources
+
+_INCLUDE = re.compile(r'^--- @include "([a-z_]+)"$', re.MULTILINE)
+SCRIPT_NAMES = ("submit", "start", "finish", "retry", "renew", "cancel")
+
+
+class Code(enum.IntEnum):
+    """First element of every script's reply."""
+
+    OK = 0
+    PARKED = 1
+    NOT_GRANTED = 2
+    ALREADY_STARTED = 3
+    STALE_DISPATCH = 4
+    STALE_TOKEN = 5
+    RUNNING = 6
+    DUPLICATE = 7
+
+
+def _read(path: str) -> str:
+    return resources.files(__package__).joinpath("lua", path).read_text(encoding="utf-8")
+
+
+@cache
+def source(name: str) -> str:
+    """The script ``name`` with its ``--- @include`` lines replaced by the included files."""
+    return _INCLUDE.sub(lambda m: _read(f"includes/{m.group(1)}.lua"), _read(f"{name}.lua"))
+
+
+def seconds_to_ms(seconds: float) -> int:
+    return max(0, round(seconds * 1000))
+
+
+def ms_to_seconds(ms: int) -> float:
+    return ms / 1000.0

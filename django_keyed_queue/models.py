@@ -1,0 +1,46 @@
+"""The record of what happened to every keyed submission. Redis decides; these record."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+from .gate import MAX_KEY_LENGTH
+from .querysets import KeyedTaskQuerySet
+from .statuses import ACTIVE_STATUSES, Status
+
+
+class KeyedTask(models.Model):
+    task_id = models.CharField(_("task id"), max_length=255, unique=True)
+    task_name = models.CharField(_("task name"), max_length=255)
+    key = models.CharField(_("key"), max_length=MAX_KEY_LENGTH)
+    ticket = models.BigIntegerField(_("ticket"), null=True, blank=True)
+    status = models.CharField(_("status"), max_length=16, choices=Status.choices, default=Status.WAITING)
+    arguments = models.TextField(_("arguments"), blank=True)
+    attempts = models.PositiveIntegerField(_("attempts"), default=0)
+    worker = models.CharField(_("worker"), max_length=255, blank=True)
+    enqueued_at = models.DateTimeField(_("enqueued at"))
+    dispatched_at = models.DateTimeField(_("dispatched at"), null=True, blank=True)
+    started_at = models.DateTimeField(_("started at"), null=True, blank=True)
+    heartbeat_at = models.DateTimeField(_("heartbeat at"), null=True, blank=True)
+    finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
+    error = models.TextField(_("error"), blank=True)
+
+    objects = KeyedTaskQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("keyed task")
+        verbose_name_plural = _("keyed tasks")
+        ordering = ["-id"]
+        indexes = [
+            models.Index(fields=["key", "-id"], name="keyed_task_key_recent"),
+            models.Index(fields=["status", "-id"], name="keyed_task_status_recent"),
+            models.Index(
+                fields=["enqueued_at"],
+                name="keyed_task_active",
+                condition=models.Q(status__in=ACTIVE_STATUSES),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_name}[{self.task_id}] {self.key}#{self.ticket}"

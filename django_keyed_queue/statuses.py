@@ -1,0 +1,31 @@
+"""The statuses a keyed task record moves through."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+
+class Status(models.TextChoices):
+    WAITING = "waiting", _("waiting")
+    DISPATCHED = "dispatched", _("dispatched")
+    RUNNING = "running", _("running")
+    RETRYING = "retrying", _("retrying")
+    SUCCEEDED = "succeeded", _("succeeded")
+    FAILED = "failed", _("failed")
+    CANCELLED = "cancelled", _("cancelled")
+
+
+TERMINAL_STATUSES = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
+ACTIVE_STATUSES = (Status.WAITING, Status.DISPATCHED, Status.RUNNING, Status.RETRYING)
+
+#: Order of statuses within one attempt; a record never moves back in it.
+STATUS_RANK = {
+    Status.WAITING: 0,
+    Status.DISPATCHED: 1,
+    Status.RUNNING: 2,
+    Status.RETRYING: 3,
+    Status.SUCCEEDED: 4,
+    Status.FAILED: 4,
+    Status.CANCELLED: 4,
+}

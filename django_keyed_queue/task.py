@@ -1,0 +1,256 @@
+"""The Celery task base class of keyed serial tasks: hooks only.
+
+The gate decides who may run; this class calls it at submission, before and
+after running, and on retry, and hands the records their transitions.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from functools import cached_property
+from typing import Any
+
+import redis
+from celery import Task
+from celery.exceptions import Ignore, Retry
+from celery.utils import uuid
+from django.db import transaction
+from django.utils import timezone
+
+from . import records
+from .connection import get_gate
+from .exceptions import GateUnavailable, InvalidArguments, InvalidKey
+from .gate import MAX_KEY_LENGTH, Grant, Lease
+from .leases import keeper
+from .messages import TaskMessage, portable_options
+from .statuses import Status
+
+logger = logging.getLogger(__name__)
+
+#: Message header carrying a granted ticket: {"key", "ticket", "dispatch"}.
+HEADER = "keyed_queue"
+_DELAY_OPTIONS = ("countdown", "eta")
+
+
+class KeyedSerialTask(Task):
+    """Tasks sharing a key run one at a time (``serial_limit`` at a time), in submission order."""
+
+    #: A ``str.format`` template over the task's arguments, or a callable taking them.
+    serial_key: str | Callable[..., str] = ""
+    #: How many tasks of one key may run at once.
+    serial_limit: int = 1
+
+    # -- submission -------------------------------------------------------
+
+    def apply_async(self, args=None, kwargs=None, **options):  # type: ignore[override]
+        args, kwargs = tuple(args or ()), dict(kwargs or {})
+        if self.app.conf.task_always_eager:
+            return super().apply_async(args, kwargs, **options)
+        lease = getattr(self.request, "keyed_lease", None)
+        if lease is not None and options.get("task_id") == self.request.id:
+            return self._retry_in_place(lease, args, kwargs, options)
+        return self._submit(args, kwargs, options)
+
+    def key_for(self, args: tuple, kwargs: dict) -> str:
+        """This task's key for these arguments; raises InvalidKey or InvalidArguments."""
+        try:
+            bound = self._signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise InvalidArguments(f"{self.name}: {exc}") from exc
+        bound.apply_defaults()
+        spec = self.serial_key
+        try:
+            key = spec.format(**bound.arguments) if isinstance(spec, str) else spec(*args, **kwargs)
+        except Exception as exc:
+            raise InvalidKey(f"{self.name}: cannot make the key from {spec!r}: {exc!r}") from exc
+        if not isinstance(key, str):
+            raise InvalidKey(f"{self.name}: the key must be a str, got {type(key).__name__}: {key!r}")
+        if not key:
+            raise InvalidKey(f"{self.name}: the key is empty")
+        if len(key) > MAX_KEY_LENGTH:
+            raise InvalidKey(
+                f"{self.name}: the key is {len(key)} characters long, over the maximum of {MAX_KEY_LENGTH}"
+            )
+        return key
+
+    @cached_property
+    def _signature(self) -> inspect.Signature:
+        return inspect.signature(self.run)
+
+    def _submit(self, args: tuple, kwargs: dict, options: dict):
+        key = self.key_for(args, kwargs)
+        task_id = options.pop("task_id", None) or uuid()
+        delayed = any(options.get(name) is not None for name in _DELAY_OPTIONS)
+        stored = {k: v for k, v in portable_options(options).items() if k not in _DELAY_OPTIONS}
+        message = TaskMessage(self.name, task_id, args, kwargs, stored).encode(self.serializer)
+        row = {
+            "task_id": task_id,
+            "task_name": self.name,
+            "key": key,
+            "arguments": records.describe_arguments(self.name, args, kwargs),
+        }
+        if delayed:
+            # A delayed task joins its key's queue when due, on the worker (see __call__).
+            with transaction.atomic():
+                records.record_submission(status=Status.WAITING, **row)
+                super().apply_async(args, kwargs, task_id=task_id, **options)
+            return self.AsyncResult(task_id)
+
+        gate = get_gate()
+        try:
+            submitted = gate.submit(key, message, limit=self.serial_limit)
+        except redis.RedisError as exc:
+            raise GateUnavailable(f"{self.name}: the keyed queue's Redis is unreachable: {exc}") from exc
+        assert submitted is not None  # only joins can be duplicates
+        try:
+            with transaction.atomic():
+                records.record_submission(
+                    ticket=submitted.ticket,
+                    status=Status.DISPATCHED if submitted.granted else Status.WAITING,
+                    dispatched_at=timezone.now() if submitted.granted else None,
+                    **row,
+                )
+                if submitted.granted:
+                    self._publish(key, submitted.ticket, 1, args, kwargs, {**options, "task_id": task_id})
+        except BaseException:
+            withdrawn = gate.cancel(key, submitted.ticket, limit=self.serial_limit)
+            publish_grants(self.app, withdrawn.granted)
+            raise
+        return self.AsyncResult(task_id)
+
+    def _publish(self, key: str, ticket: int, dispatch: int, args: tuple, kwargs: dict, options: dict):
+        headers = {**(options.pop("headers", None) or {}), HEADER: {"key": key, "ticket": ticket, "dispatch": dispatch}}
+        return super().apply_async(args, kwargs, headers=headers, **options)
+
+    def _retry_in_place(self, lease: Lease, args: tuple, kwargs: dict, options: dict):
+        """``self.retry()``: keep the key held through the countdown; the retry runs next."""
+        countdown = options.get("countdown") or 0
+        eta = options.get("eta")
+        if isinstance(eta, datetime):
+            countdown = max(0.0, (eta - timezone.now()).total_seconds())
+        stored = {k: v for k, v in portable_options(options).items() if k not in (*_DELAY_OPTIONS, "task_id")}
+        message = TaskMessage(self.name, options["task_id"], args, kwargs, stored).encode(self.serializer)
+        dispatch = get_gate().retry(lease.key, lease.ticket, lease.token, message, countdown_seconds=countdown)
+        if dispatch is None:
+            logger.warning("retry of a fenced ticket dropped key=%r ticket=%s", lease.key, lease.ticket)
+            return self.AsyncResult(options["task_id"])
+        self.request.keyed_retried = True
+        records.record(options["task_id"], Status.RETRYING, self.request.keyed_attempts)
+        return self._publish(lease.key, lease.ticket, dispatch, args, kwargs, dict(options))
+
+    # -- execution --------------------------------------------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        request = self.request
+        if request.called_directly or request.is_eager:
+            return self.run(*args, **kwargs)
+        header = getattr(request, HEADER, None)
+        lease, attempts = self._join(args, kwargs) if header is None else self._start(header)
+        request.keyed_lease, request.keyed_attempts, request.keyed_retried = lease, attempts, False
+        now = timezone.now()
+        records.record(
+            request.id,
+            Status.RUNNING,
+            attempts,
+            create={
+                "task_name": self.name,
+                "key": lease.key,
+                "arguments": records.describe_arguments(self.name, args, kwargs),
+                "enqueued_at": now,
+            },
+            ticket=lease.ticket,
+            started_at=now,
+            heartbeat_at=now,
+            worker=request.hostname or "",
+        )
+        keeper.hold(lease)
+        try:
+            result = self.run(*args, **kwargs)
+        except Retry:
+            keeper.release(lease)
+            raise
+        except Exception as exc:
+            if not request.keyed_retried:
+                self._finish(lease, Status.FAILED, attempts, error=f"{type(exc).__name__}: {exc}")
+            else:
+                keeper.release(lease)
+            raise
+        except BaseException:
+            keeper.release(lease)  # the process is going down; the lease expires and is reaped
+            raise
+        if not request.keyed_retried:
+            self._finish(lease, Status.SUCCEEDED, attempts)
+        else:
+            keeper.release(lease)
+        return result
+
+    @property
+    def keyed_lease(self) -> Lease | None:
+        """The running task's lease; ``keyed_lease.token`` is its fencing token."""
+        return getattr(self.request, "keyed_lease", None)
+
+    def _start(self, header: dict) -> tuple[Lease, int]:
+        key, ticket = header["key"], int(header["ticket"])
+        started = get_gate().start(key, ticket, int(header["dispatch"]))
+        if not started.ok:
+            logger.info(
+                "dropping message of %s[%s] key=%r ticket=%s: %s",
+                self.name,
+                self.request.id,
+                key,
+                ticket,
+                started.code.name,
+            )
+            raise Ignore()
+        return Lease(key, ticket, started.token), started.attempts
+
+    def _join(self, args: tuple, kwargs: dict) -> tuple[Lease, int]:
+        """A message without a ticket (a delayed task now due): take a ticket now."""
+        request = self.request
+        key = self.key_for(args, kwargs)
+        options = {k: v for k, v in request.as_execution_options().items() if k != "task_id" and v is not None}
+        routing = request.delivery_info or {}
+        if routing.get("routing_key"):
+            options.setdefault("queue", routing["routing_key"])
+        message = TaskMessage(self.name, request.id, args, kwargs, portable_options(options)).encode(self.serializer)
+        submitted = get_gate().submit(key, message, limit=self.serial_limit, start=True, join_id=request.id)
+        if submitted is None:
+            logger.info("dropping duplicate of %s[%s] key=%r", self.name, request.id, key)
+            raise Ignore()
+        if not submitted.token:
+            records.record(request.id, Status.WAITING, 0, ticket=submitted.ticket)
+            raise Ignore()
+        return Lease(key, submitted.ticket, submitted.token), 1
+
+    def _finish(self, lease: Lease, status: str, attempts: int, error: str = "") -> None:
+        keeper.release(lease)
+        records.record(self.request.id, status, attempts, finished_at=timezone.now(), error=error)
+        try:
+            finished = get_gate().finish(lease.key, lease.ticket, lease.token, limit=self.serial_limit)
+        except redis.RedisError:
+            logger.exception("finishing key=%r ticket=%s failed; its lease will expire", lease.key, lease.ticket)
+            return
+        if not finished.ok:
+            logger.warning("finished a fenced ticket key=%r ticket=%s: %s", lease.key, lease.ticket, finished.code.name)
+        publish_grants(self.app, finished.granted)
+
+
+def publish_grants(app, grants: Iterable[Grant]) -> None:
+    """Publish the messages of tickets the gate just granted."""
+    for grant in grants:
+        message = TaskMessage.decode(grant.message)
+        task = app.tasks[message.task_name]
+        options = {**message.options, "task_id": message.task_id, "add_to_parent": False}
+        try:
+            task._publish(grant.key, grant.ticket, grant.dispatch, message.args, message.kwargs, options)
+        except Exception:
+            logger.exception(
+                "publishing granted %s[%s] failed; the dispatch timeout will resend it",
+                message.task_name,
+                message.task_id,
+            )
+            continue
+        records.record(message.task_id, Status.DISPATCHED, 0, dispatched_at=timezone.now())

@@ -1,0 +1,39 @@
+"""A shared, totally ordered log of task starts and ends, kept in Redis.
+
+Tests and benchmarks read it back to check order and exclusion: RPUSH order
+is the order events happened, with no clocks to compare across processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from functools import cache
+
+import redis
+from django.conf import settings
+
+HISTORY = "testproject:history"
+
+
+@cache
+def _client(pid: int) -> redis.Redis:
+    return redis.Redis.from_url(settings.KEYED_QUEUE_REDIS_URL.rsplit("/", 1)[0] + "/3")
+
+
+def client() -> redis.Redis:
+    return _client(os.getpid())
+
+
+def log(event: str, key: str, n: int, **extra: object) -> None:
+    entry = {"event": event, "key": key, "n": n, "pid": os.getpid(), "t": time.time(), **extra}
+    client().rpush(HISTORY, json.dumps(entry))
+
+
+def read() -> list[dict]:
+    return [json.loads(raw) for raw in client().lrange(HISTORY, 0, -1)]
+
+
+def clear() -> None:
+    client().delete(HISTORY)

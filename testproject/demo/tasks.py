@@ -1,0 +1,76 @@
+"""Tasks of the demo, and the ones the tests and benchmarks drive."""
+
+from __future__ import annotations
+
+import time
+
+from celery import shared_task
+
+from django_keyed_queue import keyed_serial_task
+
+from . import history
+
+
+@keyed_serial_task(key="account:{account_id}")
+def sync_account(account_id: int, full: bool = False) -> str:
+    time.sleep(0.5 if full else 0.1)
+    return f"synced account {account_id}"
+
+
+@keyed_serial_task(key=lambda path, data: path, limit=1, bind=True, max_retries=3)
+def write_file(self, path: str, data: str) -> int:
+    time.sleep(0.05)
+    return len(data)
+
+
+@keyed_serial_task(key="{key}")
+def step(key: str, n: int, duration: float = 0.0) -> int:
+    """Log start and end around a sleep: the history shows order and overlap."""
+    history.log("start", key, n)
+    time.sleep(duration)
+    history.log("end", key, n)
+    return n
+
+
+@keyed_serial_task(key="{key}", limit=2)
+def step_pair(key: str, n: int, duration: float = 0.0) -> int:
+    history.log("start", key, n)
+    time.sleep(duration)
+    history.log("end", key, n)
+    return n
+
+
+@keyed_serial_task(key="{key}", bind=True, max_retries=5)
+def flaky_step(self, key: str, n: int, failures: int, countdown: float = 0.5) -> int:
+    """Fails its first ``failures`` attempts, retrying each time after ``countdown``."""
+    history.log("start", key, n, attempt=self.request.retries)
+    if self.request.retries < failures:
+        history.log("end", key, n, attempt=self.request.retries, outcome="retry")
+        raise self.retry(countdown=countdown)
+    history.log("end", key, n, attempt=self.request.retries)
+    return n
+
+
+@keyed_serial_task(key="{key}")
+def failing_step(key: str, n: int) -> None:
+    history.log("start", key, n)
+    history.log("end", key, n, outcome="error")
+    raise RuntimeError(f"step {n} of {key} fails on purpose")
+
+
+@keyed_serial_task(key="{key}")
+def keyed_noop(key: str, i: int) -> None:
+    return None
+
+
+@shared_task
+def plain_noop(key: str, i: int) -> None:
+    return None
+
+
+@shared_task
+def plain_step(key: str, n: int, duration: float = 0.0) -> int:
+    history.log("start", key, n)
+    time.sleep(duration)
+    history.log("end", key, n)
+    return n

@@ -1,0 +1,84 @@
+"""Settings of the project used by the demo, the tests and the benchmarks.
+
+Every address comes from the environment so tests can point it at the
+redis-server and database they started.
+"""
+
+import os
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent
+DATA_DIR = Path(os.environ.get("TESTPROJECT_DATA_DIR", BASE_DIR.parent / ".demo"))
+
+SECRET_KEY = "testproject-only-not-secret"
+DEBUG = os.environ.get("TESTPROJECT_DEBUG", "1") == "1"
+ALLOWED_HOSTS = ["localhost", "127.0.0.1"]
+USE_TZ = True
+TIME_ZONE = "UTC"
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_keyed_queue",
+    "testproject.demo",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+
+ROOT_URLCONF = "testproject.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+STATIC_URL = "static/"
+
+_DB_PATH = os.environ.get("TESTPROJECT_DB", str(DATA_DIR / "db.sqlite3"))
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": _DB_PATH,
+        # Workers, the producer and the flusher threads write concurrently.
+        "OPTIONS": {
+            "timeout": 30,
+            "transaction_mode": "IMMEDIATE",
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        },
+        "TEST": {"NAME": _DB_PATH},
+    }
+}
+
+_REDIS = os.environ.get("TESTPROJECT_REDIS_URL", "redis://127.0.0.1:6379")
+KEYED_QUEUE_REDIS_URL = f"{_REDIS}/0"
+CELERY_BROKER_URL = f"{_REDIS}/1"
+CELERY_RESULT_BACKEND = f"{_REDIS}/2"
+CELERY_TASK_SERIALIZER = "json"
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"django_keyed_queue": {"handlers": ["console"], "level": os.environ.get("KEYED_QUEUE_LOG", "INFO")}},
+}

@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.servers import RedisServer, Worker
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    data_dir = Path(os.environ["TESTPROJECT_DATA_DIR"])
+    server = RedisServer(os.environ["TESTPROJECT_REDIS_URL"], data_dir / "redis")
+    server.start()
+    yield server
+    server.stop()
+    shutil.rmtree(data_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def gate_redis(redis_server) -> redis.Redis:
+    """The gate's Redis database, emptied for each test (with the test history)."""
+    client = redis.Redis.from_url(f"{redis_server.url}/0")
+    client.flushdb()
+    redis.Redis.from_url(f"{redis_server.url}/3").flushdb()
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def workers(redis_server, django_db_setup, django_db_blocker):
+    """Two real prefork celery workers of concurrency 2, shared by the tests that need them."""
+    log_dir = Path(os.environ["TESTPROJECT_DATA_DIR"]) / "logs"
+    started = [Worker(f"w{i}", log_dir) for i in (1, 2)]
+    try:
+        for worker in started:
+            worker.start()
+        yield started
+    finally:
+        for worker in started:
+            worker.stop()
