@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.servers import RedisServer, Worker
+from testproject.servers import RedisServer, Worker
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,7 @@ HISTORY = "testproject:history"
 
 @cache
 def _client(pid: int) -> redis.Redis:
-    return redis.Redis.from_url(settings.KEYED_QUEUE_REDIS_URL.rsplit("/", 1)[0] + "/3")
+    return redis.Redis.from_url(settings.CELERY_BROKER_URL.rsplit("/", 1)[0] + "/3")
 
 
 def client() -> redis.Redis:

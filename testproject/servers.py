@@ -1,4 +1,4 @@
-"""Real servers and workers for the tests: a redis-server and celery worker processes."""
+"""Real servers and workers for the demo, the tests and the benchmarks: redis-server and celery worker processes."""
 
 from __future__ import annotations
 
