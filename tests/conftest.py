@@ -17,6 +17,10 @@ def redis_server():
     server.start()
     yield server
     server.stop()
+    # Keep the logs of the servers and workers for reading after the run.
+    artifacts = Path(__file__).resolve().parent.parent / "test-artifacts"
+    shutil.rmtree(artifacts, ignore_errors=True)
+    shutil.copytree(data_dir, artifacts, ignore=shutil.ignore_patterns("*.sqlite3*", "*.rdb", "*.aof"))
     shutil.rmtree(data_dir, ignore_errors=True)
 
 

@@ -1,0 +1,77 @@
+"""Keyed tasks on real prefork workers: order, exclusion, limits, failures and retries."""
+
+import pytest
+
+from django_keyed_queue.models import KeyedTask
+from testproject.demo.tasks import failing_step, flaky_step, step, step_pair
+from tests.helpers import check_history, read_history, wait_for_records
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.workers]
+
+
+def test_one_key_runs_in_submission_order_without_overlap(workers, gate_redis):
+    results = [step.delay("k1", n, 0.02) for n in range(15)]
+    records = wait_for_records(r.id for r in results)
+    starts = check_history(read_history())
+    assert starts["k1"] == list(range(15))
+    assert [records[r.id].ticket for r in results] == list(range(1, 16))
+    assert {records[r.id].status for r in results} == {"succeeded"}
+    assert all(rec.started_at and rec.finished_at and rec.worker and rec.attempts == 1 for rec in records.values())
+
+
+def test_limit_allows_that_many_at_once(workers, gate_redis):
+    results = [step_pair.delay("pair", n, 0.3) for n in range(8)]
+    wait_for_records(r.id for r in results)
+    events = read_history()
+    check_history(events, limit=2)
+    running, most = 0, 0
+    for e in events:
+        running += 1 if e["event"] == "start" else -1
+        most = max(most, running)
+    assert most == 2, "limit=2 should let two tasks of the key overlap"
+
+
+def test_failure_passes_the_key_on(workers, gate_redis):
+    failed = failing_step.delay("f", 0)
+    after = step.delay("f", 1)
+    records = wait_for_records([failed.id, after.id])
+    assert records[failed.id].status == "failed"
+    assert "fails on purpose" in records[failed.id].error
+    assert records[after.id].status == "succeeded"
+    assert check_history(read_history())["f"] == [0, 1]
+    assert after.get(timeout=10) == 1
+
+
+def test_retry_keeps_its_place(workers, gate_redis):
+    flaky = flaky_step.delay("r", 0, failures=2, countdown=0.5)
+    later = [step.delay("r", n) for n in (1, 2)]
+    records = wait_for_records([flaky.id, *(r.id for r in later)])
+    events = [e for e in read_history() if e["event"] == "start"]
+    # The retries of task 0 (after 0.5 s countdowns) still run before tasks 1 and 2.
+    assert [(e["n"], e.get("attempt")) for e in events] == [(0, 0), (0, 1), (0, 2), (1, None), (2, None)]
+    assert records[flaky.id].status == "succeeded"
+    assert records[flaky.id].attempts == 3
+    assert flaky.get(timeout=10) == 0
+
+
+def test_retry_records_pass_through_retrying(workers, gate_redis):
+    flaky = flaky_step.delay("rr", 0, failures=1, countdown=2.0)
+
+    def retrying():
+        row = KeyedTask.objects.filter(task_id=flaky.id).first()
+        return row is not None and row.status == "retrying"
+
+    from tests.helpers import wait_until
+
+    wait_until(retrying, timeout=10, message="the record to show retrying")
+    wait_for_records([flaky.id])
+
+
+def test_delayed_task_joins_its_queue_when_due(workers, gate_redis):
+    delayed = step.apply_async(("d", 0), countdown=1.5)
+    ready = step.delay("d", 1)
+    records = wait_for_records([delayed.id, ready.id])
+    # The delayed task did not block the ready one submitted after it.
+    assert check_history(read_history(), accepted={"d": [1, 0]})["d"] == [1, 0]
+    assert records[ready.id].ticket < records[delayed.id].ticket
+    assert records[delayed.id].status == "succeeded"
