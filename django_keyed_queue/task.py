@@ -116,7 +116,7 @@ class KeyedSerialTask(Task):
                 if submitted.granted:
                     self._publish(key, submitted.ticket, 1, args, kwargs, {**options, "task_id": task_id})
         except BaseException:
-            withdrawn = gate.cancel(key, submitted.ticket, limit=self.serial_limit)
+            withdrawn = gate.cancel(key, submitted.ticket, limit=self.serial_limit, forget=True)
             publish_grants(self.app, withdrawn.granted)
             raise
         return self.AsyncResult(task_id)

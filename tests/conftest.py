@@ -12,12 +12,17 @@ from testproject.servers import RedisServer, Worker
 
 @pytest.fixture(scope="session")
 def redis_server():
-    data_dir = Path(os.environ["TESTPROJECT_DATA_DIR"])
-    server = RedisServer(os.environ["TESTPROJECT_REDIS_URL"], data_dir / "redis")
+    server = RedisServer(os.environ["TESTPROJECT_REDIS_URL"], Path(os.environ["TESTPROJECT_DATA_DIR"]) / "redis")
     server.start()
     yield server
     server.stop()
-    # Keep the logs of the servers and workers for reading after the run.
+
+
+def pytest_unconfigure(config):
+    """After every fixture (the test database too) is torn down: keep the logs, drop the temp dir."""
+    data_dir = Path(os.environ["TESTPROJECT_DATA_DIR"])
+    if not data_dir.exists():
+        return
     artifacts = Path(__file__).resolve().parent.parent / "test-artifacts"
     shutil.rmtree(artifacts, ignore_errors=True)
     shutil.copytree(data_dir, artifacts, ignore=shutil.ignore_patterns("*.sqlite3*", "*.rdb", "*.aof"))

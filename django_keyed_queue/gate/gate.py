@@ -154,12 +154,16 @@ class Gate:
         logger.debug("retry key=%r ticket=%s code=%s dispatch=%s", key, ticket, Code(code).name, dispatch)
         return int(dispatch) if code == Code.OK else None
 
-    def cancel(self, key: str, ticket: int, *, limit: int = 1) -> FinishResult:
-        """Withdraw a ticket that has not started; returns tickets granted in its place."""
+    def cancel(self, key: str, ticket: int, *, limit: int = 1, forget: bool = False) -> FinishResult:
+        """Withdraw a ticket that has not started; returns tickets granted in its place.
+
+        ``forget=True`` is for a submission that failed before anyone saw its
+        ticket: the ticket number is given back when it was the last one taken.
+        """
         reply = self._call(
             "cancel",
             KeyNames(key).all(),
-            [ticket, limit, self.dispatch_timeout_ms, self.idle_horizon_ms],
+            [ticket, limit, self.dispatch_timeout_ms, self.idle_horizon_ms, int(forget)],
         )
         result = FinishResult(Code(reply[0]), self._grants(key, reply[1:]))
         logger.debug("cancel key=%r ticket=%s code=%s", key, ticket, result.code.name)

@@ -7,6 +7,8 @@
   ARGV[2] limit (slots per key)
   ARGV[3] dispatch timeout, ms
   ARGV[4] idle horizon, ms
+  ARGV[5] forget (1 = the submission of this ticket failed before anyone saw it: give
+          the ticket number back, and drop the key entirely if it was all there was)
 
   Returns {code, ticket1, dispatch1, message1, ...}
     code 0 OK           withdrawn; the listed tickets are now granted and must be published
@@ -20,6 +22,7 @@ local ticket = ARGV[1]
 local limit = tonumber(ARGV[2])
 local dispatch_timeout = tonumber(ARGV[3])
 local horizon = tonumber(ARGV[4])
+local forget = ARGV[5] == '1'
 
 local raw = redis.call('HGET', holders_key, ticket)
 if raw then
@@ -32,6 +35,11 @@ elseif redis.call('LREM', queue_key, 1, ticket) == 0 then
 end
 
 redis.call('HDEL', messages_key, ticket)
+if forget and tonumber(redis.call('HGET', meta_key, 'seq')) == tonumber(ticket) then
+  if redis.call('HINCRBY', meta_key, 'seq', -1) == 0 and redis.call('HLEN', meta_key) == 1 then
+    redis.call('DEL', meta_key)
+  end
+end
 local out = grant_waiting(meta_key, queue_key, messages_key, holders_key, limit,
   now_ms() + dispatch_timeout, {0})
 expire_if_idle(meta_key, queue_key, holders_key, horizon)

@@ -1,0 +1,33 @@
+"""The app inside a Django project: migrations, checks, settings."""
+
+import pytest
+from django.core.management import call_command
+from django.test import override_settings
+
+from django_keyed_queue.checks import check_settings
+from django_keyed_queue.conf import settings
+
+
+@pytest.mark.django_db
+def test_no_migration_is_missing():
+    call_command("makemigrations", "keyed_queue", "--check", "--dry-run", verbosity=0)
+
+
+def test_settings_are_read_on_every_access():
+    with override_settings(KEYED_QUEUE_LEASE_SECONDS=7):
+        assert settings.LEASE_SECONDS == 7
+    assert settings.LEASE_SECONDS == 60.0
+
+
+def test_unknown_setting_warns():
+    with override_settings(KEYED_QUEUE_LEASE=5):
+        assert [p.id for p in check_settings()] == ["keyed_queue.W001"]
+
+
+def test_bad_values_are_errors():
+    with override_settings(KEYED_QUEUE_REDIS_URL="localhost:6379", KEYED_QUEUE_LEASE_SECONDS=0):
+        assert sorted(p.id for p in check_settings()) == ["keyed_queue.E001", "keyed_queue.E002"]
+
+
+def test_the_project_checks_clean():
+    assert check_settings() == []

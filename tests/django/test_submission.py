@@ -1,0 +1,135 @@
+"""Submission: rows, tickets and messages, and bad input that leaves nothing behind (G7)."""
+
+import json
+
+import pytest
+from django.test import override_settings
+from kombu import Connection
+from kombu.exceptions import OperationalError
+
+from django_keyed_queue import GateUnavailable, InvalidArguments, InvalidKey, keyed_serial_task
+from django_keyed_queue.gate import MAX_KEY_LENGTH, KeyNames
+from django_keyed_queue.models import KeyedTask
+from django_keyed_queue.task import HEADER
+from testproject.demo.tasks import step, write_file
+
+from .conftest import QUEUE
+
+pytestmark = pytest.mark.django_db
+
+
+def nothing_left(gate_redis, broker):
+    assert KeyedTask.objects.count() == 0
+    assert gate_redis.dbsize() == 0
+    assert broker.llen(QUEUE) == 0
+
+
+def test_free_key_is_dispatched_with_its_ticket(gate_redis, broker):
+    result = step.apply_async(("a", 1), queue=QUEUE)
+    row = KeyedTask.objects.get(task_id=result.id)
+    assert (row.key, row.ticket, row.status, row.task_name) == ("a", 1, "dispatched", step.name)
+    assert row.dispatched_at is not None and "args=('a', 1)" in row.arguments
+    message = json.loads(broker.lindex(QUEUE, 0))
+    assert message["headers"]["id"] == result.id
+    assert message["headers"][HEADER] == {"key": "a", "ticket": 1, "dispatch": 1}
+
+
+def test_busy_key_parks_the_task_in_redis_not_the_broker(gate_redis, broker):
+    first = step.apply_async(("a", 1), queue=QUEUE)
+    second = step.apply_async(("a", 2), queue=QUEUE)
+    rows = {r.task_id: r for r in KeyedTask.objects.all()}
+    assert rows[second.id].status == "waiting" and rows[second.id].ticket == 2
+    assert rows[first.id].status == "dispatched"
+    assert broker.llen(QUEUE) == 1
+    assert gate_redis.lrange(KeyNames("a").queue, 0, -1) == [b"2"]
+
+
+def test_callable_key_over_the_task_arguments(gate_redis, broker):
+    result = write_file.apply_async(("/srv/report.csv", "x"), queue=QUEUE)
+    assert KeyedTask.objects.get(task_id=result.id).key == "/srv/report.csv"
+
+
+def test_template_naming_a_missing_argument_fails_at_import():
+    with pytest.raises(InvalidKey, match="'acount_id', which is not an argument"):
+
+        @keyed_serial_task(key="account:{acount_id}")
+        def sync(account_id):
+            pass
+
+
+def test_bad_limit_and_key_types_fail_at_import():
+    with pytest.raises(ValueError, match="limit must be an int >= 1"):
+        keyed_serial_task(key="{a}", limit=0)
+    with pytest.raises(InvalidKey, match="format string or a callable"):
+        keyed_serial_task(key=42)
+
+
+@keyed_serial_task(key=lambda account_id: {"a": account_id}["b"], name="tests.raising_key")
+def raising_key(account_id):
+    pass
+
+
+@keyed_serial_task(key=lambda account_id: account_id, name="tests.int_key")
+def int_key(account_id):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("task", "args", "error", "match"),
+    [
+        (raising_key, (1,), InvalidKey, "cannot make the key"),
+        (int_key, (1,), InvalidKey, "must be a str, got int"),
+        (int_key, ("",), InvalidKey, "the key is empty"),
+        (int_key, ("x" * (MAX_KEY_LENGTH + 1),), InvalidKey, f"over the maximum of {MAX_KEY_LENGTH}"),
+        (step, ("a",), InvalidArguments, "missing a required argument: 'n'"),
+        (step, ("a", 1, 2, 3), InvalidArguments, "too many positional arguments"),
+        (step, ("a", object()), InvalidArguments, "cannot be encoded with the 'json' serializer"),
+    ],
+)
+def test_bad_input_fails_fast_and_leaves_nothing(task, args, error, match, gate_redis, broker):
+    with pytest.raises(error, match=match):
+        task.apply_async(args, queue=QUEUE)
+    nothing_left(gate_redis, broker)
+
+
+def test_bad_input_on_a_delayed_task_leaves_nothing(gate_redis, broker):
+    with pytest.raises(InvalidArguments):
+        step.apply_async(("a", object()), countdown=5, queue=QUEUE)
+    nothing_left(gate_redis, broker)
+
+
+def test_unreachable_redis_fails_fast_and_leaves_nothing(gate_redis, broker):
+    with override_settings(KEYED_QUEUE_REDIS_URL="redis://127.0.0.1:1/0"):
+        with pytest.raises(GateUnavailable, match="unreachable"):
+            step.apply_async(("a", 1), queue=QUEUE)
+    nothing_left(gate_redis, broker)
+
+
+def test_failed_publish_withdraws_the_ticket_and_the_row(gate_redis, broker):
+    # A broker nobody listens on: the message is never sent, so the ticket must not stay held.
+    with Connection("redis://127.0.0.1:1/1", connect_timeout=1) as dead:
+        with pytest.raises(OperationalError):
+            step.apply_async(("a", 1), queue=QUEUE, producer=dead.Producer(auto_declare=False), retry=False)
+    nothing_left(gate_redis, broker)
+    follower = step.apply_async(("a", 2), queue=QUEUE)
+    assert KeyedTask.objects.get(task_id=follower.id).status == "dispatched"
+
+
+def test_delayed_task_is_recorded_waiting_without_a_ticket(gate_redis, broker):
+    result = step.apply_async(("a", 1), countdown=60, queue=QUEUE)
+    row = KeyedTask.objects.get(task_id=result.id)
+    assert (row.status, row.ticket) == ("waiting", None)
+    assert gate_redis.dbsize() == 0, "a delayed task joins its queue when due, not before"
+    message = json.loads(broker.lindex(QUEUE, 0))
+    assert HEADER not in message["headers"] and message["headers"]["eta"]
+
+
+def test_eager_mode_runs_the_task_without_the_gate(gate_redis, settings):
+    from testproject.celery import app
+
+    app.conf.task_always_eager = True
+    try:
+        assert step.delay("eager", 7).get() == 7
+    finally:
+        app.conf.task_always_eager = False
+    assert gate_redis.dbsize() == 0
