@@ -150,7 +150,19 @@ def record(task_id: str, status: str, attempts: int, create: dict | None = None,
     recorder.record(Transition(task_id, status, attempts, fields, create))
 
 
-def record_submission(**row: Any) -> KeyedTask:
-    """Write a new submission's row now (the producer's one synchronous write)."""
+def record_submission(**row: Any) -> None:
+    """Write a new submission's row now (the producer's one synchronous write).
+
+    A granted ticket can run, and its worker create the row from the message,
+    before this write commits; then the row is already there and only the
+    submission's own facts are added.
+    """
     row.setdefault("enqueued_at", timezone.now())
-    return KeyedTask.objects.create(**row)
+    try:
+        with transaction.atomic():
+            KeyedTask.objects.create(**row)
+    except IntegrityError:
+        ticket = row.get("ticket")
+        made_by_worker = KeyedTask.objects.filter(task_id=row["task_id"], key=row["key"], ticket=ticket)
+        if ticket is None or not made_by_worker.update(enqueued_at=row["enqueued_at"], arguments=row["arguments"]):
+            raise

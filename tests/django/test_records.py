@@ -1,5 +1,7 @@
 """Worker-side record writes: merged, batched, never moving a record backwards."""
 
+from datetime import timedelta
+
 import pytest
 from django.test import override_settings
 from django.utils import timezone
@@ -43,6 +45,23 @@ def test_a_missing_row_is_created_from_what_the_worker_knows():
     write(Transition("lost-producer", "running", 1, {"ticket": 4}, create))
     row = KeyedTask.objects.get(task_id="lost-producer")
     assert (row.status, row.ticket, row.key) == ("running", 4, "k")
+
+
+def test_submission_row_written_after_the_worker_made_it_keeps_the_workers_status():
+    create = {"task_name": "demo.step", "key": "k", "arguments": "", "enqueued_at": timezone.now()}
+    write(Transition("fast", "succeeded", 1, {"ticket": 3}, create))
+    enqueued = timezone.now() - timedelta(seconds=5)
+    records.record_submission(
+        task_id="fast",
+        task_name="demo.step",
+        key="k",
+        ticket=3,
+        status="waiting",
+        arguments="args=('k',)",
+        enqueued_at=enqueued,
+    )
+    row = KeyedTask.objects.get(task_id="fast")
+    assert (row.status, row.enqueued_at, row.arguments) == ("succeeded", enqueued, "args=('k',)")
 
 
 def test_transitions_of_one_task_merge_keeping_the_latest_status_and_all_fields():

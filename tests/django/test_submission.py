@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from django.db import IntegrityError
 from django.test import override_settings
 from kombu import Connection
 from kombu.exceptions import OperationalError
@@ -133,3 +134,12 @@ def test_eager_mode_runs_the_task_without_the_gate(gate_redis, settings):
     finally:
         app.conf.task_always_eager = False
     assert gate_redis.dbsize() == 0
+
+
+def test_reusing_a_task_id_fails_and_withdraws_the_new_ticket(gate_redis, broker):
+    step.apply_async(("a", 1), queue=QUEUE, task_id="same-id")
+    with pytest.raises(IntegrityError):
+        step.apply_async(("a", 2), queue=QUEUE, task_id="same-id")
+    assert KeyedTask.objects.get(task_id="same-id").ticket == 1
+    assert gate_redis.hkeys(KeyNames("a").messages) == [b"1"]
+    assert broker.llen(QUEUE) == 1
