@@ -2,7 +2,26 @@ import pytest
 
 from django_keyed_queue.gate import Gate
 
+#: The settings of the ``gate`` fixture; ``make_gate`` overrides some of them.
+GATE_SETTINGS = {"lease_seconds": 30, "dispatch_timeout_seconds": 60, "idle_horizon_seconds": 3600}
+
 
 @pytest.fixture
 def gate(gate_redis) -> Gate:
-    return Gate(gate_redis, lease_seconds=30, dispatch_timeout_seconds=60, idle_horizon_seconds=3600)
+    return Gate(gate_redis, **GATE_SETTINGS)
+
+
+@pytest.fixture
+def make_gate(gate_redis):
+    """A Gate on the test's Redis with some settings changed, e.g. a tiny idle horizon."""
+
+    def make(**overrides) -> Gate:
+        return Gate(gate_redis, **{**GATE_SETTINGS, **overrides})
+
+    return make
+
+
+@pytest.fixture
+def redis_url(redis_server) -> str:
+    """The gate database's URL, for threads and processes that open their own clients."""
+    return f"{redis_server.url}/0"

@@ -1,0 +1,34 @@
+"""Small helpers shared by the gate tests (not a test module)."""
+
+from __future__ import annotations
+
+import time
+
+import redis
+
+from django_keyed_queue.gate import Gate, KeyNames
+
+
+def redis_names(client: redis.Redis) -> set[str]:
+    """Every key name in the gate database."""
+    return {name.decode() for name in client.scan_iter(count=1000)}
+
+
+def message_of(client: redis.Redis, key: str, ticket: int) -> bytes | None:
+    return client.hget(KeyNames(key).messages, ticket)
+
+
+def holder(gate: Gate, key: str, ticket: int) -> dict:
+    return gate.inspect(key)["holders"][ticket]
+
+
+def wait_until(predicate, timeout: float = 5.0, interval: float = 0.02, what: str = "condition"):
+    """Poll ``predicate`` until it is truthy: waits on a state, never on a fixed time."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)

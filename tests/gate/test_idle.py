@@ -1,0 +1,155 @@
+"""Idle keys: only the counters remain, with a TTL of the idle horizon; busy keys never expire."""
+
+from __future__ import annotations
+
+from django_keyed_queue.gate import KeyNames
+
+from ._support import redis_names, wait_until
+
+HORIZON_MS = 3_600_000  # the ``gate`` fixture's idle horizon
+
+
+def _assert_idle(client, key: str, horizon_ms: int = HORIZON_MS) -> None:
+    names = KeyNames(key)
+    assert redis_names(client) == {names.meta}, "an idle key keeps only its meta hash"
+    assert horizon_ms - 1000 < client.pttl(names.meta) <= horizon_ms
+
+
+def _assert_busy(client) -> None:
+    ttls = {name: client.pttl(name) for name in redis_names(client)}
+    assert ttls and all(ttl == -1 for ttl in ttls.values()), f"a busy key must not expire: {ttls}"
+
+
+def test_a_key_is_idle_after_its_last_finish(gate, gate_redis):
+    first = gate.submit("k", b"m1", start=True)
+    gate.submit("k", b"m2")
+    _assert_busy(gate_redis)
+
+    (grant,) = gate.finish("k", first.ticket, first.token).granted
+    _assert_busy(gate_redis)
+    started = gate.start("k", grant.ticket, grant.dispatch)
+    _assert_busy(gate_redis)
+    gate.finish("k", grant.ticket, started.token)
+
+    _assert_idle(gate_redis, "k")
+    state = gate.inspect("k")
+    assert HORIZON_MS / 1000 - 1 < state["idle_expires_in"] <= HORIZON_MS / 1000
+    assert (state["last_ticket"], state["last_token"]) == (2, 2), "the counters outlive the work"
+
+
+def test_a_key_is_idle_after_its_last_cancel(gate, gate_redis):
+    gate.submit("k", b"m1")
+    gate.submit("k", b"m2")
+
+    gate.cancel("k", 2)
+    _assert_busy(gate_redis)
+    gate.cancel("k", 1)
+
+    _assert_idle(gate_redis, "k")
+
+
+def test_cancelling_the_last_waiting_ticket_behind_a_running_one_keeps_the_key_busy(gate, gate_redis):
+    first = gate.submit("k", b"m1", start=True)
+    gate.submit("k", b"m2")
+
+    gate.cancel("k", 2)
+
+    _assert_busy(gate_redis)
+    assert gate.inspect("k")["idle_expires_in"] is None
+    gate.finish("k", first.ticket, first.token)
+    _assert_idle(gate_redis, "k")
+
+
+def test_a_retrying_key_is_busy(gate, gate_redis):
+    first = gate.submit("k", b"m1", start=True)
+
+    gate.retry("k", first.ticket, first.token, b"m1", countdown_seconds=5)
+
+    _assert_busy(gate_redis)
+
+
+def test_a_paused_key_with_waiting_tickets_is_busy(gate, gate_redis):
+    first = gate.submit("k", b"m1", start=True)
+    gate.submit("k", b"m2")
+    gate_redis.hset(KeyNames("k").meta, "paused", "1")
+
+    gate.finish("k", first.ticket, first.token)
+
+    _assert_busy(gate_redis)
+
+
+def test_stale_calls_on_an_idle_key_leave_its_ttl_alone(gate, gate_redis):
+    first = gate.submit("k", b"m1", start=True)
+    gate.finish("k", first.ticket, first.token)
+    gate_redis.pexpire(KeyNames("k").meta, 50_000)
+
+    assert not gate.start("k", first.ticket, 1).ok
+    assert not gate.finish("k", first.ticket, first.token).ok
+    assert not gate.cancel("k", first.ticket).ok
+    assert gate.retry("k", first.ticket, first.token, b"m", countdown_seconds=0) is None
+
+    assert redis_names(gate_redis) == {KeyNames("k").meta}
+    assert 49_000 < gate_redis.pttl(KeyNames("k").meta) <= 50_000
+
+
+def test_submit_makes_an_idle_key_busy_again(gate, gate_redis):
+    first = gate.submit("k", b"m1", start=True)
+    gate.finish("k", first.ticket, first.token)
+    assert gate_redis.pttl(KeyNames("k").meta) > 0
+
+    second = gate.submit("k", b"m2")
+
+    assert second.ticket == 2
+    _assert_busy(gate_redis)
+    assert gate.inspect("k")["idle_expires_in"] is None
+
+
+def test_a_parked_submit_also_makes_the_key_busy(gate, gate_redis):
+    gate.submit("k", b"m1")
+    gate.cancel("k", 1)
+    gate_redis.hset(KeyNames("k").meta, "paused", "1")
+
+    assert not gate.submit("k", b"m2").granted
+
+    _assert_busy(gate_redis)
+
+
+def test_join_ids_expire_within_the_horizon(gate, gate_redis):
+    first = gate.submit("k", b"m1", start=True, join_id="task-1")
+    gate.finish("k", first.ticket, first.token)
+
+    names = KeyNames("k")
+    assert redis_names(gate_redis) == {names.meta, names.joined}
+    for name in (names.meta, names.joined):
+        assert 0 < gate_redis.pttl(name) <= HORIZON_MS, name
+
+
+def test_an_idle_key_is_gone_after_a_tiny_horizon(make_gate, gate_redis):
+    gate = make_gate(idle_horizon_seconds=0.2)
+    first = gate.submit("k", b"m1", start=True, join_id="task-1")
+    gate.submit("k", b"m2")
+    (grant,) = gate.finish("k", first.ticket, first.token).granted
+    started = gate.start("k", grant.ticket, grant.dispatch)
+    assert gate_redis.pttl(KeyNames("k").meta) == -1
+
+    gate.finish("k", grant.ticket, started.token)
+    assert 0 < gate_redis.pttl(KeyNames("k").meta) <= 200
+
+    wait_until(lambda: not redis_names(gate_redis), timeout=5, what="the idle key to expire")
+    # Everything is gone, counters included: the key starts over.
+    again = gate.submit("k", b"m3", start=True, join_id="task-1")
+    assert (again.ticket, again.token) == (1, 1)
+
+
+def test_a_busy_key_outlives_a_tiny_horizon(make_gate, gate_redis):
+    gate = make_gate(idle_horizon_seconds=0.05)
+    first = gate.submit("k", b"m1", start=True)
+    gate.submit("k", b"m2")
+    # Another key goes idle and expires: proof that the horizon has passed, without a fixed sleep.
+    other = gate.submit("other", b"m", start=True)
+    gate.finish("other", other.ticket, other.token)
+    wait_until(lambda: gate_redis.exists(KeyNames("other").meta) == 0, timeout=5, what="the other key to expire")
+
+    state = gate.inspect("k")
+    assert state["last_ticket"] == 2 and state["waiting"] == [2]
+    assert gate.finish("k", first.ticket, first.token).granted[0].ticket == 2

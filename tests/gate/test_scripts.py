@@ -1,0 +1,76 @@
+"""scripts.py and the Lua headers: includes resolved, documented codes and arguments match the code."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from django_keyed_queue.gate import Code, Lease
+from django_keyed_queue.gate.scripts import SCRIPT_NAMES, _read, ms_to_seconds, seconds_to_ms, source
+
+
+def _header_and_body(name: str) -> tuple[str, str]:
+    text = _read(f"{name}.lua")
+    assert text.startswith("--[["), f"{name}.lua must open with its header block"
+    header, body = text.split("]]", 1)
+    return header, body
+
+
+@pytest.mark.parametrize("name", SCRIPT_NAMES)
+def test_includes_are_resolved(name):
+    text = source(name)
+    assert "@include" not in text
+    assert "local function now_ms()" in text, "every script includes common.lua"
+    assert source(name) is text, "sources are assembled once"
+
+
+@pytest.mark.parametrize("name", SCRIPT_NAMES)
+def test_documented_return_codes_are_the_ones_returned(name):
+    header, body = _header_and_body(name)
+    documented = {int(n): label for n, label in re.findall(r"^\s*code (\d+) ([A-Z_]+)", header, re.MULTILINE)}
+    returned = {int(n) for n in re.findall(r"return \{(\d+)", body)}
+    if name == "renew":
+        assert not documented and not returned, "renew returns one flag per lease, no code"
+        return
+    assert set(documented) == returned | {0}, f"{name}: documented {documented}, returned {returned}"
+    assert all(Code(n).name == label for n, label in documented.items())
+
+
+@pytest.mark.parametrize("name", SCRIPT_NAMES)
+def test_every_key_and_argument_used_is_documented(name):
+    header, body = _header_and_body(name)
+    for kind in ("KEYS", "ARGV"):
+        declared = {int(n) for n in re.findall(rf"{kind}\[(\d+)\]", header)}
+        used = {int(n) for n in re.findall(rf"{kind}\[(\d+)\]", body)}
+        assert used <= declared, f"{name}.lua uses {kind} {sorted(used - declared)} without documenting them"
+        assert declared == set(range(1, len(declared) + 1)), f"{name}.lua: {kind} must be numbered from 1"
+
+
+def test_seconds_and_milliseconds():
+    assert seconds_to_ms(30) == 30_000
+    assert seconds_to_ms(0.2) == 200
+    assert seconds_to_ms(0.0004) == 0
+    assert seconds_to_ms(-5) == 0
+    assert ms_to_seconds(1500) == 1.5
+
+
+def test_the_gate_survives_a_flushed_script_cache(gate, gate_redis):
+    """After a Redis restart the server has no scripts: every call must load its script again."""
+    first = gate.submit("k", b"m1")
+    gate_redis.script_flush()
+    started = gate.start("k", first.ticket, 1)
+    assert started.ok
+    gate_redis.script_flush()
+    lease = Lease("k", first.ticket, started.token)
+    assert gate.renew([lease]) == {lease: True}, "renew runs in a pipeline: it must load scripts too"
+    gate_redis.script_flush()
+    gate.submit("k", b"m2")
+    gate_redis.script_flush()
+    dispatch = gate.retry("k", first.ticket, started.token, b"m1", countdown_seconds=0)
+    gate_redis.script_flush()
+    restarted = gate.start("k", first.ticket, dispatch)
+    gate_redis.script_flush()
+    assert gate.finish("k", first.ticket, restarted.token).granted[0].ticket == 2
+    gate_redis.script_flush()
+    assert gate.cancel("k", 2).ok

@@ -1,0 +1,255 @@
+"""start.lua and finish.lua: every return code, grants in order up to the limit, fencing tokens."""
+
+from __future__ import annotations
+
+from django_keyed_queue.gate import Code, Grant, KeyNames
+
+from ._support import message_of, redis_names
+
+
+def _server_ms(client) -> int:
+    secs, micros = client.time()
+    return secs * 1000 + micros // 1000
+
+
+# --- start ---------------------------------------------------------------------------------
+
+
+def test_start_of_a_granted_ticket_starts_its_lease(gate, gate_redis):
+    ticket = gate.submit("k", b"m1").ticket
+    before_ms = _server_ms(gate_redis)
+
+    started = gate.start("k", ticket, 1)
+
+    after_ms = _server_ms(gate_redis)
+    assert started.ok and started.code is Code.OK
+    assert (started.token, started.attempts) == (1, 1)
+    # The deadline is on the server's clock: start time + the 30 s lease.
+    assert before_ms + 30_000 <= started.lease_deadline_ms <= after_ms + 30_000
+    state = gate.inspect("k")
+    assert state["last_token"] == 1
+    running = state["holders"][ticket]
+    assert running["state"] == "running"
+    assert (running["dispatch"], running["token"], running["attempts"]) == (1, 1, 1)
+    assert 29 < running["deadline_in"] <= 30
+
+
+def test_start_of_a_parked_ticket_is_not_granted(gate):
+    gate.submit("k", b"m1")
+    parked = gate.submit("k", b"m2").ticket
+
+    result = gate.start("k", parked, 1)
+
+    assert result.code is Code.NOT_GRANTED and not result.ok
+    assert (result.token, result.attempts, result.lease_deadline_ms) == (0, 0, 0)
+    state = gate.inspect("k")
+    assert state["waiting"] == [parked] and parked not in state["holders"]
+    assert state["last_token"] == 0
+
+
+def test_start_of_a_finished_ticket_is_not_granted(gate):
+    first = gate.submit("k", b"m1", start=True)
+    gate.finish("k", first.ticket, first.token)
+
+    assert gate.start("k", first.ticket, 1).code is Code.NOT_GRANTED
+
+
+def test_start_of_an_unknown_ticket_or_key_is_not_granted_and_writes_nothing(gate, gate_redis):
+    gate.submit("k", b"m1")
+    names = redis_names(gate_redis)
+
+    assert gate.start("k", 99, 1).code is Code.NOT_GRANTED
+    assert gate.start("never-seen", 1, 1).code is Code.NOT_GRANTED
+    assert redis_names(gate_redis) == names
+
+
+def test_second_start_of_the_same_dispatch_is_already_started(gate):
+    ticket = gate.submit("k", b"m1").ticket
+    first = gate.start("k", ticket, 1)
+
+    again = gate.start("k", ticket, 1)
+
+    assert again.code is Code.ALREADY_STARTED
+    assert (again.token, again.attempts) == (0, 1)
+    state = gate.inspect("k")
+    assert state["last_token"] == first.token, "a refused start takes no token"
+    assert state["holders"][ticket]["token"] == first.token
+
+
+def test_start_with_another_dispatch_is_stale(gate):
+    ticket = gate.submit("k", b"m1").ticket
+
+    for dispatch in (0, 2, 7):
+        result = gate.start("k", ticket, dispatch)
+        assert result.code is Code.STALE_DISPATCH
+        assert result.token == 0
+    assert gate.inspect("k")["holders"][ticket]["state"] == "granted"
+    assert gate.start("k", ticket, 1).ok
+
+
+# --- finish --------------------------------------------------------------------------------
+
+
+def test_finish_grants_the_next_ticket_with_its_message(gate, gate_redis):
+    first = gate.submit("k", b"m1", start=True)
+    gate.submit("k", b"m2")
+    gate.submit("k", b"m3")
+
+    done = gate.finish("k", first.ticket, first.token)
+
+    assert done.ok and done.code is Code.OK
+    assert done.granted == [Grant(key="k", ticket=2, dispatch=1, message=b"m2")]
+    state = gate.inspect("k")
+    assert list(state["holders"]) == [2]
+    assert state["holders"][2]["state"] == "granted"
+    assert 59 < state["holders"][2]["deadline_in"] <= 60
+    assert state["waiting"] == [3]
+    assert state["messages"] == 2
+    assert message_of(gate_redis, "k", first.ticket) is None, "a finished ticket's message is dropped"
+
+
+def test_finish_grants_next_tickets_in_order_up_to_the_limit(gate):
+    first = gate.submit("k", b"m1", start=True)
+    for n in range(2, 7):
+        gate.submit("k", f"m{n}".encode())
+
+    done = gate.finish("k", first.ticket, first.token, limit=3)
+
+    assert [(g.ticket, g.dispatch, g.message) for g in done.granted] == [(2, 1, b"m2"), (3, 1, b"m3"), (4, 1, b"m4")]
+    state = gate.inspect("k")
+    assert sorted(state["holders"]) == [2, 3, 4]
+    assert state["waiting"] == [5, 6]
+
+
+def test_finish_counts_the_slots_still_held(gate):
+    first = gate.submit("k", b"m1", limit=2, start=True)
+    second = gate.submit("k", b"m2", limit=2)
+    assert second.granted
+    for n in range(3, 6):
+        gate.submit("k", f"m{n}".encode(), limit=2)
+
+    done = gate.finish("k", first.ticket, first.token, limit=2)
+
+    assert [g.ticket for g in done.granted] == [3], "ticket 2 still holds one of the two slots"
+    assert sorted(gate.inspect("k")["holders"]) == [2, 3]
+
+
+def test_finish_of_the_last_ticket_grants_nothing(gate):
+    only = gate.submit("k", b"m1", start=True)
+
+    done = gate.finish("k", only.ticket, only.token)
+
+    assert done.ok and done.granted == []
+    state = gate.inspect("k")
+    assert state["holders"] == {} and state["waiting"] == [] and state["messages"] == 0
+
+
+def test_finish_on_a_paused_key_grants_nothing(gate, gate_redis):
+    first = gate.submit("k", b"m1", start=True)
+    gate.submit("k", b"m2")
+    gate_redis.hset(KeyNames("k").meta, "paused", "1")
+
+    done = gate.finish("k", first.ticket, first.token)
+
+    assert done.ok and done.granted == []
+    state = gate.inspect("k")
+    assert state["holders"] == {} and state["waiting"] == [2]
+    assert state["idle_expires_in"] is None, "a key with waiting tickets is not idle"
+
+
+def _assert_unchanged(gate, key, before):
+    after = gate.inspect(key)
+    for field in ("last_ticket", "last_token", "waiting", "messages", "paused"):
+        assert after[field] == before[field], field
+    assert {t: (h["state"], h["token"], h["dispatch"]) for t, h in after["holders"].items()} == {
+        t: (h["state"], h["token"], h["dispatch"]) for t, h in before["holders"].items()
+    }
+
+
+def test_finish_with_a_wrong_token_is_stale_and_changes_nothing(gate):
+    first = gate.submit("k", b"m1", start=True)
+    gate.submit("k", b"m2")
+    before = gate.inspect("k")
+
+    for token in (first.token + 1, 0, first.token - 1):
+        assert gate.finish("k", first.ticket, token).code is Code.STALE_TOKEN
+    _assert_unchanged(gate, "k", before)
+    assert gate.finish("k", first.ticket, first.token).ok
+
+
+def test_finish_of_a_granted_ticket_that_never_started_is_stale(gate):
+    granted = gate.submit("k", b"m1")
+    gate.submit("k", b"m2")
+    before = gate.inspect("k")
+
+    result = gate.finish("k", granted.ticket, 0)
+
+    assert result.code is Code.STALE_TOKEN and result.granted == []
+    _assert_unchanged(gate, "k", before)
+
+
+def test_finish_of_an_unknown_or_finished_ticket_is_stale(gate):
+    first = gate.submit("k", b"m1", start=True)
+    gate.submit("k", b"m2")
+
+    assert gate.finish("k", 42, first.token).code is Code.STALE_TOKEN
+    assert gate.finish("other", first.ticket, first.token).code is Code.STALE_TOKEN
+    assert gate.finish("k", first.ticket, first.token).ok
+    twice = gate.finish("k", first.ticket, first.token)
+    assert twice.code is Code.STALE_TOKEN and twice.granted == []
+    assert list(gate.inspect("k")["holders"]) == [2], "a second finish must not grant again"
+
+
+# --- fencing tokens ------------------------------------------------------------------------
+
+
+def test_fencing_tokens_strictly_increase_across_starts_and_retries(gate):
+    tokens = []
+    first = gate.submit("k", b"m1", start=True)
+    tokens.append(first.token)
+    for n in range(2, 6):
+        gate.submit("k", f"m{n}".encode())
+
+    # Ticket 1 retries twice, then finishes; the others start, some retry, and finish.
+    token = first.token
+    for dispatch in (2, 3):
+        assert gate.retry("k", 1, token, b"retry", countdown_seconds=0) == dispatch
+        token = gate.start("k", 1, dispatch).token
+        tokens.append(token)
+    granted = gate.finish("k", 1, token).granted
+    while granted:
+        (grant,) = granted
+        started = gate.start("k", grant.ticket, grant.dispatch)
+        tokens.append(started.token)
+        token = started.token
+        if grant.ticket % 2 == 0:
+            dispatch = gate.retry("k", grant.ticket, token, b"retry", countdown_seconds=0)
+            token = gate.start("k", grant.ticket, dispatch).token
+            tokens.append(token)
+        granted = gate.finish("k", grant.ticket, token).granted
+
+    assert tokens == sorted(set(tokens)), f"tokens not strictly increasing: {tokens}"
+    assert tokens[0] == 1 and len(tokens) == 9
+    assert gate.inspect("k")["last_token"] == tokens[-1]
+
+
+def test_fencing_tokens_continue_after_the_key_went_idle(gate):
+    first = gate.submit("k", b"m1", start=True)
+    gate.finish("k", first.ticket, first.token)
+    assert gate.inspect("k")["idle_expires_in"] is not None
+
+    second = gate.submit("k", b"m2", start=True)
+
+    assert second.ticket == first.ticket + 1
+    assert second.token > first.token
+
+
+def test_fencing_tokens_are_per_key(gate):
+    a1 = gate.submit("a", b"m", start=True)
+    gate.finish("a", a1.ticket, a1.token)
+    a2 = gate.submit("a", b"m", start=True)
+
+    b1 = gate.submit("b", b"m", start=True)
+
+    assert (a1.token, a2.token, b1.token) == (1, 2, 1)
+    assert gate.finish("b", b1.ticket, a2.token).code is Code.STALE_TOKEN
