@@ -166,3 +166,8 @@ def record_submission(**row: Any) -> None:
         made_by_worker = KeyedTask.objects.filter(task_id=row["task_id"], key=row["key"], ticket=ticket)
         if ticket is None or not made_by_worker.update(enqueued_at=row["enqueued_at"], arguments=row["arguments"]):
             raise
+
+
+def forget_submission(task_id: str) -> None:
+    """Delete the row of a submission that failed after it was written."""
+    KeyedTask.objects.filter(task_id=task_id).delete()

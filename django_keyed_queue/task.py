@@ -70,6 +70,10 @@ class KeyedSerialTask(Task):
             raise InvalidKey(f"{self.name}: the key must be a str, got {type(key).__name__}: {key!r}")
         if not key:
             raise InvalidKey(f"{self.name}: the key is empty")
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidKey(f"{self.name}: the key is not valid text: {exc}") from exc
         if len(key) > MAX_KEY_LENGTH:
             raise InvalidKey(
                 f"{self.name}: the key is {len(key)} characters long, over the maximum of {MAX_KEY_LENGTH}"
@@ -113,13 +117,23 @@ class KeyedSerialTask(Task):
                     dispatched_at=timezone.now() if submitted.granted else None,
                     **row,
                 )
-                if submitted.granted:
-                    self._publish(key, submitted.ticket, 1, args, kwargs, {**options, "task_id": task_id})
         except BaseException:
-            withdrawn = gate.cancel(key, submitted.ticket, limit=self.serial_limit, forget=True)
-            publish_grants(self.app, withdrawn.granted)
+            # Nobody saw the ticket: its number can be given back.
+            self._withdraw(key, submitted.ticket, forget=True)
             raise
+        if submitted.granted:
+            try:
+                self._publish(key, submitted.ticket, 1, args, kwargs, {**options, "task_id": task_id})
+            except BaseException:
+                # The message may have left before the error: keep the number so it can never start another.
+                records.forget_submission(task_id)
+                self._withdraw(key, submitted.ticket, forget=False)
+                raise
         return self.AsyncResult(task_id)
+
+    def _withdraw(self, key: str, ticket: int, *, forget: bool) -> None:
+        withdrawn = get_gate().cancel(key, ticket, limit=self.serial_limit, forget=forget)
+        publish_grants(self.app, withdrawn.granted)
 
     def _publish(self, key: str, ticket: int, dispatch: int, args: tuple, kwargs: dict, options: dict):
         headers = {**(options.pop("headers", None) or {}), HEADER: {"key": key, "ticket": ticket, "dispatch": dispatch}}

@@ -41,6 +41,11 @@ class KeyNames:
 
     key: str
 
+    def __post_init__(self) -> None:
+        if not self.key:
+            # "{}" is no hash tag to Redis Cluster: the names would land in different slots.
+            raise ValueError("a gate key must not be empty")
+
     @property
     def base(self) -> str:
         return f"{PREFIX}:{{{escape(self.key)}}}"
