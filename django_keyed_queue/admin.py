@@ -8,7 +8,8 @@ class KeyedTaskAdmin(admin.ModelAdmin):
     list_display = ("task_id", "task_name", "key", "ticket", "status", "attempts", "enqueued_at", "finished_at")
     list_filter = ("status", "task_name")
     search_fields = ("=key", "=task_id")
-    readonly_fields = [f.name for f in KeyedTask._meta.fields]
+    readonly_fields = [f.name for f in KeyedTask._meta.fields if f.name != "message"]
+    exclude = ("message",)
     show_full_result_count = False
 
     def has_add_permission(self, request) -> bool:

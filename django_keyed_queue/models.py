@@ -17,6 +17,8 @@ class KeyedTask(models.Model):
     ticket = models.BigIntegerField(_("ticket"), null=True, blank=True)
     status = models.CharField(_("status"), max_length=16, choices=Status.choices, default=Status.WAITING)
     arguments = models.TextField(_("arguments"), blank=True)
+    #: The task message as the gate stores it: what rebuilding the gate after a loss of Redis needs.
+    message = models.TextField(_("message"), blank=True, editable=False)
     attempts = models.PositiveIntegerField(_("attempts"), default=0)
     worker = models.CharField(_("worker"), max_length=255, blank=True)
     enqueued_at = models.DateTimeField(_("enqueued at"))

@@ -95,6 +95,7 @@ class KeyedSerialTask(Task):
             "task_name": self.name,
             "key": key,
             "arguments": records.describe_arguments(self.name, args, kwargs),
+            "message": message.decode(),
         }
         if delayed:
             # A delayed task joins its key's queue when due, on the worker (see __call__).
