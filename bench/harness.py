@@ -1,0 +1,192 @@
+"""What the benchmarks share: a private cluster (two redis-servers, a SQLite file, real workers) and counters.
+
+Everything starts in one temp dir and is stopped by ``Cluster.stop`` whatever happened. The environment
+variables are set before Django is imported so the benchmark process and the workers it starts see the
+same addresses.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    """Broker redis-server (broker db 1, results db 2, history db 3), gate redis-server, SQLite, workers."""
+
+    def __init__(self, workers: int, concurrency: int, keep: bool = False) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="keyed-queue-bench-"))
+        self.keep = keep
+        self.broker_url = f"redis://127.0.0.1:{free_port()}"
+        self.gate_url = f"redis://127.0.0.1:{free_port()}"
+        self.n_workers = workers
+        self.concurrency = concurrency
+        self.servers: list = []
+        self.workers: list = []
+        os.environ.update(
+            {
+                "DJANGO_SETTINGS_MODULE": "testproject.settings",
+                "TESTPROJECT_DATA_DIR": str(self.dir),
+                "TESTPROJECT_DB": str(self.dir / "db.sqlite3"),
+                "TESTPROJECT_REDIS_URL": self.broker_url,
+                "TESTPROJECT_GATE_REDIS_URL": f"{self.gate_url}/0",
+                # Production-like: no query log in the producer or the workers.
+                "TESTPROJECT_DEBUG": "0",
+            }
+        )
+
+    def start(self) -> None:
+        from testproject.servers import RedisServer, Worker
+
+        for name, url in (("broker", self.broker_url), ("gate", self.gate_url)):
+            server = RedisServer(url, self.dir / f"redis-{name}")
+            self.servers.append(server)
+            server.start()
+
+        import django
+        from django.core.management import call_command
+
+        django.setup()
+        call_command("migrate", verbosity=0, interactive=False)
+
+        for i in range(1, self.n_workers + 1):
+            worker = Worker(f"bench{i}", self.dir / "logs", concurrency=self.concurrency)
+            self.workers.append(worker)
+            worker.start(timeout=60)
+
+    def stop(self, failed: bool = False) -> None:
+        for worker in self.workers:
+            try:
+                worker.stop()
+            except Exception as exc:  # keep stopping the rest
+                print(f"stopping worker {worker.name} failed: {exc!r}", file=sys.stderr)
+        for server in self.servers:
+            try:
+                server.stop()
+            except Exception as exc:
+                print(f"stopping redis-server {server.url} failed: {exc!r}", file=sys.stderr)
+        if self.keep or failed:
+            print(f"kept {self.dir} (logs, database)", file=sys.stderr)
+        else:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def worker_log_problems(self) -> list[str]:
+        """Lines of the worker logs at WARNING or worse, and tracebacks."""
+        pattern = re.compile(r"WARNING|ERROR|CRITICAL|Traceback|database is locked")
+        lines = []
+        for worker in self.workers:
+            if worker.log_path.exists():
+                lines += [f"{worker.name}: {line}" for line in worker.log().splitlines() if pattern.search(line)]
+        return lines
+
+
+def cpu_seconds(groups: dict[str, list[int]]) -> dict[str, float]:
+    """CPU time (user + system) of each group of processes and all their live descendants, from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parent, used = {}, {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid = int(entry)
+        parent[pid] = int(fields[1])
+        used[pid] = (int(fields[11]) + int(fields[12])) / tick
+    out = {}
+    for name, roots in groups.items():
+        members = set(roots)
+        grew = True
+        while grew:
+            new = {pid for pid, ppid in parent.items() if ppid in members} - members
+            members |= new
+            grew = bool(new)
+        out[name] = sum(used.get(pid, 0.0) for pid in members)
+    return out
+
+
+class CommandStats:
+    """INFO commandstats of one redis-server, as a Counter of calls per command."""
+
+    def __init__(self, client) -> None:
+        self.client = client
+
+    def snapshot(self) -> Counter:
+        stats = self.client.info("commandstats")
+        return Counter({name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()})
+
+    @staticmethod
+    def delta(before: Counter, after: Counter) -> Counter:
+        out = Counter(after)
+        out.subtract(before)
+        out["info"] -= 1  # the snapshot's own INFO
+        return +out  # drop zeros and negatives
+
+
+# Commands the gate's scripts call inside Redis: counted by commandstats, but not round trips.
+IN_SCRIPT = frozenset(
+    "hget hset hdel hincrby hlen hexists lpop rpush llen lrem persist pexpire time zadd zscore zremrangebyscore".split()
+)
+
+
+def gate_round_trips(delta: Counter) -> int:
+    """Commands sent by clients: everything but the commands run inside scripts."""
+    return sum(calls for name, calls in delta.items() if name not in IN_SCRIPT)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
+    return ordered[rank - 1]
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+class Timers:
+    """Wall time spent in named functions of this process (the submit path), for --profile."""
+
+    def __init__(self) -> None:
+        self.seconds: Counter = Counter()
+        self.calls: Counter = Counter()
+
+    def wrap(self, owner, attr: str, label: str) -> None:
+        original = getattr(owner, attr)
+        timers = self
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                timers.seconds[label] += time.perf_counter() - t0
+                timers.calls[label] += 1
+
+        setattr(owner, attr, timed)
+
+    def reset(self) -> None:
+        self.seconds.clear()
+        self.calls.clear()

@@ -1,0 +1,58 @@
+"""The benchmark's PNG: throughputs per scenario and variant, and the hot key's handoff latency CDF."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def plot(rounds, summary: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (bars, cdf) = plt.subplots(1, 2, figsize=(11, 4.2))
+
+    scenarios = [s for s in summary if "target" in summary[s]]
+    width = 0.27
+    styles = (("plain", "#8c8c8c", "plain Celery"), ("keyed", "#2c7fb8", "keyed"), ("chain", "#e6550d", "Celery chain"))
+    for j, (variant, color, label) in enumerate(styles):
+        for i, scenario in enumerate(scenarios):
+            if variant not in summary[scenario]:
+                continue
+            x = i + (j - 1) * width
+            values = [r.throughput for r in rounds if r.scenario == scenario and r.variant == variant]
+            middle = summary[scenario][variant]
+            bars.bar(x, middle, width, color=color, label=label if i == len(scenarios) - 1 else None)
+            bars.plot([x] * len(values), values, "k.", markersize=4)
+            bars.annotate(f"{middle:.0f}", (x, middle), ha="center", va="bottom", fontsize=8)
+    bars.set_xticks(range(len(scenarios)))
+    bars.set_xticklabels(
+        [f"{s}\nkeyed/plain {summary[s]['ratio']:.2f} (target {summary[s]['target']})" for s in scenarios]
+    )
+    bars.set_ylabel("tasks/s (bar: median, dots: rounds)")
+    bars.set_title("Throughput, same workers, same run")
+    bars.legend(fontsize=8)
+
+    for variant, color in (("keyed", "#2c7fb8"), ("chain", "#e6550d")):
+        handoffs = sorted(h for r in rounds if r.variant == variant for h in r.handoffs_ms)
+        if not handoffs:
+            continue
+        n = len(handoffs)
+        p50, p99 = handoffs[n // 2], handoffs[min(n - 1, int(0.99 * n))]
+        label = f"{'keyed' if variant == 'keyed' else 'plain Celery chain'}: p50 {p50:.1f} ms, p99 {p99:.1f} ms"
+        cdf.plot(handoffs, [(i + 1) / n for i in range(n)], color=color, label=label)
+    cdf.set_xscale("log")
+    lo, hi = cdf.get_xlim()
+    ticks = [t for t in (0.2, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000) if lo <= t <= hi]
+    cdf.set_xticks(ticks, [f"{t:g}" for t in ticks])
+    cdf.set_xlim(lo, hi)
+    cdf.minorticks_off()
+    cdf.set_xlabel("ms from the end of task n to the start of task n+1 (log scale)")
+    cdf.set_ylabel("fraction of handoffs")
+    cdf.set_title("Hot key: handoff latency (CDF)")
+    cdf.grid(True, which="both", alpha=0.3)
+    cdf.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,152 @@
+"""Printing the benchmark's figures: one row per round, then medians, ratios against the targets, costs."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+from harness import IN_SCRIPT, gate_round_trips, median, percentile
+
+#: The issue's targets: keyed throughput / plain throughput, per scenario.
+TARGETS = {"many-keys": 0.8, "hot-key": 0.5}
+VARIANTS = ("plain", "keyed", "chain")
+
+
+def per_task(counter: Counter, tasks: int, names=None) -> float:
+    return sum(v for k, v in counter.items() if names is None or k in names) / tasks
+
+
+def print_rounds(rounds: list) -> None:
+    header = (
+        f"{'scenario':<10} {'rnd':>3} {'variant':<7} {'tasks':>6} {'submit s':>9} {'wall s':>7} {'tasks/s':>8} "
+        f"{'settle s':>8} {'CPU ms/t':>8} {'gate RT/t':>9} {'gate cmd/t':>10} {'broker cmd/t':>12}"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in rounds:
+        settle = f"{r.settle_seconds:8.2f}" if r.settle_seconds is not None else f"{'-':>8}"
+        print(
+            f"{r.scenario:<10} {r.index:>3} {r.variant:<7} {r.tasks:>6} {r.submit_seconds:>9.2f} "
+            f"{r.wall_seconds:>7.2f} {r.throughput:>8.0f} {settle} {1000 * sum(r.cpu.values()) / r.tasks:>8.2f} "
+            f"{gate_round_trips(r.gate) / r.tasks:>9.2f} {per_task(r.gate, r.tasks):>10.2f} "
+            f"{per_task(r.broker, r.tasks):>12.2f}"
+        )
+
+
+def summarize(rounds: list) -> dict:
+    """Per scenario: median throughput per variant and the median of the per-round keyed/plain ratios."""
+    summary = {}
+    for scenario in TARGETS:
+        of = {v: [r for r in rounds if r.scenario == scenario and r.variant == v] for v in VARIANTS}
+        pairs = list(zip(of["plain"], of["keyed"], strict=False))
+        if not pairs:
+            continue
+        ratios = [k.throughput / p.throughput for p, k in pairs]
+        summary[scenario] = {
+            **{v: median([r.throughput for r in group]) for v, group in of.items() if group},
+            "ratios": ratios,
+            "ratio": median(ratios),
+            "target": TARGETS[scenario],
+            "met": median(ratios) >= TARGETS[scenario],
+        }
+        for v in ("keyed", "chain"):
+            handoffs = [h for r in of[v] for h in r.handoffs_ms]
+            if handoffs:
+                summary[scenario][f"{v} handoff ms"] = {
+                    "n": len(handoffs),
+                    **{f"p{q}": percentile(handoffs, q) for q in (50, 90, 99)},
+                    "max": max(handoffs),
+                }
+    return summary
+
+
+def print_summary(rounds: list, summary: dict, submit_us: dict[str, list[float]] | None = None) -> None:
+    print()
+    for scenario, s in summary.items():
+        ratios = ", ".join(f"{x:.2f}" for x in s["ratios"])
+        chain = f"  (plain Celery chain, serial: {s['chain']:.0f} tasks/s)" if "chain" in s else ""
+        print(
+            f"{scenario:<10} plain {s['plain']:5.0f} tasks/s  keyed {s['keyed']:5.0f} tasks/s  "
+            f"keyed/plain median {s['ratio']:.2f} (rounds: {ratios}){chain}"
+        )
+        for v in ("keyed", "chain"):
+            h = s.get(f"{v} handoff ms")
+            if h:
+                print(
+                    f"{'':<10} {v} handoff (end of task n -> start of n+1, same key), n={h['n']}: "
+                    f"p50 {h['p50']:.1f} ms  p90 {h['p90']:.1f} ms  p99 {h['p99']:.1f} ms  max {h['max']:.1f} ms"
+                )
+    _print_costs(rounds)
+    if submit_us and submit_us.get("plain"):
+        summary["submit cost us"] = print_submit_cost(submit_us)
+    print("\ntargets (median keyed/plain throughput ratio):")
+    for scenario, s in summary.items():
+        if scenario not in TARGETS:
+            continue
+        verdict = "MET" if s["met"] else "NOT MET"
+        print(f"  {scenario:<10} {s['ratio']:.2f} >= {s['target']}: {verdict}")
+
+
+def _print_costs(rounds: list) -> None:
+    keyed = [r for r in rounds if r.variant == "keyed"]
+    if keyed:
+        total: Counter = Counter()
+        for r in keyed:
+            total.update(r.gate)
+        n = sum(r.tasks for r in keyed)
+        scripts = ", ".join(f"{k} {v / n:.2f}" for k, v in total.most_common() if k not in IN_SCRIPT)
+        inside = ", ".join(f"{k} {v / n:.2f}" for k, v in total.most_common() if k in IN_SCRIPT)
+        print(f"\ngate redis-server, per keyed task: {gate_round_trips(total) / n:.2f} round trips ({scripts})")
+        print(f"  + {per_task(total, n, IN_SCRIPT):.2f} commands run inside the scripts ({inside})")
+    for variant in VARIANTS:
+        group = [r for r in rounds if r.variant == variant]
+        if group:
+            total = Counter()
+            for r in group:
+                total.update(r.broker)
+            n = sum(r.tasks for r in group)
+            top = ", ".join(f"{k} {v / n:.2f}" for k, v in total.most_common(6))
+            print(f"broker redis-server, per {variant} task: {per_task(total, n):.2f} commands ({top}, ...)")
+    print("CPU ms per task, median of rounds: producer + workers + broker redis + gate redis = total")
+    for scenario in TARGETS:
+        for variant in VARIANTS:
+            group = [r for r in rounds if r.scenario == scenario and r.variant == variant and r.cpu]
+            if group:
+                parts = {k: median([1000 * r.cpu[k] / r.tasks for r in group]) for k in group[0].cpu}
+                cells = " + ".join(f"{v:.2f}" for v in parts.values())
+                print(f"  {scenario:<10} {variant:<6} {cells} = {sum(parts.values()):.2f}")
+    settle = [r.settle_seconds - r.wall_seconds for r in keyed if r.settle_seconds is not None]
+    if settle:
+        print(f"keyed records all terminal in the database {median(settle):.2f} s (median) after the last task ended")
+
+
+def print_profile(rounds: list) -> None:
+    seconds: dict[str, Counter] = defaultdict(Counter)
+    calls: dict[str, Counter] = defaultdict(Counter)
+    tasks: Counter = Counter()
+    for r in rounds:
+        if not r.profile:
+            continue
+        tasks[(r.scenario, r.variant)] += r.tasks
+        for label, (n, s) in r.profile.items():
+            seconds[(r.scenario, r.variant)][label] += s
+            calls[(r.scenario, r.variant)][label] += n
+    if not seconds:
+        return
+    print("\nsubmit path in this process (--profile): microseconds per submitted task [per call, calls per task]")
+    for (scenario, variant), spent in seconds.items():
+        n = tasks[(scenario, variant)]
+        print(f"  {scenario} {variant}:")
+        for label, s in spent.most_common():
+            c = calls[(scenario, variant)][label]
+            print(f"    {1e6 * s / n:7.0f}  {label} [{1e6 * s / c:.0f} us, {c / n:.2f}]")
+
+
+def print_submit_cost(submit_us: dict[str, list[float]]) -> dict:
+    """The producer's cost per submission with idle workers, best of the rounds (least disturbed by other load)."""
+    plain, keyed = min(submit_us["plain"]), min(submit_us["keyed"])
+    print(
+        f"submit cost with idle workers (each task granted at once, never run), best of {len(submit_us['plain'])}: "
+        f"plain {plain:.0f} us, keyed {keyed:.0f} us per task; plain/keyed {plain / keyed:.2f} "
+        "(the many-keys ratio if one producer were the only bottleneck)"
+    )
+    return {"plain": plain, "keyed": keyed, "rounds": submit_us}
