@@ -17,11 +17,13 @@ import atexit
 import logging
 import os
 import threading
+from contextlib import nullcontext
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
-from django.db import IntegrityError, close_old_connections, transaction
-from django.db.models import Q
+from django.db import IntegrityError, close_old_connections, connection, transaction
+from django.db.models import Field
 from django.utils import timezone
 from django.utils.module_loading import import_string
 from kombu.utils.encoding import safe_repr
@@ -53,7 +55,8 @@ class Transition:
     attempts: int
     #: Other fields to set (timestamps, worker, error, ticket).
     fields: dict[str, Any] = field(default_factory=dict)
-    #: Fields a missing row is created from (task_name, key, ticket, arguments, enqueued_at).
+    #: What a missing row is created from: task_name, key, enqueued_at, and args and
+    #: kwargs (described only if the row is really missing).
     create: dict[str, Any] | None = None
 
     @property
@@ -71,21 +74,64 @@ class Transition:
         )
 
 
-def write(transition: Transition) -> None:
-    """Apply one transition now, if it moves the record forward."""
-    t = transition
-    same_attempt_before = [s for s, rank in STATUS_RANK.items() if rank <= STATUS_RANK[t.status]]
-    forward = Q(attempts__lt=t.attempts) | Q(attempts=t.attempts, status__in=same_attempt_before)
-    values = {"status": t.status, "attempts": t.attempts, **t.fields}
-    rows = KeyedTask.objects.filter(task_id=t.task_id)
-    if rows.filter(forward).update(**values) or t.create is None or rows.exists():
-        return
-    # The producer died before writing the row, or its transaction never committed.
+#: Fields a transition may carry besides status and attempts.
+FIELDS = ("ticket", "worker", "error", "dispatched_at", "started_at", "heartbeat_at", "finished_at")
+
+
+@cache
+def _update_sql(vendor: str) -> str:
+    """One UPDATE for any transition, run with executemany over a batch.
+
+    A transition that moves the row forward sets its fields; one that does not
+    (it arrived late) only fills fields still empty, so no timestamp is lost.
+    """
+    qn = connection.ops.quote_name
+    rank = "CASE {} {} END".format(
+        qn("status"), " ".join(f"WHEN '{status}' THEN {r}" for status, r in STATUS_RANK.items())
+    )
+    forward = f"({qn('attempts')} < %s OR ({qn('attempts')} = %s AND {rank} <= %s))"
+    sets = [f"{qn(f)} = CASE WHEN {forward} THEN COALESCE(%s, {qn(f)}) ELSE COALESCE({qn(f)}, %s) END" for f in FIELDS]
+    # Status and attempts last: every SET must see the row as it was.
+    sets += [f"{qn(f)} = CASE WHEN {forward} THEN %s ELSE {qn(f)} END" for f in ("status", "attempts")]
+    return f"UPDATE {qn(KeyedTask._meta.db_table)} SET {', '.join(sets)} WHERE {qn('task_id')} = %s"
+
+
+def _update_params(t: Transition) -> list:
+    forward = [t.attempts, t.attempts, STATUS_RANK[t.status]]
+    params: list = []
+    for name in FIELDS:
+        value = t.fields.get(name)
+        if value is not None:
+            value = KeyedTask._meta.get_field(name).get_db_prep_save(value, connection)
+        params += [*forward, value, value]
+    for value in (t.status, t.attempts):
+        params += [*forward, value]
+    return [*params, t.task_id]
+
+
+def write(*transitions: Transition) -> None:
+    """Apply transitions now, in one transaction; each moves its row forward or fills its gaps."""
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.executemany(_update_sql(connection.vendor), [_update_params(t) for t in transitions])
+        creatable = {t.task_id: t for t in transitions if t.create is not None}
+        if creatable:
+            existing = set(KeyedTask.objects.filter(task_id__in=creatable).values_list("task_id", flat=True))
+            for task_id in creatable.keys() - existing:
+                _create_missing(creatable[task_id])
+
+
+def _create_missing(t: Transition) -> None:
+    """The producer died before writing the row, or its transaction has not committed."""
+    create = dict(t.create or {})
+    args, kwargs = create.pop("args", ()), create.pop("kwargs", {})
+    create.setdefault("arguments", describe_arguments(create["task_name"], args, kwargs))
     try:
         with transaction.atomic():
-            KeyedTask.objects.create(task_id=t.task_id, **{**t.create, **values})
-    except IntegrityError:
-        rows.filter(forward).update(**values)
+            KeyedTask.objects.create(task_id=t.task_id, status=t.status, attempts=t.attempts, **create, **t.fields)
+    except IntegrityError:  # the producer's row committed meanwhile
+        with connection.cursor() as cursor:
+            cursor.execute(_update_sql(connection.vendor), _update_params(t))
 
 
 class Recorder:
@@ -120,9 +166,7 @@ class Recorder:
         if not batch:
             return
         try:
-            with transaction.atomic():
-                for transition in batch.values():
-                    write(transition)
+            write(*batch.values())
         except Exception:
             logger.exception("writing %d keyed task records failed; will try again", len(batch))
             with self._lock:
@@ -150,6 +194,17 @@ def record(task_id: str, status: str, attempts: int, create: dict | None = None,
     recorder.record(Transition(task_id, status, attempts, fields, create))
 
 
+@cache
+def _insert_sql(vendor: str) -> tuple[str, tuple[Field, ...]]:
+    """The submission INSERT, built once: it runs on every submission, the ORM's model
+    machinery would cost about as much as the write."""
+    fields = tuple(f for f in KeyedTask._meta.concrete_fields if not f.primary_key)
+    qn = connection.ops.quote_name
+    columns = ", ".join(qn(f.column) for f in fields)
+    placeholders = ", ".join(["%s"] * len(fields))
+    return f"INSERT INTO {qn(KeyedTask._meta.db_table)} ({columns}) VALUES ({placeholders})", fields
+
+
 def record_submission(**row: Any) -> None:
     """Write a new submission's row now (the producer's one synchronous write).
 
@@ -158,9 +213,13 @@ def record_submission(**row: Any) -> None:
     submission's own facts are added.
     """
     row.setdefault("enqueued_at", timezone.now())
+    sql, fields = _insert_sql(connection.vendor)
+    params = [f.get_db_prep_save(row[f.attname] if f.attname in row else f.get_default(), connection) for f in fields]
     try:
-        with transaction.atomic():
-            KeyedTask.objects.create(**row)
+        # A savepoint only inside the caller's transaction: in autocommit the INSERT is atomic alone.
+        with transaction.atomic() if connection.in_atomic_block else nullcontext():
+            with connection.cursor() as cursor:
+                cursor.execute(sql, params)
     except IntegrityError:
         ticket = row.get("ticket")
         made_by_worker = KeyedTask.objects.filter(task_id=row["task_id"], key=row["key"], ticket=ticket)

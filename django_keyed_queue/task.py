@@ -111,13 +111,12 @@ class KeyedSerialTask(Task):
             raise GateUnavailable(f"{self.name}: the keyed queue's Redis is unreachable: {exc}") from exc
         assert submitted is not None  # only joins can be duplicates
         try:
-            with transaction.atomic():
-                records.record_submission(
-                    ticket=submitted.ticket,
-                    status=Status.DISPATCHED if submitted.granted else Status.WAITING,
-                    dispatched_at=timezone.now() if submitted.granted else None,
-                    **row,
-                )
+            records.record_submission(
+                ticket=submitted.ticket,
+                status=Status.DISPATCHED if submitted.granted else Status.WAITING,
+                dispatched_at=timezone.now() if submitted.granted else None,
+                **row,
+            )
         except BaseException:
             # Nobody saw the ticket: its number can be given back.
             self._withdraw(key, submitted.ticket, forget=True)
@@ -170,12 +169,7 @@ class KeyedSerialTask(Task):
             request.id,
             Status.RUNNING,
             attempts,
-            create={
-                "task_name": self.name,
-                "key": lease.key,
-                "arguments": records.describe_arguments(self.name, args, kwargs),
-                "enqueued_at": now,
-            },
+            create={"task_name": self.name, "key": lease.key, "args": args, "kwargs": kwargs, "enqueued_at": now},
             ticket=lease.ticket,
             started_at=now,
             heartbeat_at=now,
@@ -259,6 +253,7 @@ def publish_grants(app, grants: Iterable[Grant]) -> None:
         message = TaskMessage.decode(grant.message)
         task = app.tasks[message.task_name]
         options = {**message.options, "task_id": message.task_id, "add_to_parent": False}
+        dispatched_at = timezone.now()
         try:
             task._publish(grant.key, grant.ticket, grant.dispatch, message.args, message.kwargs, options)
         except Exception:
@@ -268,4 +263,4 @@ def publish_grants(app, grants: Iterable[Grant]) -> None:
                 message.task_id,
             )
             continue
-        records.record(message.task_id, Status.DISPATCHED, 0, dispatched_at=timezone.now())
+        records.record(message.task_id, Status.DISPATCHED, 0, dispatched_at=dispatched_at)

@@ -7,6 +7,7 @@ script touches a single slot and the gate runs unchanged on Redis Cluster.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 PREFIX = "keyed_queue"
 
@@ -46,7 +47,7 @@ class KeyNames:
             # "{}" is no hash tag to Redis Cluster: the names would land in different slots.
             raise ValueError("a gate key must not be empty")
 
-    @property
+    @cached_property
     def base(self) -> str:
         return f"{PREFIX}:{{{escape(self.key)}}}"
 

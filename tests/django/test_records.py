@@ -27,9 +27,28 @@ def test_a_later_status_applies():
 
 def test_an_earlier_status_written_late_does_not_move_the_record_back():
     # The finishing worker's "dispatched" can reach the database after the next worker's "succeeded".
-    make_row(status="succeeded", attempts=1)
-    write(Transition("t1", "dispatched", 0, {"dispatched_at": timezone.now()}))
-    assert KeyedTask.objects.get().status == "succeeded"
+    make_row(status="succeeded", attempts=1, started_at=timezone.now())
+    dispatched = timezone.now() - timedelta(seconds=1)
+    write(Transition("t1", "dispatched", 0, {"dispatched_at": dispatched, "started_at": timezone.now()}))
+    row = KeyedTask.objects.get()
+    # The late write fills what the row lacks and overwrites nothing.
+    assert (row.status, row.attempts, row.dispatched_at) == ("succeeded", 1, dispatched)
+    assert row.started_at < dispatched + timedelta(seconds=1)
+
+
+def test_a_batch_updates_and_creates_in_one_go():
+    make_row(task_id="a", status="dispatched")
+    make_row(task_id="b", status="running", attempts=1)
+    create = {"task_name": "demo.step", "key": "k", "args": ("k", 3), "kwargs": {}, "enqueued_at": timezone.now()}
+    write(
+        Transition("a", "running", 1, {"worker": "w1"}),
+        Transition("b", "failed", 1, {"error": "boom"}),
+        Transition("c", "running", 1, {"ticket": 9}, create),
+    )
+    rows = {r.task_id: r for r in KeyedTask.objects.all()}
+    assert (rows["a"].status, rows["a"].worker) == ("running", "w1")
+    assert (rows["b"].status, rows["b"].error) == ("failed", "boom")
+    assert (rows["c"].status, rows["c"].ticket, rows["c"].arguments) == ("running", 9, "args=('k', 3) kwargs={}")
 
 
 def test_a_retry_runs_as_a_later_attempt():
@@ -41,14 +60,14 @@ def test_a_retry_runs_as_a_later_attempt():
 
 
 def test_a_missing_row_is_created_from_what_the_worker_knows():
-    create = {"task_name": "demo.step", "key": "k", "arguments": "", "enqueued_at": timezone.now()}
+    create = {"task_name": "demo.step", "key": "k", "args": (), "kwargs": {}, "enqueued_at": timezone.now()}
     write(Transition("lost-producer", "running", 1, {"ticket": 4}, create))
     row = KeyedTask.objects.get(task_id="lost-producer")
     assert (row.status, row.ticket, row.key) == ("running", 4, "k")
 
 
 def test_submission_row_written_after_the_worker_made_it_keeps_the_workers_status():
-    create = {"task_name": "demo.step", "key": "k", "arguments": "", "enqueued_at": timezone.now()}
+    create = {"task_name": "demo.step", "key": "k", "args": (), "kwargs": {}, "enqueued_at": timezone.now()}
     write(Transition("fast", "succeeded", 1, {"ticket": 3}, create))
     enqueued = timezone.now() - timedelta(seconds=5)
     records.record_submission(
