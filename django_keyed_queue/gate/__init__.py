@@ -1,16 +1,19 @@
 """The per-key FIFO permission gate. Pure Redis: never imports Django or Celery."""
 
-from .gate import FinishResult, Gate, Grant, Lease, StartResult, SubmitResult
-from .keys import MAX_KEY_LENGTH, KeyNames
+from .gate import Gate
+from .keys import DEADLINE_INDEX, MAX_KEY_LENGTH, KeyNames
+from .results import FinishResult, Grant, Lease, Recovery, StartResult, SubmitResult
 from .scripts import Code
 
 __all__ = [
+    "DEADLINE_INDEX",
     "MAX_KEY_LENGTH",
     "Code",
     "FinishResult",
     "Gate",
     "Grant",
     "Lease",
+    "Recovery",
     "KeyNames",
     "StartResult",
     "SubmitResult",

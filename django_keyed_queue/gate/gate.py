@@ -3,64 +3,17 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 
 import redis
+from redis.exceptions import NoScriptError
 
-from .keys import KeyNames
+from .keys import DEADLINE_INDEX, KeyNames
+from .results import FinishResult, Grant, Lease, Recovery, StartResult, SubmitResult
 from .scripts import SCRIPT_NAMES, Code, ms_to_seconds, seconds_to_ms, source
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Grant:
-    """A ticket the gate just granted: its message must now be published."""
-
-    key: str
-    ticket: int
-    dispatch: int
-    message: bytes
-
-
-@dataclass(frozen=True)
-class SubmitResult:
-    ticket: int
-    granted: bool
-    #: Fencing token when the submission also started the ticket, else 0.
-    token: int = 0
-
-
-@dataclass(frozen=True)
-class StartResult:
-    code: Code
-    token: int = 0
-    attempts: int = 0
-    lease_deadline_ms: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return self.code is Code.OK
-
-
-@dataclass(frozen=True)
-class FinishResult:
-    code: Code
-    granted: list[Grant] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return self.code is Code.OK
-
-
-@dataclass(frozen=True)
-class Lease:
-    """A running ticket as its worker process knows it."""
-
-    key: str
-    ticket: int
-    token: int
 
 
 class Gate:
@@ -68,6 +21,12 @@ class Gate:
 
     Every method is one script call (one round trip) unless it says otherwise.
     Durations are seconds at this API and milliseconds inside Redis.
+
+    Keys that may need the reaper are found through one sorted set, the
+    deadline index (logical key -> when to look). It lives in its own slot,
+    so the scripts cannot write it: each call that can create a holder sends
+    a ``ZADD LT`` of an early estimate in the same round trip, and the
+    reaper, after visiting a key, moves it to the key's real next deadline.
     """
 
     def __init__(
@@ -87,18 +46,49 @@ class Gate:
     def _call(self, name: str, keys: Sequence[str], args: Sequence[object]) -> list:
         return self._scripts[name](keys=keys, args=args)
 
+    def _call_and_index(self, name: str, key: str, keys: Sequence[str], args: Sequence[object]) -> list:
+        """Run a script that may create a holder of ``key``, and index the key, in one round trip."""
+        script = self._scripts[name]
+        for attempt in (1, 2):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            pipe.zadd(DEADLINE_INDEX, {key: self._deadline_hint_ms()}, lt=True)
+            reply, indexed = pipe.execute(raise_on_error=False)
+            if isinstance(reply, NoScriptError) and attempt == 1:
+                script.sha = self.client.script_load(script.script)
+                continue
+            for outcome in (reply, indexed):
+                if isinstance(outcome, Exception):
+                    raise outcome
+            return reply
+        raise AssertionError("unreachable")
+
+    def _deadline_hint_ms(self) -> int:
+        # A holder created now has a deadline no earlier than this (on a clock
+        # within a second of this host's); looking early only costs a visit.
+        return int(time.time() * 1000) + min(self.lease_ms, self.dispatch_timeout_ms) - 1000
+
     def submit(
-        self, key: str, message: bytes, *, limit: int = 1, start: bool = False, join_id: str = ""
+        self,
+        key: str,
+        message: bytes,
+        *,
+        limit: int = 1,
+        start: bool = False,
+        join_id: str = "",
+        max_lost: int = 0,
     ) -> SubmitResult | None:
         """Take the next ticket of ``key`` and store ``message`` with it.
 
-        With ``start=True`` a granted ticket is also started (its lease begins).
+        With ``start=True`` a granted ticket is also started (its lease begins;
+        ``max_lost`` as for :meth:`start`).
         A non-empty ``join_id`` seen before within the idle horizon makes this a
         duplicate: nothing changes and None is returned.
         """
         names = KeyNames(key)
-        code, ticket, token, _ = self._call(
+        code, ticket, token, _ = self._call_and_index(
             "submit",
+            key,
             [*names.all(), names.joined],
             [
                 message,
@@ -107,6 +97,7 @@ class Gate:
                 self.lease_ms if start else 0,
                 join_id,
                 self.idle_horizon_ms,
+                max_lost,
             ],
         )
         if code == Code.DUPLICATE:
@@ -116,11 +107,15 @@ class Gate:
         logger.debug("submit key=%r ticket=%s granted=%s", key, result.ticket, result.granted)
         return result
 
-    def start(self, key: str, ticket: int, dispatch: int) -> StartResult:
-        """Check the message of dispatch ``dispatch`` may run ``ticket`` and start its lease."""
+    def start(self, key: str, ticket: int, dispatch: int, *, max_lost: int = 0) -> StartResult:
+        """Check the message of dispatch ``dispatch`` may run ``ticket`` and start its lease.
+
+        If the lease expires, the reaper re-dispatches the ticket ``max_lost``
+        times; the next time it fails the ticket and frees its slot.
+        """
         names = KeyNames(key)
         code, token, attempts, deadline = self._call(
-            "start", [names.meta, names.holders], [ticket, dispatch, self.lease_ms]
+            "start", [names.meta, names.holders], [ticket, dispatch, self.lease_ms, max_lost]
         )
         result = StartResult(Code(code), int(token), int(attempts), int(deadline))
         logger.debug("start key=%r ticket=%s code=%s", key, ticket, result.code.name)
@@ -128,8 +123,9 @@ class Gate:
 
     def finish(self, key: str, ticket: int, token: int, *, limit: int = 1) -> FinishResult:
         """End a running ticket and grant the next ones; their messages are returned."""
-        reply = self._call(
+        reply = self._call_and_index(
             "finish",
+            key,
             KeyNames(key).all(),
             [ticket, token, limit, self.dispatch_timeout_ms, self.idle_horizon_ms],
         )
@@ -160,8 +156,9 @@ class Gate:
         ``forget=True`` is for a submission that failed before anyone saw its
         ticket: the ticket number is given back when it was the last one taken.
         """
-        reply = self._call(
+        reply = self._call_and_index(
             "cancel",
+            key,
             KeyNames(key).all(),
             [ticket, limit, self.dispatch_timeout_ms, self.idle_horizon_ms, int(forget)],
         )
@@ -186,6 +183,70 @@ class Gate:
         for held, reply in zip(by_key.values(), pipe.execute(), strict=True):
             outcome.update({lease: bool(ok) for lease, ok in zip(held, reply, strict=True)})
         return outcome
+
+    def holds(self, lease: Lease) -> bool:
+        """True while ``lease`` is the running holder of its ticket (not fenced)."""
+        raw = self.client.hget(KeyNames(lease.key).holders, lease.ticket)
+        if raw is None:
+            return False
+        state, _, token, *_ = raw.decode().split("|")
+        return state == "r" and int(token) == lease.token
+
+    def reap(self, *, batch: int = 500, dry_run: bool = False) -> list[Recovery]:
+        """Recover the holders whose deadline passed, over up to ``batch`` due keys.
+
+        Two round trips for the whole batch (one pipelined script per due key,
+        then one index update), plus one to read the due keys. Safe to run
+        from several processes at once: each recovery is one atomic script.
+        """
+        now_ms = self._server_time_ms()
+        due = self.client.zrangebyscore(DEADLINE_INDEX, "-inf", now_ms, start=0, num=batch, withscores=True)
+        if not due:
+            return []
+        replies = self._pipelined(
+            "reap",
+            [
+                (KeyNames(member.decode()).all(), [self.dispatch_timeout_ms, self.idle_horizon_ms, int(dry_run)])
+                for member, _ in due
+            ],
+        )
+        recoveries: list[Recovery] = []
+        reindex: list[object] = []
+        longest_gap = min(self.lease_ms, self.dispatch_timeout_ms)
+        for (member, seen), reply in zip(due, replies, strict=True):
+            key = member.decode()
+            next_deadline, flat = int(reply[0]), reply[1:]
+            for i in range(0, len(flat), 5):
+                action, ticket, dispatch, attempts, message = flat[i : i + 5]
+                recoveries.append(Recovery(key, action.decode(), int(ticket), int(dispatch), int(attempts), message))
+            # Look again at the key's next deadline, and at least that often while it has holders.
+            next_score = -1 if next_deadline < 0 else min(next_deadline, now_ms + longest_gap)
+            reindex += [member, repr(seen) if seen != int(seen) else int(seen), next_score]
+        if not dry_run:
+            self._call("reindex", [DEADLINE_INDEX], reindex)
+        for r in recoveries:
+            logger.debug("reap key=%r ticket=%s action=%s dry_run=%s", r.key, r.ticket, r.action, dry_run)
+        return recoveries
+
+    def _pipelined(self, name: str, calls: list[tuple[list[str], list[object]]]) -> list:
+        script = self._scripts[name]
+        for attempt in (1, 2):
+            pipe = self.client.pipeline(transaction=False)
+            for keys, args in calls:
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+            replies = pipe.execute(raise_on_error=False)
+            if attempt == 1 and any(isinstance(r, NoScriptError) for r in replies):
+                script.sha = self.client.script_load(script.script)
+                continue
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+            return replies
+        raise AssertionError("unreachable")
+
+    def _server_time_ms(self) -> int:
+        seconds, micros = self.client.time()
+        return seconds * 1000 + micros // 1000
 
     def inspect(self, key: str) -> dict:
         """A read-only snapshot of one key (several reads in one pipelined round trip)."""
@@ -215,14 +276,16 @@ class Gate:
 
 
 def _decode_holder(raw: bytes, now_ms: int) -> dict:
-    state, dispatch, token, deadline, attempts = raw.decode().split("|")
+    state, dispatch, token, deadline, attempts, lost, max_lost = raw.decode().split("|")
     return {
         "state": "running" if state == "r" else "granted",
         "dispatch": int(dispatch),
         "token": int(token),
         "attempts": int(attempts),
+        "lost": int(lost),
+        "max_lost": int(max_lost),
         "deadline_in": ms_to_seconds(int(deadline) - now_ms),
     }
 
 
-__all__ = ["FinishResult", "Gate", "Grant", "Lease", "StartResult", "SubmitResult"]
+__all__ = ["Gate"]

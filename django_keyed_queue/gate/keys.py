@@ -11,6 +11,9 @@ from functools import cached_property
 
 PREFIX = "keyed_queue"
 
+#: ZSET logical key -> server ms when the key may next need the reaper (its own slot).
+DEADLINE_INDEX = f"{PREFIX}:deadlines"
+
 #: Longest logical key accepted, in characters (before escaping).
 MAX_KEY_LENGTH = 200
 

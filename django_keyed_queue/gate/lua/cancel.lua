@@ -36,7 +36,9 @@ end
 
 redis.call('HDEL', messages_key, ticket)
 if forget and tonumber(redis.call('HGET', meta_key, 'seq')) == tonumber(ticket) then
-  if redis.call('HINCRBY', meta_key, 'seq', -1) == 0 and redis.call('HLEN', meta_key) == 1 then
+  if redis.call('HINCRBY', meta_key, 'seq', -1) == 0
+    and redis.call('HEXISTS', meta_key, 'fence') == 0
+    and redis.call('HEXISTS', meta_key, 'paused') == 0 then
     redis.call('DEL', meta_key)
   end
 end

@@ -6,6 +6,7 @@
   ARGV[1] ticket
   ARGV[2] dispatch generation carried by the message
   ARGV[3] lease, ms
+  ARGV[4] lost leases to re-dispatch before failing the ticket (the task's policy)
 
   Returns {code, token, attempts, lease_deadline_ms}
     code 0 OK               started
@@ -19,6 +20,7 @@ local meta_key, holders_key = KEYS[1], KEYS[2]
 local ticket = ARGV[1]
 local dispatch = tonumber(ARGV[2])
 local lease = tonumber(ARGV[3])
+local max_lost = tonumber(ARGV[4])
 
 local raw = redis.call('HGET', holders_key, ticket)
 if not raw then
@@ -37,5 +39,6 @@ holder.state = 'r'
 holder.token = redis.call('HINCRBY', meta_key, 'fence', 1)
 holder.deadline = deadline
 holder.attempts = holder.attempts + 1
+holder.max_lost = max_lost
 redis.call('HSET', holders_key, ticket, encode_holder(holder))
 return {0, holder.token, holder.attempts, deadline}

@@ -4,6 +4,8 @@
   a free slot; with ARGV[4] > 0 it is also started (a delayed task joining
   its queue on the worker that holds it).
 
+  The key's limit is kept in meta for the reaper, which does not know the task.
+
   KEYS[1] meta      KEYS[2] queue      KEYS[3] messages      KEYS[4] holders
   KEYS[5] joined    ZSET of join ids (task ids of delayed tasks that joined), scored by time
   ARGV[1] message (opaque bytes)
@@ -12,6 +14,7 @@
   ARGV[4] lease, ms (0 = grant only, do not start)
   ARGV[5] join id ('' = none): a second submit with the same id within the horizon is refused
   ARGV[6] idle horizon, ms
+  ARGV[7] lost leases to re-dispatch before failing the ticket (used when started at once)
 
   Returns {code, ticket, token, deadline_ms}
     code 0 OK         granted (token > 0 when started, deadline = lease end)
@@ -27,6 +30,7 @@ local dispatch_timeout = tonumber(ARGV[3])
 local lease = tonumber(ARGV[4])
 local join_id = ARGV[5]
 local horizon = tonumber(ARGV[6])
+local max_lost = tonumber(ARGV[7])
 local now = now_ms()
 
 if join_id ~= '' then
@@ -40,6 +44,7 @@ if join_id ~= '' then
 end
 
 local ticket = redis.call('HINCRBY', meta_key, 'seq', 1)
+redis.call('HSET', meta_key, 'limit', limit)
 redis.call('PERSIST', meta_key)
 redis.call('HSET', messages_key, ticket, message)
 
@@ -53,12 +58,8 @@ end
 
 if lease > 0 then
   local token = redis.call('HINCRBY', meta_key, 'fence', 1)
-  redis.call('HSET', holders_key, ticket, encode_holder({
-    state = 'r', dispatch = 1, token = token, deadline = now + lease, attempts = 1,
-  }))
+  redis.call('HSET', holders_key, ticket, encode_holder(new_holder('r', token, now + lease, 1, max_lost)))
   return {0, ticket, token, now + lease}
 end
-redis.call('HSET', holders_key, ticket, encode_holder({
-  state = 'g', dispatch = 1, token = 0, deadline = now + dispatch_timeout, attempts = 0,
-}))
+redis.call('HSET', holders_key, ticket, encode_holder(new_holder('g', 0, now + dispatch_timeout, 0, 0)))
 return {0, ticket, 0, now + dispatch_timeout}

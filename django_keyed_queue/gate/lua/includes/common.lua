@@ -2,12 +2,14 @@
   Helpers shared by the gate scripts.
 
   A holder record (one field of the holders hash, one per occupied slot):
-    "<state>|<dispatch>|<token>|<deadline_ms>|<attempts>"
+    "<state>|<dispatch>|<token>|<deadline_ms>|<attempts>|<lost>|<max_lost>"
   state     g = granted, its message published but not started; r = running
-  dispatch  generation of the message allowed to start it (1, then +1 per retry)
+  dispatch  generation of the message allowed to start it (1, then +1 per retry or recovery)
   token     fencing token of the running attempt (0 while granted)
   deadline  server-clock ms: lease end when running, dispatch timeout when granted
   attempts  how many times the ticket has started
+  lost      how many of its leases expired (its worker died or stalled)
+  max_lost  how many lost leases are re-dispatched; the next one fails the ticket
 ]]
 
 local function now_ms()
@@ -16,19 +18,29 @@ local function now_ms()
 end
 
 local function decode_holder(raw)
-  local state, dispatch, token, deadline, attempts =
-    string.match(raw, '^(%a)|(%d+)|(%d+)|(%d+)|(%d+)$')
+  local state, dispatch, token, deadline, attempts, lost, max_lost =
+    string.match(raw, '^(%a)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)$')
   return {
     state = state,
     dispatch = tonumber(dispatch),
     token = tonumber(token),
     deadline = tonumber(deadline),
     attempts = tonumber(attempts),
+    lost = tonumber(lost),
+    max_lost = tonumber(max_lost),
   }
 end
 
 local function encode_holder(h)
-  return string.format('%s|%d|%d|%d|%d', h.state, h.dispatch, h.token, h.deadline, h.attempts)
+  return string.format('%s|%d|%d|%d|%d|%d|%d',
+    h.state, h.dispatch, h.token, h.deadline, h.attempts, h.lost, h.max_lost)
+end
+
+local function new_holder(state, token, deadline, attempts, max_lost)
+  return {
+    state = state, dispatch = 1, token = token, deadline = deadline,
+    attempts = attempts, lost = 0, max_lost = max_lost,
+  }
 end
 
 -- Grant parked tickets, oldest first, while the key has a free slot and is
@@ -42,9 +54,7 @@ local function grant_waiting(meta_key, queue_key, messages_key, holders_key, lim
     if not ticket then
       break
     end
-    redis.call('HSET', holders_key, ticket, encode_holder({
-      state = 'g', dispatch = 1, token = 0, deadline = deadline, attempts = 0,
-    }))
+    redis.call('HSET', holders_key, ticket, encode_holder(new_holder('g', 0, deadline, 0, 0)))
     out[#out + 1] = tonumber(ticket)
     out[#out + 1] = 1
     out[#out + 1] = redis.call('HGET', messages_key, ticket)

@@ -1,0 +1,80 @@
+--[[
+  Recover one key's holders whose deadline passed (server clock):
+  - a running ticket whose lease expired (its worker died or stalled) is
+    re-dispatched, up to its max_lost; past that it fails and frees its slot;
+  - a granted ticket never started within the dispatch timeout (its message
+    was lost) has its message published again, same dispatch.
+  Then the freed slots are granted to parked tickets.
+
+  KEYS[1] meta      KEYS[2] queue      KEYS[3] messages      KEYS[4] holders
+  ARGV[1] dispatch timeout, ms
+  ARGV[2] idle horizon, ms
+  ARGV[3] dry run (1 = report what would be done, change nothing)
+
+  Returns {next_deadline_ms, action1, ticket1, dispatch1, attempts1, message1, action2, ...}
+    next_deadline_ms  earliest deadline left among the key's holders, -1 if none
+    action  'redispatch' | 'fail' | 'republish'  (publish message with dispatch, or fail the ticket)
+            'grant'                              (a parked ticket took a freed slot: publish it)
+]]
+--- @include "common"
+
+local meta_key, queue_key, messages_key, holders_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local dispatch_timeout = tonumber(ARGV[1])
+local horizon = tonumber(ARGV[2])
+local dry_run = ARGV[3] == '1'
+
+local now = now_ms()
+local out = {-1}
+local freed = false
+local holders = redis.call('HGETALL', holders_key)
+for i = 1, #holders, 2 do
+  local ticket, holder = holders[i], decode_holder(holders[i + 1])
+  if holder.deadline <= now then
+    local message = redis.call('HGET', messages_key, ticket)
+    local action
+    if holder.state == 'g' then
+      action = 'republish'
+      holder.deadline = now + dispatch_timeout
+    elseif holder.lost < holder.max_lost then
+      action = 'redispatch'
+      holder.state, holder.token = 'g', 0
+      holder.dispatch = holder.dispatch + 1
+      holder.lost = holder.lost + 1
+      holder.deadline = now + dispatch_timeout
+    else
+      action = 'fail'
+    end
+    if not dry_run then
+      if action == 'fail' then
+        redis.call('HDEL', holders_key, ticket)
+        redis.call('HDEL', messages_key, ticket)
+        freed = true
+      else
+        redis.call('HSET', holders_key, ticket, encode_holder(holder))
+      end
+    end
+    local n = #out
+    out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] =
+      action, tonumber(ticket), holder.dispatch, holder.attempts, message
+  end
+end
+
+if freed then
+  local limit = tonumber(redis.call('HGET', meta_key, 'limit') or '1')
+  local granted = grant_waiting(meta_key, queue_key, messages_key, holders_key, limit,
+    now + dispatch_timeout, {})
+  for i = 1, #granted, 3 do
+    local n = #out
+    out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] =
+      'grant', granted[i], granted[i + 1], 0, granted[i + 2]
+  end
+  expire_if_idle(meta_key, queue_key, holders_key, horizon)
+end
+
+for _, raw in ipairs(redis.call('HVALS', holders_key)) do
+  local deadline = decode_holder(raw).deadline
+  if out[1] < 0 or deadline < out[1] then
+    out[1] = deadline
+  end
+end
+return out
