@@ -30,7 +30,13 @@ def check_settings(app_configs=None, **kwargs) -> list:
                 id="keyed_queue.E001",
             )
         )
-    for name in ("LEASE_SECONDS", "DISPATCH_TIMEOUT_SECONDS", "IDLE_HORIZON_SECONDS", "RECORD_FLUSH_SECONDS"):
+    for name in (
+        "LEASE_SECONDS",
+        "DISPATCH_TIMEOUT_SECONDS",
+        "IDLE_HORIZON_SECONDS",
+        "RECORD_FLUSH_SECONDS",
+        "REAP_INTERVAL_SECONDS",
+    ):
         value = getattr(settings, name)
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
             problems.append(

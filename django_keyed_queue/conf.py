@@ -20,6 +20,11 @@ DEFAULTS: dict[str, Any] = {
     "DISPATCH_TIMEOUT_SECONDS": 300.0,
     # A drained key's counters stay this long, keeping fencing tokens monotonic.
     "IDLE_HORIZON_SECONDS": 86400.0,
+    # How often the reaper looks for lost runs and lost messages.
+    "REAP_INTERVAL_SECONDS": 5.0,
+    # Every worker runs the reaper in a thread (several reapers are safe); False leaves it
+    # to the beat entry (added to `celery beat` unless it has one) and the command.
+    "WORKER_REAPER": True,
     # Worker-side record writes are batched and flushed at this interval.
     "RECORD_FLUSH_SECONDS": 0.2,
     # Dotted path or callable (task_name, args, kwargs) -> (args, kwargs) applied

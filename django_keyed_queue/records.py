@@ -30,7 +30,7 @@ from kombu.utils.encoding import safe_repr
 
 from .conf import settings
 from .models import KeyedTask
-from .statuses import STATUS_RANK
+from .statuses import STATUS_RANK, TERMINAL_STATUSES
 
 logger = logging.getLogger(__name__)
 
@@ -230,3 +230,12 @@ def record_submission(**row: Any) -> None:
 def forget_submission(task_id: str) -> None:
     """Delete the row of a submission that failed after it was written."""
     KeyedTask.objects.filter(task_id=task_id).delete()
+
+
+def settle(task_id: str, status: str, **fields: Any) -> None:
+    """Set a record's status now, whatever it was, unless it already ended (the reaper's write).
+
+    The reaper knows better than the buffered writes of a worker it gave up on;
+    a record that reached a terminal status keeps it.
+    """
+    KeyedTask.objects.filter(task_id=task_id).exclude(status__in=TERMINAL_STATUSES).update(status=status, **fields)

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
-from celery.signals import worker_process_init, worker_process_shutdown
+import logging
+import random
+import threading
+
+from celery.signals import beat_init, worker_process_init, worker_process_shutdown, worker_ready, worker_shutdown
 from django.core.signals import setting_changed
+from django.db import close_old_connections
 from django.dispatch import receiver
 
-from .conf import PREFIX
+from .conf import PREFIX, settings
 from .connection import reset_gate
 from .records import recorder
+
+logger = logging.getLogger(__name__)
+_reaper_stop = threading.Event()
 
 
 @worker_process_init.connect
@@ -25,3 +33,41 @@ def _flush_records(**_: object) -> None:
 def _settings_changed(setting: str, **_: object) -> None:
     if setting.startswith(PREFIX):
         reset_gate()
+
+
+@worker_ready.connect
+def _start_worker_reaper(sender=None, **_: object) -> None:
+    """Every worker reaps, so recovery needs no beat process; reapers racing are safe."""
+    if not settings.WORKER_REAPER:
+        return
+    _reaper_stop.clear()
+    threading.Thread(target=_reap_forever, args=(sender.app,), name="keyed-queue-reaper", daemon=True).start()
+
+
+@worker_shutdown.connect
+def _stop_worker_reaper(**_: object) -> None:
+    _reaper_stop.set()
+
+
+def _reap_forever(app) -> None:
+    from .recovery import reap
+
+    # Spread the workers' passes so they do not all look at the same moment.
+    while not _reaper_stop.wait(settings.REAP_INTERVAL_SECONDS * random.uniform(0.8, 1.2)):
+        try:
+            close_old_connections()
+            reap(app=app)
+        except Exception:
+            logger.exception("keyed queue reaper pass failed; trying again")
+
+
+@beat_init.connect
+def _schedule_reaper(sender=None, **_: object) -> None:
+    """Give ``celery beat`` the reaper entry unless the project scheduled it itself."""
+    from .tasks import REAP_ENTRY
+
+    if REAP_ENTRY in (sender.app.conf.beat_schedule or {}):
+        return
+    sender.scheduler.update_from_dict(
+        {REAP_ENTRY: {"task": "keyed_queue.reap", "schedule": settings.REAP_INTERVAL_SECONDS}}
+    )

@@ -23,7 +23,7 @@ from django.utils import timezone
 from . import records
 from .connection import get_gate
 from .exceptions import GateUnavailable, InvalidArguments, InvalidKey
-from .gate import MAX_KEY_LENGTH, Grant, Lease
+from .gate import MAX_KEY_LENGTH, Grant, Lease, Recovery
 from .leases import keeper
 from .messages import TaskMessage, portable_options
 from .statuses import Status
@@ -42,6 +42,9 @@ class KeyedSerialTask(Task):
     serial_key: str | Callable[..., str] = ""
     #: How many tasks of one key may run at once.
     serial_limit: int = 1
+    #: How many times a run whose worker was lost (its lease expired) is dispatched
+    #: again; after that the task is failed and its key passes on.
+    max_recoveries: int = 3
 
     # -- submission -------------------------------------------------------
 
@@ -201,9 +204,18 @@ class KeyedSerialTask(Task):
         """The running task's lease; ``keyed_lease.token`` is its fencing token."""
         return getattr(self.request, "keyed_lease", None)
 
+    def holds_key(self) -> bool:
+        """True while this run still holds its key: its lease was not lost (one round trip).
+
+        Check it before a write that must not happen twice, or store
+        ``keyed_lease.token`` with the write and refuse smaller tokens.
+        """
+        lease = self.keyed_lease
+        return lease is not None and (not keeper.is_lost(lease)) and get_gate().holds(lease)
+
     def _start(self, header: dict) -> tuple[Lease, int]:
         key, ticket = header["key"], int(header["ticket"])
-        started = get_gate().start(key, ticket, int(header["dispatch"]))
+        started = get_gate().start(key, ticket, int(header["dispatch"]), max_lost=self.max_recoveries)
         if not started.ok:
             logger.info(
                 "dropping message of %s[%s] key=%r ticket=%s: %s",
@@ -225,7 +237,9 @@ class KeyedSerialTask(Task):
         if routing.get("routing_key"):
             options.setdefault("queue", routing["routing_key"])
         message = TaskMessage(self.name, request.id, args, kwargs, portable_options(options)).encode(self.serializer)
-        submitted = get_gate().submit(key, message, limit=self.serial_limit, start=True, join_id=request.id)
+        submitted = get_gate().submit(
+            key, message, limit=self.serial_limit, start=True, join_id=request.id, max_lost=self.max_recoveries
+        )
         if submitted is None:
             logger.info("dropping duplicate of %s[%s] key=%r", self.name, request.id, key)
             raise Ignore()
@@ -236,31 +250,46 @@ class KeyedSerialTask(Task):
 
     def _finish(self, lease: Lease, status: str, attempts: int, error: str = "") -> None:
         keeper.release(lease)
-        records.record(self.request.id, status, attempts, finished_at=timezone.now(), error=error)
+        finished_at = timezone.now()
         try:
             finished = get_gate().finish(lease.key, lease.ticket, lease.token, limit=self.serial_limit)
         except redis.RedisError:
             logger.exception("finishing key=%r ticket=%s failed; its lease will expire", lease.key, lease.ticket)
             return
         if not finished.ok:
-            logger.warning("finished a fenced ticket key=%r ticket=%s: %s", lease.key, lease.ticket, finished.code.name)
+            # The lease was lost and the reaper acted: the record follows the run it dispatched.
+            logger.warning(
+                "%s[%s] finished after losing its lease (fenced) key=%r ticket=%s",
+                self.name,
+                self.request.id,
+                lease.key,
+                lease.ticket,
+            )
+            return
+        records.record(self.request.id, status, attempts, finished_at=finished_at, error=error)
         publish_grants(self.app, finished.granted)
 
 
-def publish_grants(app, grants: Iterable[Grant]) -> None:
-    """Publish the messages of tickets the gate just granted."""
+def publish(app, grant: Grant | Recovery) -> str | None:
+    """Publish a granted ticket's stored message; its task id, or None if the broker refused it."""
+    message = TaskMessage.decode(grant.message)
+    options = {**message.options, "task_id": message.task_id, "add_to_parent": False}
+    try:
+        app.tasks[message.task_name]._publish(
+            grant.key, grant.ticket, grant.dispatch, message.args, message.kwargs, options
+        )
+    except Exception:
+        logger.exception(
+            "publishing %s[%s] failed; the dispatch timeout will resend it", message.task_name, message.task_id
+        )
+        return None
+    return message.task_id
+
+
+def publish_grants(app, grants: Iterable[Grant | Recovery]) -> None:
+    """Publish the messages of tickets the gate just granted, and record them dispatched."""
     for grant in grants:
-        message = TaskMessage.decode(grant.message)
-        task = app.tasks[message.task_name]
-        options = {**message.options, "task_id": message.task_id, "add_to_parent": False}
         dispatched_at = timezone.now()
-        try:
-            task._publish(grant.key, grant.ticket, grant.dispatch, message.args, message.kwargs, options)
-        except Exception:
-            logger.exception(
-                "publishing granted %s[%s] failed; the dispatch timeout will resend it",
-                message.task_name,
-                message.task_id,
-            )
-            continue
-        records.record(message.task_id, Status.DISPATCHED, 0, dispatched_at=dispatched_at)
+        task_id = publish(app, grant)
+        if task_id is not None:
+            records.record(task_id, Status.DISPATCHED, 0, dispatched_at=dispatched_at)

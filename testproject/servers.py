@@ -69,8 +69,16 @@ class RedisServer:
 class Worker:
     """A real ``celery worker`` (prefork) of the testproject, in its own process group."""
 
-    def __init__(self, name: str, log_dir: Path, concurrency: int = 2, extra_env: dict | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        log_dir: Path,
+        concurrency: int = 2,
+        extra_env: dict | None = None,
+        queues: str = "celery",
+    ) -> None:
         self.name = name
+        self.queues = queues
         self.log_path = log_dir / f"worker-{name}.log"
         self.concurrency = concurrency
         self.extra_env = extra_env or {}
@@ -96,6 +104,8 @@ class Worker:
                     f"{self.name}@%h",
                     "-l",
                     "INFO",
+                    "-Q",
+                    self.queues,
                     "--without-gossip",
                     "--without-mingle",
                     "--without-heartbeat",
@@ -125,3 +135,9 @@ class Worker:
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(10)
+
+
+def parent_pid(pid: int) -> int:
+    """The parent of a process, from /proc (pool processes belong to their worker)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[1])

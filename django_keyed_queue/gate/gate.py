@@ -192,17 +192,18 @@ class Gate:
         state, _, token, *_ = raw.decode().split("|")
         return state == "r" and int(token) == lease.token
 
-    def reap(self, *, batch: int = 500, dry_run: bool = False) -> list[Recovery]:
+    def reap(self, *, batch: int = 500, dry_run: bool = False) -> tuple[int, list[Recovery]]:
         """Recover the holders whose deadline passed, over up to ``batch`` due keys.
 
         Two round trips for the whole batch (one pipelined script per due key,
         then one index update), plus one to read the due keys. Safe to run
         from several processes at once: each recovery is one atomic script.
+        Returns how many due keys were visited, and the recoveries.
         """
         now_ms = self._server_time_ms()
         due = self.client.zrangebyscore(DEADLINE_INDEX, "-inf", now_ms, start=0, num=batch, withscores=True)
         if not due:
-            return []
+            return 0, []
         replies = self._pipelined(
             "reap",
             [
@@ -226,7 +227,7 @@ class Gate:
             self._call("reindex", [DEADLINE_INDEX], reindex)
         for r in recoveries:
             logger.debug("reap key=%r ticket=%s action=%s dry_run=%s", r.key, r.ticket, r.action, dry_run)
-        return recoveries
+        return len(due), recoveries
 
     def _pipelined(self, name: str, calls: list[tuple[list[str], list[object]]]) -> list:
         script = self._scripts[name]

@@ -51,6 +51,17 @@ def flaky_step(self, key: str, n: int, failures: int, countdown: float = 0.5) ->
     return n
 
 
+@keyed_serial_task(key="{key}", bind=True, max_recoveries=2)
+def lingering_step(self, key: str, n: int, linger: float = 0.0) -> int:
+    """Lingers on its first attempt only, where a crash test kills or stalls it."""
+    attempt = self.request.keyed_attempts
+    history.log("start", key, n, attempt=attempt)
+    if attempt == 1:
+        time.sleep(linger)
+    history.log("end", key, n, attempt=attempt, holds=self.holds_key())
+    return n
+
+
 @keyed_serial_task(key="{key}")
 def failing_step(key: str, n: int) -> None:
     history.log("start", key, n)

@@ -15,8 +15,12 @@ def quick(make_gate):
     return make_gate(lease_seconds=0.3, dispatch_timeout_seconds=0.4)
 
 
+def recoveries(gate, **kwargs):
+    return gate.reap(**kwargs)[1]
+
+
 def reap_until(gate, what="a recovery", **kwargs):
-    return wait_until(lambda: gate.reap(**kwargs), timeout=5, what=what)
+    return wait_until(lambda: recoveries(gate, **kwargs), timeout=5, what=what)
 
 
 def started(gate, key, *, max_lost=1):
@@ -67,7 +71,7 @@ def test_a_renewed_lease_is_not_reaped(quick):
     ticket, token = started(quick, "k")
     for _ in range(6):
         assert quick.renew([Lease("k", ticket, token)]) == {Lease("k", ticket, token): True}
-        assert not [r for r in quick.reap() if r.key == "k"]
+        assert not [r for r in recoveries(quick) if r.key == "k"]
         threading.Event().wait(0.1)  # 6 x 0.1 s: twice the lease, renewed all along
     assert quick.holds(Lease("k", ticket, token))
 
@@ -82,7 +86,7 @@ def test_the_index_follows_each_keys_real_next_deadline(make_gate, gate_redis):
     gate.cancel("idle", idle_ticket)
     # Make every key due now, as if its hint had passed.
     gate_redis.zadd(DEADLINE_INDEX, {"idle": 0, "busy": 0})
-    assert gate.reap() == []
+    assert gate.reap() == (2, [])
     index = dict(gate_redis.zrange(DEADLINE_INDEX, 0, -1, withscores=True))
     assert b"idle" not in index, "an idle key leaves the index"
     lease_end = gate.inspect("busy")["holders"][ticket]["deadline_in"]
@@ -95,11 +99,11 @@ def test_a_dry_run_reports_and_changes_nothing(quick, gate_redis):
     quick.submit("k", b"next")
     wait_until(lambda: holder(quick, "k", ticket)["deadline_in"] < 0, timeout=5, what="the lease to expire")
     before = (quick.inspect("k"), gate_redis.zrange(DEADLINE_INDEX, 0, -1, withscores=True))
-    planned = quick.reap(dry_run=True)
+    planned = recoveries(quick, dry_run=True)
     assert [r.action for r in planned] == ["fail"]
     after = (quick.inspect("k"), gate_redis.zrange(DEADLINE_INDEX, 0, -1, withscores=True))
     assert before[0]["holders"].keys() == after[0]["holders"].keys() and before[1] == after[1]
-    assert [r.action for r in quick.reap()] == ["fail", "grant"]
+    assert [r.action for r in recoveries(quick)] == ["fail", "grant"]
 
 
 def test_reapers_racing_recover_each_ticket_once(quick):
@@ -113,9 +117,9 @@ def test_reapers_racing_recover_each_ticket_once(quick):
 
     def reap():
         for _ in range(5):
-            recoveries = quick.reap()
+            done = recoveries(quick)
             with lock:
-                found.extend(recoveries)
+                found.extend(done)
 
     threads = [threading.Thread(target=reap) for _ in range(6)]
     for thread in threads:

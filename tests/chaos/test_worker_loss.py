@@ -1,0 +1,120 @@
+"""Workers lost mid-task (SIGKILL), stalled past their lease (SIGSTOP), shut down (SIGTERM),
+and messages lost between the gate and the broker: keys move on, nothing is lost or run twice
+while its lease is live, order holds."""
+
+import os
+import signal
+import time
+
+import pytest
+import redis
+from django.conf import settings
+
+from django_keyed_queue.connection import get_gate
+from testproject.demo.tasks import lingering_step
+from tests.helpers import check_history, read_history, wait_for_records, wait_until
+
+from .conftest import TIMINGS
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.workers]
+
+#: A lost holder blocks its key for at most the lease plus the reaper period (G3), plus slack
+#: for a loaded 2-core machine.
+RECOVERY_BOUND = TIMINGS["LEASE_SECONDS"] + 1.2 * TIMINGS["REAP_INTERVAL_SECONDS"] + 3.0
+
+
+def submit(chaos, key, count, linger):
+    first = lingering_step.apply_async((key, 0, linger), queue=chaos.queue)
+    return [first, *(lingering_step.apply_async((key, n), queue=chaos.queue) for n in range(1, count))]
+
+
+def starts(key):
+    return [e for e in read_history() if e["event"] == "start" and e["key"] == key]
+
+
+def first_run_started(key):
+    return wait_until(lambda: starts(key), timeout=30, message=f"{key} to start")[0]
+
+
+def test_sigkill_of_a_pool_process_mid_task(chaos):
+    chaos.start(2)
+    results = submit(chaos, "crash", 6, linger=60)
+    victim = first_run_started("crash")
+    killed_at = time.time()
+    os.kill(victim["pid"], signal.SIGKILL)
+
+    records = wait_for_records(r.id for r in results)
+    runs = starts("crash")
+    assert [(e["n"], e["attempt"]) for e in runs] == [(0, 1), (0, 2), (1, 1), (2, 1), (3, 1), (4, 1), (5, 1)]
+    assert runs[1]["t"] - killed_at < RECOVERY_BOUND
+    check_history(read_history())
+    assert (records[results[0].id].status, records[results[0].id].attempts) == ("succeeded", 2)
+    assert {records[r.id].status for r in results} == {"succeeded"}
+    assert not get_gate().inspect("crash")["holders"]
+
+
+def test_sigkill_of_a_whole_worker(chaos):
+    chaos.start(2)
+    results = submit(chaos, "host-down", 5, linger=60)
+    victim = first_run_started("host-down")
+    os.killpg(chaos.owner_of(victim["pid"]).process.pid, signal.SIGKILL)
+
+    # Its running task comes back after the lease; anything it had reserved, after the dispatch timeout.
+    records = wait_for_records((r.id for r in results), timeout=60)
+    assert [e["n"] for e in starts("host-down")] == [0, 0, 1, 2, 3, 4]
+    check_history(read_history())
+    assert {records[r.id].status for r in results} == {"succeeded"}
+
+
+def test_a_stalled_holder_is_fenced_and_cannot_release_the_key(chaos):
+    chaos.start(2)
+    results = submit(chaos, "stall", 4, linger=1.0)
+    victim = first_run_started("stall")
+    os.kill(victim["pid"], signal.SIGSTOP)
+    try:
+        # The others go on: the stalled run's lease expires and its ticket is dispatched again.
+        wait_for_records((r.id for r in results), timeout=60)
+    finally:
+        os.kill(victim["pid"], signal.SIGCONT)
+    late = wait_until(
+        lambda: [e for e in read_history() if e["event"] == "end" and (e["n"], e["attempt"]) == (0, 1)],
+        timeout=20,
+        message="the stalled run to end",
+    )
+    assert late[0]["holds"] is False, "a run whose lease was lost sees it has lost its key"
+    ends = [(e["n"], e["attempt"], e["holds"]) for e in read_history() if e["event"] == "end"]
+    assert ends[:4] == [(0, 2, True), (1, 1, True), (2, 1, True), (3, 1, True)]
+    # Its late finish released nothing and started nothing.
+    time.sleep(1)
+    assert [e["n"] for e in starts("stall")] == [0, 0, 1, 2, 3]
+    assert not get_gate().inspect("stall")["holders"]
+
+
+def test_a_message_lost_before_the_broker_is_published_again(chaos):
+    results = submit(chaos, "dropped", 3, linger=0)
+    # No worker yet: the granted message sits in the broker. Lose it, as if the producer died first.
+    broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    assert broker.delete(chaos.queue) == 1
+    lost_at = time.time()
+    chaos.start(1)
+    records = wait_for_records(r.id for r in results)
+    runs = starts("dropped")
+    assert [e["n"] for e in runs] == [0, 1, 2]
+    waited = runs[0]["t"] - lost_at
+    assert TIMINGS["DISPATCH_TIMEOUT_SECONDS"] - 0.5 < waited < TIMINGS["DISPATCH_TIMEOUT_SECONDS"] + RECOVERY_BOUND
+    assert {records[r.id].status for r in results} == {"succeeded"}
+
+
+def test_warm_shutdown_finishes_the_running_task_and_hands_its_key_on(chaos):
+    chaos.start(2)
+    results = submit(chaos, "warm", 3, linger=2.0)
+    victim = first_run_started("warm")
+    owner = chaos.owner_of(victim["pid"])
+    owner.process.send_signal(signal.SIGTERM)
+    assert owner.process.wait(30) == 0
+
+    records = wait_for_records(r.id for r in results)
+    assert [(e["n"], e["attempt"]) for e in starts("warm")] == [(0, 1), (1, 1), (2, 1)]
+    assert records[results[0].id].attempts == 1, "a warm shutdown is not a lost worker"
+    check_history(read_history())
+    assert not get_gate().inspect("warm")["holders"]
