@@ -159,6 +159,11 @@ class Recorder:
                 self._thread = threading.Thread(target=self._run, name="keyed-queue-records", daemon=True)
                 self._thread.start()
 
+    def discard(self) -> None:
+        """Drop what is buffered without writing it (a test run whose database is gone)."""
+        with self._lock:
+            self._pending = {}
+
     def flush(self) -> None:
         """Write everything buffered so far (also called at process shutdown)."""
         with self._lock:

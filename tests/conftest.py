@@ -20,6 +20,9 @@ def redis_server():
 
 def pytest_unconfigure(config):
     """After every fixture (the test database too) is torn down: keep the logs, drop the temp dir."""
+    from django_keyed_queue.records import recorder
+
+    recorder.discard()  # its database is gone; the exit-time flush would only fail
     data_dir = Path(os.environ["TESTPROJECT_DATA_DIR"])
     if not data_dir.exists():
         return

@@ -114,8 +114,9 @@ class Gate:
         times; the next time it fails the ticket and frees its slot.
         """
         names = KeyNames(key)
-        code, token, attempts, deadline = self._call(
-            "start", [names.meta, names.holders], [ticket, dispatch, self.lease_ms, max_lost]
+        # Indexed too: this process's lease may be shorter than the one the granting process assumed.
+        code, token, attempts, deadline = self._call_and_index(
+            "start", key, [names.meta, names.holders], [ticket, dispatch, self.lease_ms, max_lost]
         )
         result = StartResult(Code(code), int(token), int(attempts), int(deadline))
         logger.debug("start key=%r ticket=%s code=%s", key, ticket, result.code.name)
