@@ -12,7 +12,7 @@ from django.db import close_old_connections
 from django.dispatch import receiver
 
 from .conf import PREFIX, settings
-from .connection import reset_gate
+from .connection import TRANSIENT, reset_gate
 from .records import recorder
 
 logger = logging.getLogger(__name__)
@@ -57,6 +57,8 @@ def _reap_forever(app) -> None:
         try:
             close_old_connections()
             reap(app=app)
+        except TRANSIENT as exc:
+            logger.warning("keyed queue reaper: Redis unreachable (%s); trying again", exc)
         except Exception:
             logger.exception("keyed queue reaper pass failed; trying again")
 

@@ -21,7 +21,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from . import records
-from .connection import get_gate
+from .connection import get_gate, outlast_restart
 from .exceptions import GateUnavailable, InvalidArguments, InvalidKey
 from .gate import MAX_KEY_LENGTH, Grant, Lease, Recovery
 from .leases import keeper
@@ -150,7 +150,10 @@ class KeyedSerialTask(Task):
             countdown = max(0.0, (eta - timezone.now()).total_seconds())
         stored = {k: v for k, v in portable_options(options).items() if k not in (*_DELAY_OPTIONS, "task_id")}
         message = TaskMessage(self.name, options["task_id"], args, kwargs, stored).encode(self.serializer)
-        dispatch = get_gate().retry(lease.key, lease.ticket, lease.token, message, countdown_seconds=countdown)
+        gate = get_gate()
+        dispatch, _ = outlast_restart(
+            lambda: gate.retry(lease.key, lease.ticket, lease.token, message, countdown_seconds=countdown)
+        )
         if dispatch is None:
             logger.warning("retry of a fenced ticket dropped key=%r ticket=%s", lease.key, lease.ticket)
             return self.AsyncResult(options["task_id"])
@@ -211,11 +214,17 @@ class KeyedSerialTask(Task):
         ``keyed_lease.token`` with the write and refuse smaller tokens.
         """
         lease = self.keyed_lease
-        return lease is not None and (not keeper.is_lost(lease)) and get_gate().holds(lease)
+        if lease is None or keeper.is_lost(lease):
+            return False
+        gate = get_gate()
+        return outlast_restart(lambda: gate.holds(lease))[0]
 
     def _start(self, header: dict) -> tuple[Lease, int]:
         key, ticket = header["key"], int(header["ticket"])
-        started = get_gate().start(key, ticket, int(header["dispatch"]), max_lost=self.max_recoveries)
+        gate = get_gate()
+        started, _ = outlast_restart(
+            lambda: gate.start(key, ticket, int(header["dispatch"]), max_lost=self.max_recoveries)
+        )
         if not started.ok:
             logger.info(
                 "dropping message of %s[%s] key=%r ticket=%s: %s",
@@ -251,10 +260,19 @@ class KeyedSerialTask(Task):
     def _finish(self, lease: Lease, status: str, attempts: int, error: str = "") -> None:
         keeper.release(lease)
         finished_at = timezone.now()
+        gate = get_gate()
         try:
-            finished = get_gate().finish(lease.key, lease.ticket, lease.token, limit=self.serial_limit)
+            finished, retried = outlast_restart(
+                lambda: gate.finish(lease.key, lease.ticket, lease.token, limit=self.serial_limit)
+            )
         except redis.RedisError:
             logger.exception("finishing key=%r ticket=%s failed; its lease will expire", lease.key, lease.ticket)
+            return
+        if not finished.ok and retried and not gate.inspect(lease.key)["holders"].get(lease.ticket):
+            # The first try went through but its reply was lost: the ticket is done. Whatever it
+            # granted was not published; the dispatch timeout publishes it.
+            logger.warning("finish of key=%r ticket=%s was applied before Redis went away", lease.key, lease.ticket)
+            records.record(self.request.id, status, attempts, finished_at=finished_at, error=error)
             return
         if not finished.ok:
             # The lease was lost and the reaper acted: the record follows the run it dispatched.

@@ -13,13 +13,20 @@ from functools import cache
 
 import redis
 from django.conf import settings
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
 
 HISTORY = "testproject:history"
 
 
 @cache
 def _client(pid: int) -> redis.Redis:
-    return redis.Redis.from_url(settings.CELERY_BROKER_URL.rsplit("/", 1)[0] + "/3")
+    # Crash tests restart this Redis under running tasks: wait it out rather than fail the task.
+    return redis.Redis.from_url(
+        settings.CELERY_BROKER_URL.rsplit("/", 1)[0] + "/3",
+        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 30),
+        retry_on_error=[redis.ConnectionError, redis.TimeoutError, redis.exceptions.BusyLoadingError],
+    )
 
 
 def client() -> redis.Redis:

@@ -15,14 +15,18 @@ from testproject.servers import Worker
 TIMINGS = {"LEASE_SECONDS": 1.5, "DISPATCH_TIMEOUT_SECONDS": 3.0, "REAP_INTERVAL_SECONDS": 0.3}
 
 
+def timing_env() -> dict[str, str]:
+    return {f"KEYED_QUEUE_{name}": str(value) for name, value in TIMINGS.items()}
+
+
 class Chaos:
     def __init__(self, queue: str, log_dir: Path) -> None:
         self.queue = queue
         self.log_dir = log_dir
         self.workers: list[Worker] = []
 
-    def start(self, count: int = 2, concurrency: int = 2) -> list[Worker]:
-        env = {f"KEYED_QUEUE_{name}": str(value) for name, value in TIMINGS.items()}
+    def start(self, count: int = 2, concurrency: int = 2, env: dict | None = None) -> list[Worker]:
+        env = {**timing_env(), **(env or {})}
         started = []
         for _ in range(count):
             name = f"{self.queue}-{len(self.workers) + 1}"
