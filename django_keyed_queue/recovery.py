@@ -11,14 +11,15 @@ import logging
 from dataclasses import dataclass, field
 
 from celery import current_app
+from django.db import models
 from django.utils import timezone
 
 from . import records
 from .connection import get_gate
 from .gate import Recovery
 from .messages import TaskMessage
-from .statuses import Status
-from .task import publish
+from .statuses import TERMINAL_STATUSES, Status
+from .task import publish, publish_grants
 
 logger = logging.getLogger(__name__)
 
@@ -69,3 +70,55 @@ def _act(app, recovery: Recovery) -> None:
     published = publish(app, recovery)
     if published and recovery.action != "redispatch":
         records.record(task_id, Status.DISPATCHED, 0, dispatched_at=now)
+
+
+@dataclass
+class RebuildReport:
+    restored: dict[str, int] = field(default_factory=dict)  # key -> tickets restored
+    skipped: list[str] = field(default_factory=list)  # keys live in Redis, left alone
+    unrecoverable: list[str] = field(default_factory=list)  # task ids with no stored message
+
+    def summary(self) -> str:
+        return (
+            f"restored {sum(self.restored.values())} tasks over {len(self.restored)} keys; "
+            f"skipped {len(self.skipped)} live keys; {len(self.unrecoverable)} tasks without a stored message"
+        )
+
+
+def rebuild(*, dry_run: bool = False, app=None) -> RebuildReport:
+    """Restore the gate from the records after Redis lost it: every unfinished task runs, in ticket order.
+
+    Keys that still have state in Redis are left alone. A task that was
+    running when Redis was lost runs again (fence its writes with its token).
+    Delayed tasks not yet due are on the broker and join when due.
+    """
+    from .models import KeyedTask
+
+    app = app or current_app
+    report = RebuildReport()
+    gate = get_gate()
+    active = KeyedTask.objects.active().filter(ticket__isnull=False).order_by("key", "ticket")
+    by_key: dict[str, list] = {}
+    for row in active.only("task_id", "task_name", "key", "ticket", "message"):
+        by_key.setdefault(row.key, []).append(row)
+    for key, rows in by_key.items():
+        report.unrecoverable += [r.task_id for r in rows if not r.message]
+        waiting = [(r.ticket, r.message.encode()) for r in rows if r.message]
+        if not waiting:
+            continue
+        if dry_run:
+            report.restored[key] = len(waiting)
+            continue
+        last_ticket = KeyedTask.objects.for_key(key).aggregate(models.Max("ticket"))["ticket__max"]
+        task = app.tasks.get(rows[0].task_name)
+        rebuilt = gate.rebuild(key, last_ticket=last_ticket, waiting=waiting, limit=getattr(task, "serial_limit", 1))
+        if not rebuilt.ok:
+            report.skipped.append(key)
+            continue
+        report.restored[key] = len(waiting)
+        KeyedTask.objects.filter(task_id__in=[r.task_id for r in rows if r.message]).exclude(
+            status__in=TERMINAL_STATUSES
+        ).update(status=Status.WAITING, error="rebuilt after the gate's Redis was lost")
+        publish_grants(app, rebuilt.granted)
+    logger.info("keyed queue rebuild %s%s", "(dry run) " if dry_run else "", report.summary())
+    return report

@@ -185,6 +185,18 @@ class Gate:
             outcome.update({lease: bool(ok) for lease, ok in zip(held, reply, strict=True)})
         return outcome
 
+    def rebuild(self, key: str, *, last_ticket: int, waiting: list[tuple[int, bytes]], limit: int = 1) -> FinishResult:
+        """Restore a key lost with Redis: ``waiting`` (ticket, message) pairs, oldest first.
+
+        Returns the tickets granted at once; ``Code.EXISTS`` if the key has
+        any state in Redis (nothing is changed then).
+        """
+        args: list[object] = [last_ticket, limit, self.dispatch_timeout_ms]
+        for ticket, message in waiting:
+            args += [ticket, message]
+        reply = self._call_and_index("rebuild", key, KeyNames(key).all(), args)
+        return FinishResult(Code(reply[0]), self._grants(key, reply[1:]))
+
     def holds(self, lease: Lease) -> bool:
         """True while ``lease`` is the running holder of its ticket (not fenced)."""
         raw = self.client.hget(KeyNames(lease.key).holders, lease.ticket)

@@ -8,7 +8,7 @@ from functools import cache
 from importlib import resources
 
 _INCLUDE = re.compile(r'^--- @include "([a-z_]+)"$', re.MULTILINE)
-SCRIPT_NAMES = ("submit", "start", "finish", "retry", "renew", "cancel", "reap", "reindex")
+SCRIPT_NAMES = ("submit", "start", "finish", "retry", "renew", "cancel", "reap", "reindex", "rebuild")
 
 
 class Code(enum.IntEnum):
@@ -22,6 +22,7 @@ class Code(enum.IntEnum):
     STALE_TOKEN = 5
     RUNNING = 6
     DUPLICATE = 7
+    EXISTS = 8
 
 
 def _read(path: str) -> str:

@@ -1,0 +1,25 @@
+from django.core.management.base import BaseCommand
+
+from django_keyed_queue.recovery import rebuild
+
+
+class Command(BaseCommand):
+    help = (
+        "Restore the keyed queue's gate from the KeyedTask records after its Redis was lost: "
+        "every unfinished task runs again, in ticket order. Keys still present in Redis are left alone."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--dry-run", action="store_true", help="report what would be restored, change nothing")
+
+    def handle(self, *args, dry_run: bool = False, **options):
+        report = rebuild(dry_run=dry_run)
+        for key, count in sorted(report.restored.items()):
+            self.stdout.write(f"{'would restore' if dry_run else 'restored'} {count} tasks of key={key!r}")
+        for key in report.skipped:
+            self.stdout.write(f"skipped key={key!r}: it is live in Redis")
+        for task_id in report.unrecoverable:
+            self.stderr.write(f"cannot restore task {task_id}: its record has no stored message")
+        self.stdout.write(("dry run: " if dry_run else "") + report.summary())
+        if report.unrecoverable:
+            raise SystemExit(1)

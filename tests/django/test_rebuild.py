@@ -1,0 +1,60 @@
+"""keyed_queue_rebuild: the gate restored from the records after a total loss of Redis."""
+
+import io
+import json
+
+import pytest
+from django.core.management import call_command
+
+from django_keyed_queue.connection import get_gate
+from django_keyed_queue.gate import KeyNames
+from django_keyed_queue.models import KeyedTask
+from django_keyed_queue.task import HEADER
+from testproject.demo.tasks import step
+
+from .conftest import QUEUE
+
+pytestmark = pytest.mark.django_db
+
+
+def run(*args) -> str:
+    out = io.StringIO()
+    call_command("keyed_queue_rebuild", *args, stdout=out, stderr=io.StringIO())
+    return out.getvalue()
+
+
+def test_unfinished_tasks_come_back_in_ticket_order(gate_redis, broker):
+    done = step.apply_async(("k", 0), queue=QUEUE)
+    KeyedTask.objects.filter(task_id=done.id).update(status="succeeded")
+    gate = get_gate()
+    gate.start("k", 1, 1)
+    gate.finish("k", 1, gate.inspect("k")["holders"][1]["token"])
+    running = step.apply_async(("k", 1), queue=QUEUE)
+    KeyedTask.objects.filter(task_id=running.id).update(status="running", attempts=1)
+    parked = [step.apply_async(("k", n), queue=QUEUE) for n in (2, 3)]
+    other = step.apply_async(("j", 0), queue=QUEUE)
+    last_token = gate.inspect("k")["last_token"]
+    broker.delete(QUEUE)
+    gate_redis.flushdb()  # Redis lost everything
+
+    assert "would restore 3 tasks of key='k'" in run("--dry-run")
+    assert gate_redis.dbsize() == 0
+    out = run()
+    assert "restored 3 tasks of key='k'" in out and "restored 1 tasks of key='j'" in out
+
+    state = gate.inspect("k")
+    assert list(state["holders"]) == [2] and state["waiting"] == [3, 4], "tickets kept, oldest granted"
+    assert state["last_ticket"] == 4 and state["last_token"] > last_token
+    headers = [json.loads(raw)["headers"] for raw in broker.lrange(QUEUE, 0, -1)]
+    assert {(h["id"], h[HEADER]["ticket"]) for h in headers} == {(running.id, 2), (other.id, 1)}
+    assert KeyedTask.objects.get(task_id=parked[0].id).status == "waiting"
+    assert KeyedTask.objects.get(task_id=done.id).status == "succeeded"
+    # The restored key goes on numbering after its last ticket.
+    assert KeyedTask.objects.get(task_id=step.apply_async(("k", 4), queue=QUEUE).id).ticket == 5
+
+
+def test_a_live_key_is_left_alone(gate_redis, broker):
+    step.apply_async(("k", 0), queue=QUEUE)
+    before = gate_redis.hgetall(KeyNames("k").holders)
+    assert "skipped key='k'" in run()
+    assert gate_redis.hgetall(KeyNames("k").holders) == before
