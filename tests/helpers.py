@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 
 from django_keyed_queue.models import KeyedTask
 from django_keyed_queue.statuses import TERMINAL_STATUSES
 from testproject.demo import history
+from tests.waiting import wait_until
 
-
-def wait_until(predicate, timeout: float = 60, interval: float = 0.1, message: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
-        time.sleep(interval)
+__all__ = ["check_history", "read_history", "wait_for_records", "wait_until"]
 
 
 def wait_for_records(task_ids, timeout: float = 90) -> dict[str, KeyedTask]:

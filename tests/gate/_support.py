@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import redis
 
 from django_keyed_queue.gate import DEADLINE_INDEX, Gate, KeyNames
@@ -20,15 +18,3 @@ def message_of(client: redis.Redis, key: str, ticket: int) -> bytes | None:
 
 def holder(gate: Gate, key: str, ticket: int) -> dict:
     return gate.inspect(key)["holders"][ticket]
-
-
-def wait_until(predicate, timeout: float = 5.0, interval: float = 0.02, what: str = "condition"):
-    """Poll ``predicate`` until it is truthy: waits on a state, never on a fixed time."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)

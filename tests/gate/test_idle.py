@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from django_keyed_queue.gate import KeyNames
+from tests.waiting import wait_until
 
-from ._support import redis_names, wait_until
+from ._support import redis_names
 
 HORIZON_MS = 3_600_000  # the ``gate`` fixture's idle horizon
 
@@ -135,7 +136,7 @@ def test_an_idle_key_is_gone_after_a_tiny_horizon(make_gate, gate_redis):
     gate.finish("k", grant.ticket, started.token)
     assert 0 < gate_redis.pttl(KeyNames("k").meta) <= 200
 
-    wait_until(lambda: not redis_names(gate_redis), timeout=5, what="the idle key to expire")
+    wait_until(lambda: not redis_names(gate_redis), timeout=5, message="the idle key to expire")
     # Everything is gone, counters included: the key starts over.
     again = gate.submit("k", b"m3", start=True, join_id="task-1")
     assert (again.ticket, again.token) == (1, 1)
@@ -148,7 +149,7 @@ def test_a_busy_key_outlives_a_tiny_horizon(make_gate, gate_redis):
     # Another key goes idle and expires: proof that the horizon has passed, without a fixed sleep.
     other = gate.submit("other", b"m", start=True)
     gate.finish("other", other.ticket, other.token)
-    wait_until(lambda: gate_redis.exists(KeyNames("other").meta) == 0, timeout=5, what="the other key to expire")
+    wait_until(lambda: gate_redis.exists(KeyNames("other").meta) == 0, timeout=5, message="the other key to expire")
 
     state = gate.inspect("k")
     assert state["last_ticket"] == 2 and state["waiting"] == [2]

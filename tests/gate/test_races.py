@@ -9,9 +9,9 @@ from collections import Counter, defaultdict
 import redis
 
 from django_keyed_queue.gate import Code, Gate, Grant, KeyNames
+from tests.waiting import wait_until
 
 from . import _race_workers as rw
-from ._support import wait_until
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -28,7 +28,7 @@ class Crew:
     def __enter__(self) -> Crew:
         for runner in [*self.processes, *self.threads]:
             runner.start()
-        wait_until(lambda: self.client.llen(rw.READY) == self.size, timeout=30, what="every runner to be ready")
+        wait_until(lambda: self.client.llen(rw.READY) == self.size, timeout=30, message="every runner to be ready")
         return self
 
     def __exit__(self, *exc_info) -> None:

@@ -5,8 +5,9 @@ import threading
 import pytest
 
 from django_keyed_queue.gate import DEADLINE_INDEX, Code, Lease
+from tests.waiting import wait_until
 
-from ._support import holder, wait_until
+from ._support import holder
 
 
 @pytest.fixture
@@ -19,8 +20,8 @@ def recoveries(gate, **kwargs):
     return gate.reap(**kwargs)[1]
 
 
-def reap_until(gate, what="a recovery", **kwargs):
-    return wait_until(lambda: recoveries(gate, **kwargs), timeout=5, what=what)
+def reap_until(gate, message="a recovery", **kwargs):
+    return wait_until(lambda: recoveries(gate, **kwargs), timeout=5, message=message)
 
 
 def started(gate, key, *, max_lost=1):
@@ -97,7 +98,7 @@ def test_the_index_follows_each_keys_real_next_deadline(make_gate, gate_redis):
 def test_a_dry_run_reports_and_changes_nothing(quick, gate_redis):
     ticket, token = started(quick, "k", max_lost=0)
     quick.submit("k", b"next")
-    wait_until(lambda: holder(quick, "k", ticket)["deadline_in"] < 0, timeout=5, what="the lease to expire")
+    wait_until(lambda: holder(quick, "k", ticket)["deadline_in"] < 0, timeout=5, message="the lease to expire")
     before = (quick.inspect("k"), gate_redis.zrange(DEADLINE_INDEX, 0, -1, withscores=True))
     planned = recoveries(quick, dry_run=True)
     assert [r.action for r in planned] == ["fail"]
@@ -111,7 +112,7 @@ def test_reapers_racing_recover_each_ticket_once(quick):
     wait_until(
         lambda: all(holder(quick, k, t)["deadline_in"] < 0 for k, t in tickets.items()),
         timeout=5,
-        what="every lease to expire",
+        message="every lease to expire",
     )
     found, lock = [], threading.Lock()
 
