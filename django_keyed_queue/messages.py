@@ -63,6 +63,6 @@ class TaskMessage:
         )
 
 
-def portable_options(options: dict) -> dict:
+def portable_options(options: dict, *, drop: tuple[str, ...] = ()) -> dict:
     """The apply_async options worth storing for a later publish from another process."""
-    return {k: v for k, v in options.items() if k not in LOCAL_OPTIONS and v is not None}
+    return {k: v for k, v in options.items() if k not in LOCAL_OPTIONS and k not in drop and v is not None}

@@ -91,7 +91,7 @@ class KeyedSerialTask(Task):
         key = self.key_for(args, kwargs)
         task_id = options.pop("task_id", None) or uuid()
         delayed = any(options.get(name) is not None for name in _DELAY_OPTIONS)
-        stored = {k: v for k, v in portable_options(options).items() if k not in _DELAY_OPTIONS}
+        stored = portable_options(options, drop=_DELAY_OPTIONS)
         message = TaskMessage(self.name, task_id, args, kwargs, stored).encode(self.serializer)
         row = {
             "task_id": task_id,
@@ -148,7 +148,7 @@ class KeyedSerialTask(Task):
         eta = options.get("eta")
         if isinstance(eta, datetime):
             countdown = max(0.0, (eta - timezone.now()).total_seconds())
-        stored = {k: v for k, v in portable_options(options).items() if k not in (*_DELAY_OPTIONS, "task_id")}
+        stored = portable_options(options, drop=(*_DELAY_OPTIONS, "task_id"))
         message = TaskMessage(self.name, options["task_id"], args, kwargs, stored).encode(self.serializer)
         gate = get_gate()
         dispatch, _ = outlast_restart(
