@@ -118,3 +118,19 @@ def test_warm_shutdown_finishes_the_running_task_and_hands_its_key_on(chaos):
     assert records[results[0].id].attempts == 1, "a warm shutdown is not a lost worker"
     check_history(read_history())
     assert not get_gate().inspect("warm")["holders"]
+
+
+def test_after_redis_lost_everything_the_rebuild_runs_every_unfinished_task_in_order(chaos, gate_redis):
+    import io
+
+    from django.core.management import call_command
+
+    results = [lingering_step.apply_async((f"lost-{n % 2}", n // 2), queue=chaos.queue) for n in range(8)]
+    gate_redis.flushdb()  # the gate's Redis lost everything; the broker still has the two granted messages
+    call_command("keyed_queue_rebuild", stdout=io.StringIO())
+    chaos.start(2)
+    records = wait_for_records(r.id for r in results)
+    assert {records[r.id].status for r in results} == {"succeeded"}
+    starts = check_history(read_history())
+    assert starts == {"lost-0": [0, 1, 2, 3], "lost-1": [0, 1, 2, 3]}
+    assert not get_gate().inspect("lost-0")["holders"] and not get_gate().inspect("lost-1")["holders"]
