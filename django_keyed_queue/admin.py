@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from .models import KeyedTask
+from .models import IdempotencyKey, KeyedTask
 
 
 @admin.register(KeyedTask)
@@ -10,6 +10,17 @@ class KeyedTaskAdmin(admin.ModelAdmin):
     search_fields = ("=key", "=task_id")
     readonly_fields = [f.name for f in KeyedTask._meta.fields if f.name != "message"]
     exclude = ("message",)
+    show_full_result_count = False
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+
+@admin.register(IdempotencyKey)
+class IdempotencyKeyAdmin(admin.ModelAdmin):
+    list_display = ("fingerprint", "task_name", "task_id", "created_at", "expires_at")
+    search_fields = ("=fingerprint", "=task_id")
+    readonly_fields = [f.name for f in IdempotencyKey._meta.fields]
     show_full_result_count = False
 
     def has_add_permission(self, request) -> bool:

@@ -36,6 +36,7 @@ def check_settings(app_configs=None, **kwargs) -> list:
         "IDLE_HORIZON_SECONDS",
         "RECORD_FLUSH_SECONDS",
         "REAP_INTERVAL_SECONDS",
+        "IDEMPOTENCY_TTL_SECONDS",
     ):
         value = getattr(settings, name)
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:

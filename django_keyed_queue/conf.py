@@ -27,6 +27,8 @@ DEFAULTS: dict[str, Any] = {
     "WORKER_REAPER": True,
     # Worker-side record writes are batched and flushed at this interval.
     "RECORD_FLUSH_SECONDS": 0.2,
+    # A duplicate submission within this window returns the original task.
+    "IDEMPOTENCY_TTL_SECONDS": 86400.0,
     # Dotted path or callable (task_name, args, kwargs) -> (args, kwargs) applied
     # before arguments are written to KeyedTask.arguments.
     "REDACT_ARGUMENTS": None,

@@ -46,3 +46,21 @@ class KeyedTask(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_name}[{self.task_id}] {self.key}#{self.ticket}"
+
+
+class IdempotencyKey(models.Model):
+    """A submission that a duplicate within the window resolves to instead of running again."""
+
+    fingerprint = models.CharField(_("fingerprint"), max_length=64, unique=True)
+    task_id = models.CharField(_("task id"), max_length=255)
+    task_name = models.CharField(_("task name"), max_length=255)
+    created_at = models.DateTimeField(_("created at"))
+    expires_at = models.DateTimeField(_("expires at"), db_index=True)
+
+    class Meta:
+        verbose_name = _("idempotency key")
+        verbose_name_plural = _("idempotency keys")
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"{self.task_name} {self.fingerprint[:12]} -> {self.task_id}"

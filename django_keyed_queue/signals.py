@@ -64,12 +64,13 @@ def _reap_forever(app) -> None:
 
 
 @beat_init.connect
-def _schedule_reaper(sender=None, **_: object) -> None:
-    """Give ``celery beat`` the reaper entry unless the project scheduled it itself."""
-    from .tasks import REAP_ENTRY
+def _schedule_upkeep(sender=None, **_: object) -> None:
+    """Give ``celery beat`` the reaper and purge entries unless the project scheduled them itself."""
+    from .tasks import PURGE_ENTRY, PURGE_INTERVAL_SECONDS, REAP_ENTRY
 
-    if REAP_ENTRY in (sender.app.conf.beat_schedule or {}):
-        return
-    sender.scheduler.update_from_dict(
-        {REAP_ENTRY: {"task": "keyed_queue.reap", "schedule": settings.REAP_INTERVAL_SECONDS}}
-    )
+    entries = {
+        REAP_ENTRY: {"task": "keyed_queue.reap", "schedule": settings.REAP_INTERVAL_SECONDS},
+        PURGE_ENTRY: {"task": "keyed_queue.purge", "schedule": PURGE_INTERVAL_SECONDS},
+    }
+    configured = sender.app.conf.beat_schedule or {}
+    sender.scheduler.update_from_dict({name: entry for name, entry in entries.items() if name not in configured})

@@ -20,7 +20,7 @@ from celery.utils import uuid
 from django.db import transaction
 from django.utils import timezone
 
-from . import records
+from . import idempotency, records
 from .connection import get_gate, outlast_restart
 from .exceptions import GateUnavailable, InvalidArguments, InvalidKey
 from .gate import MAX_KEY_LENGTH, Grant, Lease, Recovery
@@ -45,25 +45,32 @@ class KeyedSerialTask(Task):
     #: How many times a run whose worker was lost (its lease expired) is dispatched
     #: again; after that the task is failed and its key passes on.
     max_recoveries: int = 3
+    #: A duplicate submission (same task, same arguments) within the idempotency
+    #: window returns the original task instead of running again.
+    idempotent: bool = False
 
     # -- submission -------------------------------------------------------
 
-    def apply_async(self, args=None, kwargs=None, **options):  # type: ignore[override]
+    def apply_async(self, args=None, kwargs=None, *, idempotency_key: str | None = None, **options):  # type: ignore[override]
         args, kwargs = tuple(args or ()), dict(kwargs or {})
         if self.app.conf.task_always_eager:
             return super().apply_async(args, kwargs, **options)
         lease = getattr(self.request, "keyed_lease", None)
         if lease is not None and options.get("task_id") == self.request.id:
             return self._retry_in_place(lease, args, kwargs, options)
-        return self._submit(args, kwargs, options)
+        return self._submit(args, kwargs, options, idempotency_key)
 
-    def key_for(self, args: tuple, kwargs: dict) -> str:
-        """This task's key for these arguments; raises InvalidKey or InvalidArguments."""
+    def _bind(self, args: tuple, kwargs: dict) -> inspect.BoundArguments:
         try:
             bound = self._signature.bind(*args, **kwargs)
         except TypeError as exc:
             raise InvalidArguments(f"{self.name}: {exc}") from exc
         bound.apply_defaults()
+        return bound
+
+    def key_for(self, args: tuple, kwargs: dict, bound: inspect.BoundArguments | None = None) -> str:
+        """This task's key for these arguments; raises InvalidKey or InvalidArguments."""
+        bound = bound or self._bind(args, kwargs)
         spec = self.serial_key
         try:
             key = spec.format(**bound.arguments) if isinstance(spec, str) else spec(*args, **kwargs)
@@ -87,12 +94,34 @@ class KeyedSerialTask(Task):
     def _signature(self) -> inspect.Signature:
         return inspect.signature(self.run)
 
-    def _submit(self, args: tuple, kwargs: dict, options: dict):
-        key = self.key_for(args, kwargs)
+    def _submit(self, args: tuple, kwargs: dict, options: dict, idempotency_key: str | None):
+        bound = self._bind(args, kwargs)
+        key = self.key_for(args, kwargs, bound)
         task_id = options.pop("task_id", None) or uuid()
-        delayed = any(options.get(name) is not None for name in _DELAY_OPTIONS)
         stored = portable_options(options, drop=_DELAY_OPTIONS)
-        message = TaskMessage(self.name, task_id, args, kwargs, stored).encode(self.serializer)
+        message = TaskMessage(self.name, task_id, args, kwargs, stored).encode(
+            options.get("serializer") or self.serializer
+        )
+        fingerprint = None
+        if idempotency_key is not None:
+            fingerprint = idempotency.explicit_fingerprint(self.name, idempotency_key)
+        elif self.idempotent:
+            fingerprint = idempotency.arguments_fingerprint(self.name, bound.arguments)
+        if fingerprint is not None:
+            original = idempotency.claim(fingerprint, self.name, task_id)
+            if original is not None:
+                logger.debug("duplicate of %s[%s] key=%r: returning the original", self.name, original, key)
+                return self.AsyncResult(original)
+        try:
+            return self._enqueue(key, task_id, message, args, kwargs, options)
+        except BaseException:
+            if fingerprint is not None:
+                idempotency.release(fingerprint, task_id)
+            raise
+
+    def _enqueue(self, key: str, task_id: str, message: bytes, args: tuple, kwargs: dict, options: dict):
+        """Take the ticket, write the record and, if granted, publish: nothing left behind on failure."""
+        delayed = any(options.get(name) is not None for name in _DELAY_OPTIONS)
         row = {
             "task_id": task_id,
             "task_name": self.name,

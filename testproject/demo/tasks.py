@@ -85,3 +85,11 @@ def plain_step(key: str, n: int, duration: float = 0.0) -> int:
     time.sleep(duration)
     history.log("end", key, n)
     return n
+
+
+@keyed_serial_task(key="order:{order_id}", idempotent=True)
+def charge(order_id: int, amount: str, currency: str = "EUR") -> str:
+    """Logs each run, so a test can count how many times a charge really ran."""
+    history.log("start", f"order:{order_id}", 0)
+    history.log("end", f"order:{order_id}", 0)
+    return f"charged {amount} {currency} for order {order_id}"

@@ -1,0 +1,91 @@
+"""Idempotency keys: a duplicate submission within the window returns the original task.
+
+A key is claimed with one INSERT on a unique fingerprint, so concurrent
+submitters in any number of processes agree on one winner. A submission that
+fails after claiming gives its key back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from datetime import timedelta
+
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+from kombu.utils.json import dumps as kombu_json
+
+from .conf import settings
+from .exceptions import InvalidArguments
+from .models import IdempotencyKey, KeyedTask
+
+#: How long a duplicate waits for the original submission to be written or given up.
+SETTLE_SECONDS = 5.0
+
+
+def explicit_fingerprint(task_name: str, key: str) -> str:
+    if not isinstance(key, str) or not key:
+        raise InvalidArguments(f"{task_name}: idempotency_key must be a non-empty str, got {key!r}")
+    return _sha256(json.dumps(["key", task_name, key], ensure_ascii=False))
+
+
+def arguments_fingerprint(task_name: str, arguments: dict) -> str:
+    """SHA-256 over the task name and its bound arguments, in a canonical JSON encoding.
+
+    Keyword order does not matter; values of different JSON types (1, 1.0,
+    "1", true) stay different.
+    """
+    try:
+        canonical = kombu_json(
+            ["args", task_name, arguments], sort_keys=True, separators=(",", ":"), ensure_ascii=False
+        )
+    except (TypeError, ValueError) as exc:
+        raise InvalidArguments(f"{task_name}: idempotent tasks need JSON-encodable arguments: {exc}") from exc
+    return _sha256(canonical)
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def claim(fingerprint: str, task_name: str, task_id: str) -> str | None:
+    """Claim ``fingerprint`` for ``task_id``; None if claimed, else the original task's id."""
+    deadline = time.monotonic() + SETTLE_SECONDS
+    while True:
+        now = timezone.now()
+        try:
+            with transaction.atomic():
+                IdempotencyKey.objects.create(
+                    fingerprint=fingerprint,
+                    task_id=task_id,
+                    task_name=task_name,
+                    created_at=now,
+                    expires_at=now + timedelta(seconds=settings.IDEMPOTENCY_TTL_SECONDS),
+                )
+            return None
+        except IntegrityError:
+            pass
+        original = IdempotencyKey.objects.filter(fingerprint=fingerprint).first()
+        if original is None:
+            continue  # given back or purged meanwhile: try again
+        if original.expires_at <= now:
+            IdempotencyKey.objects.filter(pk=original.pk, expires_at__lte=now).delete()
+            continue
+        # The original may still be on its way: its record is written right after its claim.
+        if KeyedTask.objects.filter(task_id=original.task_id).exists() or time.monotonic() > deadline:
+            return original.task_id
+        if connection.in_atomic_block:
+            return original.task_id  # waiting inside a transaction would not see it commit
+        time.sleep(0.02)
+
+
+def release(fingerprint: str, task_id: str) -> None:
+    """Give back a claim whose submission failed: the key is not consumed."""
+    IdempotencyKey.objects.filter(fingerprint=fingerprint, task_id=task_id).delete()
+
+
+def purge() -> int:
+    """Delete expired keys; returns how many."""
+    deleted, _ = IdempotencyKey.objects.filter(expires_at__lte=timezone.now()).delete()
+    return deleted
