@@ -1,7 +1,7 @@
 """Recovery: the one home of acting on lost runs and lost messages.
 
-The reaper (a thread in every worker, the beat task), the management command
-and the admin all call these functions. Redis decides through the gate's
+The reaper (a thread in every worker, and the beat task) and the management
+commands call these functions. Redis decides through the gate's
 reap script; this module publishes what it hands back and records it.
 """
 
@@ -19,7 +19,7 @@ from .connection import get_gate
 from .gate import Recovery
 from .messages import TaskMessage
 from .statuses import TERMINAL_STATUSES, Status
-from .task import publish, publish_grants
+from .task import publish
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +119,9 @@ def rebuild(*, dry_run: bool = False, app=None) -> RebuildReport:
         KeyedTask.objects.filter(task_id__in=[r.task_id for r in rows if r.message]).exclude(
             status__in=TERMINAL_STATUSES
         ).update(status=Status.WAITING, error="rebuilt after the gate's Redis was lost")
-        publish_grants(app, rebuilt.granted)
+        for grant in rebuilt.granted:
+            task_id = publish(app, grant)
+            if task_id is not None:
+                records.settle(task_id, Status.DISPATCHED, dispatched_at=timezone.now())
     logger.info("keyed queue rebuild %s%s", "(dry run) " if dry_run else "", report.summary())
     return report

@@ -48,6 +48,7 @@ def test_unfinished_tasks_come_back_in_ticket_order(gate_redis, broker):
     headers = [json.loads(raw)["headers"] for raw in broker.lrange(QUEUE, 0, -1)]
     assert {(h["id"], h[HEADER]["ticket"]) for h in headers} == {(running.id, 2), (other.id, 1)}
     assert KeyedTask.objects.get(task_id=parked[0].id).status == "waiting"
+    assert KeyedTask.objects.get(task_id=running.id).status == "dispatched"
     assert KeyedTask.objects.get(task_id=done.id).status == "succeeded"
     # The restored key goes on numbering after its last ticket.
     assert KeyedTask.objects.get(task_id=step.apply_async(("k", 4), queue=QUEUE).id).ticket == 5
