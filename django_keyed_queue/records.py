@@ -159,6 +159,11 @@ class Recorder:
                 self._thread = threading.Thread(target=self._run, name="keyed-queue-records", daemon=True)
                 self._thread.start()
 
+    def take(self, task_id: str) -> Transition | None:
+        """Remove and return what is buffered for one task (to be written now instead)."""
+        with self._lock:
+            return self._pending.pop(task_id, None)
+
     def discard(self) -> None:
         """Drop what is buffered without writing it (a test run whose database is gone)."""
         with self._lock:
@@ -197,6 +202,17 @@ recorder = Recorder()
 def record(task_id: str, status: str, attempts: int, create: dict | None = None, **fields: Any) -> None:
     """Buffer a worker-side transition of ``task_id``; written within the flush interval."""
     recorder.record(Transition(task_id, status, attempts, fields, create))
+
+
+def record_now(task_id: str, status: str, attempts: int, **fields: Any) -> None:
+    """Write a transition now, with whatever is still buffered for the task.
+
+    For the end of a run: a worker killed right after a task finished must
+    not take the task's terminal record with it.
+    """
+    transition = Transition(task_id, status, attempts, fields)
+    earlier = recorder.take(task_id)
+    write(earlier.merged_with(transition) if earlier else transition)
 
 
 @cache

@@ -301,7 +301,7 @@ class KeyedSerialTask(Task):
             # The first try went through but its reply was lost: the ticket is done. Whatever it
             # granted was not published; the dispatch timeout publishes it.
             logger.warning("finish of key=%r ticket=%s was applied before Redis went away", lease.key, lease.ticket)
-            records.record(self.request.id, status, attempts, finished_at=finished_at, error=error)
+            records.record_now(self.request.id, status, attempts, finished_at=finished_at, error=error)
             return
         if not finished.ok:
             # The lease was lost and the reaper acted: the record follows the run it dispatched.
@@ -313,8 +313,9 @@ class KeyedSerialTask(Task):
                 lease.ticket,
             )
             return
-        records.record(self.request.id, status, attempts, finished_at=finished_at, error=error)
         publish_grants(self.app, finished.granted)
+        # Written now, not buffered: the key has moved on, and a kill of this process must not lose it.
+        records.record_now(self.request.id, status, attempts, finished_at=finished_at, error=error)
 
 
 def publish(app, grant: Grant | Recovery) -> str | None:

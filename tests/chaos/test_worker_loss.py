@@ -134,3 +134,14 @@ def test_after_redis_lost_everything_the_rebuild_runs_every_unfinished_task_in_o
     starts = check_history(read_history())
     assert starts == {"lost-0": [0, 1, 2, 3], "lost-1": [0, 1, 2, 3]}
     assert not get_gate().inspect("lost-0")["holders"] and not get_gate().inspect("lost-1")["holders"]
+
+
+def test_a_task_that_finished_keeps_its_record_when_its_process_is_killed_next(chaos):
+    chaos.start(1, concurrency=1)  # one pool process runs both tasks
+    finished = lingering_step.apply_async(("done-first", 0, 0.0), queue=chaos.queue)
+    victim_task = lingering_step.apply_async(("killed-next", 0, 60), queue=chaos.queue)
+    victim = first_run_started("killed-next")
+    os.kill(victim["pid"], signal.SIGKILL)  # well within the buffered writes' flush interval
+    records = wait_for_records([finished.id], timeout=30)
+    assert records[finished.id].status == "succeeded" and records[finished.id].finished_at
+    wait_for_records([victim_task.id], timeout=60)
