@@ -27,6 +27,8 @@ from django.db.models import Field
 from django.utils import timezone
 from django.utils.module_loading import import_string
 from kombu.utils.encoding import safe_repr
+from kombu.utils.json import dumps as kombu_json
+from kombu.utils.json import loads as kombu_loads
 
 from .conf import settings
 from .models import KeyedTask
@@ -58,6 +60,8 @@ class Transition:
     #: What a missing row is created from: task_name, key, enqueued_at, and args and
     #: kwargs (described only if the row is really missing).
     create: dict[str, Any] | None = None
+    #: The gate key holding this run's outcome, deleted once the record is written.
+    outcome_key: str | None = None
 
     @property
     def order(self) -> tuple[int, int]:
@@ -71,7 +75,19 @@ class Transition:
             attempts=last.attempts,
             fields={**first.fields, **last.fields},
             create=last.create or first.create,
+            outcome_key=last.outcome_key or first.outcome_key,
         )
+
+    def to_json(self) -> bytes:
+        return kombu_json(
+            {"task_id": self.task_id, "status": self.status, "attempts": self.attempts,
+             "fields": self.fields, "create": self.create}
+        ).encode()  # fmt: skip
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> Transition:
+        data = kombu_loads(raw)  # kombu's JSON gives datetimes back as datetimes
+        return cls(data["task_id"], data["status"], data["attempts"], data["fields"], data["create"])
 
 
 #: Fields a transition may carry besides status and attempts.
@@ -159,10 +175,9 @@ class Recorder:
                 self._thread = threading.Thread(target=self._run, name="keyed-queue-records", daemon=True)
                 self._thread.start()
 
-    def take(self, task_id: str) -> Transition | None:
-        """Remove and return what is buffered for one task (to be written now instead)."""
+    def peek(self, task_id: str) -> Transition | None:
         with self._lock:
-            return self._pending.pop(task_id, None)
+            return self._pending.get(task_id)
 
     def discard(self) -> None:
         """Drop what is buffered without writing it (a test run whose database is gone)."""
@@ -177,6 +192,9 @@ class Recorder:
             return
         try:
             write(*batch.values())
+            written = [(t.outcome_key, t.task_id) for t in batch.values() if t.outcome_key]
+            if written:
+                _forget_outcomes(written)
         except Exception:
             logger.exception("writing %d keyed task records failed; will try again", len(batch))
             with self._lock:
@@ -204,34 +222,26 @@ def record(task_id: str, status: str, attempts: int, create: dict | None = None,
     recorder.record(Transition(task_id, status, attempts, fields, create))
 
 
-def record_now(task_id: str, status: str, attempts: int, **fields: Any) -> None:
-    """Write a transition now, with whatever is still buffered for the task.
-
-    For the end of a run: a worker killed right after a task finished must
-    not take the task's terminal record with it.
-    """
+def end_of_run(task_id: str, status: str, attempts: int, **fields: Any) -> Transition:
+    """The record of a run's end, with what is still buffered for it (kept in the gate by finish)."""
     transition = Transition(task_id, status, attempts, fields)
-    earlier = recorder.take(task_id)
-    t = earlier.merged_with(transition) if earlier else transition
-    # One short statement in autocommit: the cheapest durable write there is.
-    values = [KeyedTask._meta.get_field(name).get_db_prep_save(t.fields.get(name), connection) for name in FIELDS]
-    with connection.cursor() as cursor:
-        cursor.execute(_end_sql(connection.vendor), [*values, t.status, t.attempts, t.task_id, t.attempts])
-        updated = cursor.rowcount
-    if not updated and t.create is not None and not KeyedTask.objects.filter(task_id=t.task_id).exists():
-        _create_missing(t)
+    earlier = recorder.peek(task_id)
+    return earlier.merged_with(transition) if earlier else transition
 
 
-@cache
-def _end_sql(vendor: str) -> str:
-    """The end of a run: its fields where given, its status unless the row ended already or moved past it."""
-    qn = connection.ops.quote_name
-    sets = [f"{qn(f)} = COALESCE(%s, {qn(f)})" for f in FIELDS] + [f"{qn('status')} = %s", f"{qn('attempts')} = %s"]
-    terminal = ", ".join(f"'{s}'" for s in TERMINAL_STATUSES)
-    return (
-        f"UPDATE {qn(KeyedTask._meta.db_table)} SET {', '.join(sets)} "
-        f"WHERE {qn('task_id')} = %s AND {qn('attempts')} <= %s AND {qn('status')} NOT IN ({terminal})"
-    )
+def record_end(transition: Transition, key: str) -> None:
+    """Buffer a run's end whose outcome the gate keeps under ``key`` until it is written."""
+    transition.outcome_key = key
+    recorder.record(transition)
+
+
+def _forget_outcomes(written: list[tuple[str, str]]) -> None:
+    from .connection import get_gate
+
+    try:
+        get_gate().forget_outcomes(written)
+    except Exception:  # the reaper writes them again later, which changes nothing
+        logger.warning("could not delete %d written outcomes from the gate", len(written), exc_info=True)
 
 
 @cache

@@ -33,7 +33,7 @@ class ReapReport:
         return sum(1 for r in self.recoveries if r.action == action)
 
     def summary(self) -> str:
-        counts = ", ".join(f"{a} {self.count(a)}" for a in ("redispatch", "republish", "fail", "grant"))
+        counts = ", ".join(f"{a} {self.count(a)}" for a in ("redispatch", "republish", "fail", "grant", "outcome"))
         return f"visited {self.visited} due keys: {counts}"
 
 
@@ -56,6 +56,12 @@ def reap(*, dry_run: bool = False, batch: int = 500, max_batches: int = 100, app
 
 
 def _act(app, recovery: Recovery) -> None:
+    if recovery.action == "outcome":
+        # A run finished but its worker died before writing the record.
+        end = records.Transition.from_json(recovery.message or b"{}")
+        records.write(end)
+        get_gate().forget_outcomes([(recovery.key, end.task_id)])
+        return
     task_id = TaskMessage.decode(recovery.message).task_id if recovery.message else None
     if task_id is None:  # a holder without a message: nothing to publish or record
         logger.error("keyed queue holder without a message key=%r ticket=%s", recovery.key, recovery.ticket)

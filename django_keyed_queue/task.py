@@ -290,9 +290,13 @@ class KeyedSerialTask(Task):
         keeper.release(lease)
         finished_at = timezone.now()
         gate = get_gate()
+        # The gate keeps the run's outcome until its record is written: a kill of this process
+        # after the finish loses nothing (the reaper writes it).
+        end = records.end_of_run(self.request.id, status, attempts, finished_at=finished_at, error=error)
+        outcome = (self.request.id, end.to_json())
         try:
             finished, retried = outlast_restart(
-                lambda: gate.finish(lease.key, lease.ticket, lease.token, limit=self.serial_limit)
+                lambda: gate.finish(lease.key, lease.ticket, lease.token, limit=self.serial_limit, outcome=outcome)
             )
         except redis.RedisError:
             logger.exception("finishing key=%r ticket=%s failed; its lease will expire", lease.key, lease.ticket)
@@ -301,7 +305,7 @@ class KeyedSerialTask(Task):
             # The first try went through but its reply was lost: the ticket is done. Whatever it
             # granted was not published; the dispatch timeout publishes it.
             logger.warning("finish of key=%r ticket=%s was applied before Redis went away", lease.key, lease.ticket)
-            records.record_now(self.request.id, status, attempts, finished_at=finished_at, error=error)
+            records.record_end(end, lease.key)
             return
         if not finished.ok:
             # The lease was lost and the reaper acted: the record follows the run it dispatched.
@@ -313,9 +317,8 @@ class KeyedSerialTask(Task):
                 lease.ticket,
             )
             return
+        records.record_end(end, lease.key)
         publish_grants(self.app, finished.granted)
-        # Written now, not buffered: the key has moved on, and a kill of this process must not lose it.
-        records.record_now(self.request.id, status, attempts, finished_at=finished_at, error=error)
 
 
 def publish(app, grant: Grant | Recovery) -> str | None:

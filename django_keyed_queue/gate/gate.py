@@ -36,11 +36,14 @@ class Gate:
         lease_seconds: float = 60.0,
         dispatch_timeout_seconds: float = 300.0,
         idle_horizon_seconds: float = 86400.0,
+        outcome_grace_seconds: float = 10.0,
     ) -> None:
         self.client = client
         self.lease_ms = seconds_to_ms(lease_seconds)
         self.dispatch_timeout_ms = seconds_to_ms(dispatch_timeout_seconds)
         self.idle_horizon_ms = seconds_to_ms(idle_horizon_seconds)
+        #: How long a finished run's outcome may wait for its worker to write the record.
+        self.outcome_grace_ms = seconds_to_ms(outcome_grace_seconds)
         self._scripts = {name: client.register_script(source(name)) for name in SCRIPT_NAMES}
 
     def _call(self, name: str, keys: Sequence[str], args: Sequence[object]) -> list:
@@ -122,13 +125,21 @@ class Gate:
         logger.debug("start key=%r ticket=%s code=%s", key, ticket, result.code.name)
         return result
 
-    def finish(self, key: str, ticket: int, token: int, *, limit: int = 1) -> FinishResult:
-        """End a running ticket and grant the next ones; their messages are returned."""
+    def finish(
+        self, key: str, ticket: int, token: int, *, limit: int = 1, outcome: tuple[str, bytes] | None = None
+    ) -> FinishResult:
+        """End a running ticket and grant the next ones; their messages are returned.
+
+        ``outcome`` (task id, record) is kept with the key until
+        :meth:`forget_outcomes`; the reaper hands back outcomes left too long.
+        """
+        names = KeyNames(key)
+        task_id, record = outcome or ("", b"")
         reply = self._call_and_index(
             "finish",
             key,
-            KeyNames(key).all(),
-            [ticket, token, limit, self.dispatch_timeout_ms, self.idle_horizon_ms],
+            [*names.all(), names.outcomes],
+            [ticket, token, limit, self.dispatch_timeout_ms, self.idle_horizon_ms, task_id, record],
         )
         result = FinishResult(Code(reply[0]), self._grants(key, reply[1:]))
         logger.debug(
@@ -185,6 +196,14 @@ class Gate:
             outcome.update({lease: bool(ok) for lease, ok in zip(held, reply, strict=True)})
         return outcome
 
+    def forget_outcomes(self, written: Iterable[tuple[str, str]]) -> None:
+        """Delete the outcomes of runs whose records are written: (key, task id) pairs, one round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        for key, task_id in written:
+            pipe.hdel(KeyNames(key).outcomes, task_id)
+        if len(pipe):
+            pipe.execute()
+
     def rebuild(self, key: str, *, last_ticket: int, waiting: list[tuple[int, bytes]], limit: int = 1) -> FinishResult:
         """Restore a key lost with Redis: ``waiting`` (ticket, message) pairs, oldest first.
 
@@ -220,7 +239,10 @@ class Gate:
         replies = self._pipelined(
             "reap",
             [
-                (KeyNames(member.decode()).all(), [self.dispatch_timeout_ms, self.idle_horizon_ms, int(dry_run)])
+                (
+                    [*KeyNames(member.decode()).all(), KeyNames(member.decode()).outcomes],
+                    [self.dispatch_timeout_ms, self.idle_horizon_ms, int(dry_run), self.outcome_grace_ms],
+                )
                 for member, _ in due
             ],
         )

@@ -75,6 +75,11 @@ class KeyNames:
         return f"{self.base}:holders"
 
     @property
+    def outcomes(self) -> str:
+        """HASH task id -> the record of a finished run, until the record is written."""
+        return f"{self.base}:outcomes"
+
+    @property
     def joined(self) -> str:
         """ZSET of task ids that joined the queue on arrival, scored by time (duplicate guard)."""
         return f"{self.base}:joined"

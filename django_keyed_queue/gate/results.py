@@ -62,8 +62,9 @@ class Recovery:
 
     ``action`` is ``redispatch`` (its lease expired: publish it again),
     ``republish`` (granted but never started: publish it again), ``fail``
-    (lost too many leases: it gave up its slot) or ``grant`` (a parked
-    ticket took a freed slot: publish it).
+    (lost too many leases: it gave up its slot), ``grant`` (a parked
+    ticket took a freed slot: publish it) or ``outcome`` (``message`` is the
+    unwritten record of a finished run whose worker died).
     """
 
     key: str
@@ -75,4 +76,4 @@ class Recovery:
 
     @property
     def publishes(self) -> bool:
-        return self.action != "fail"
+        return self.action in ("redispatch", "republish", "grant")

@@ -111,3 +111,13 @@ def test_redaction_hook_applies_before_arguments_are_stored():
     with override_settings(KEYED_QUEUE_REDACT_ARGUMENTS=redact):
         text = records.describe_arguments("demo.charge", ("order-1", "4111111111111111"), {"cvv": "123"})
     assert "4111" not in text and "123" not in text and "order-1" in text
+
+
+def test_a_transition_survives_its_trip_through_the_gate():
+    now = timezone.now()
+    create = {"task_name": "demo.step", "key": "k", "args": ("k", 3), "kwargs": {}, "enqueued_at": now}
+    t = Transition("t1", "succeeded", 2, {"finished_at": now, "error": "", "ticket": 4}, create)
+    back = Transition.from_json(t.to_json())
+    assert (back.task_id, back.status, back.attempts) == ("t1", "succeeded", 2)
+    assert back.fields == {"finished_at": now, "error": "", "ticket": 4}
+    assert back.create["enqueued_at"] == now and list(back.create["args"]) == ["k", 3]

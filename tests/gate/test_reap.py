@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from django_keyed_queue.gate import DEADLINE_INDEX, Code, Lease
+from django_keyed_queue.gate import DEADLINE_INDEX, Code, KeyNames, Lease
 from tests.waiting import wait_until
 
 from ._support import holder
@@ -145,3 +145,19 @@ def test_reaping_touches_only_the_due_keys(make_gate, gate_redis):
     assert recovery.key == "near"
     # Each pass that finds the due key runs its reap script and one reindex: never one per key.
     assert calls < 50
+
+
+def test_an_unwritten_outcome_is_handed_back_after_the_grace(make_gate, gate_redis):
+    gate = make_gate(lease_seconds=30, outcome_grace_seconds=0.3)
+    ticket, token = started(gate, "k")
+    assert gate.finish("k", ticket, token, outcome=("task-1", b"the record")).ok
+    assert gate_redis.hget(KeyNames("k").outcomes, "task-1").endswith(b"|the record")
+    gate_redis.zadd(DEADLINE_INDEX, {"k": 0})
+    assert recoveries(gate) == [], "within the grace the worker may still write it"
+    assert gate_redis.zscore(DEADLINE_INDEX, "k") is not None, "the key stays indexed while an outcome waits"
+    [outcome] = wait_until(lambda: recoveries(gate), timeout=5, message="the outcome to be due")
+    assert (outcome.action, outcome.message, outcome.publishes) == ("outcome", b"the record", False)
+    gate.forget_outcomes([("k", "task-1")])
+    assert not gate_redis.exists(KeyNames("k").outcomes)
+    gate_redis.zadd(DEADLINE_INDEX, {"k": 0})
+    assert recoveries(gate) == [] and gate_redis.zscore(DEADLINE_INDEX, "k") is None

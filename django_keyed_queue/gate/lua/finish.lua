@@ -1,13 +1,18 @@
 --[[
   A running ticket is done (succeeded, or failed for good): free its slot and
-  grant the next parked tickets up to the limit.
+  grant the next parked tickets up to the limit. The run's outcome is kept
+  with the key until its record is written (the worker deletes it then; the
+  reaper writes it if the worker died first).
 
   KEYS[1] meta      KEYS[2] queue      KEYS[3] messages      KEYS[4] holders
+  KEYS[5] outcomes  HASH task id -> "<finished ms>|<record of the run's end>"
   ARGV[1] ticket
   ARGV[2] fencing token of the finishing attempt
   ARGV[3] limit (slots per key)
   ARGV[4] dispatch timeout, ms
   ARGV[5] idle horizon, ms
+  ARGV[6] task id of the run ('' = keep no outcome)
+  ARGV[7] the record of the run's end (opaque)
 
   Returns {code, ticket1, dispatch1, message1, ticket2, ...}
     code 0 OK           finished; the listed tickets are now granted and must be published
@@ -33,7 +38,12 @@ end
 
 redis.call('HDEL', holders_key, ticket)
 redis.call('HDEL', messages_key, ticket)
+local now = now_ms()
+if ARGV[6] ~= '' then
+  redis.call('HSET', KEYS[5], ARGV[6], now .. '|' .. ARGV[7])
+  redis.call('PEXPIRE', KEYS[5], horizon)
+end
 local out = grant_waiting(meta_key, queue_key, messages_key, holders_key, limit,
-  now_ms() + dispatch_timeout, {0})
+  now + dispatch_timeout, {0})
 expire_if_idle(meta_key, queue_key, holders_key, horizon)
 return out

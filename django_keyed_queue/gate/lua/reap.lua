@@ -4,17 +4,22 @@
     re-dispatched, up to its max_lost; past that it fails and frees its slot;
   - a granted ticket never started within the dispatch timeout (its message
     was lost) has its message published again, same dispatch.
-  Then the freed slots are granted to parked tickets.
+  Then the freed slots are granted to parked tickets. Outcomes of finished
+  runs older than the grace (their worker died before writing the record)
+  are handed back to be written; the caller deletes them once written.
 
   KEYS[1] meta      KEYS[2] queue      KEYS[3] messages      KEYS[4] holders
+  KEYS[5] outcomes
   ARGV[1] dispatch timeout, ms
   ARGV[2] idle horizon, ms
   ARGV[3] dry run (1 = report what would be done, change nothing)
+  ARGV[4] grace of an outcome before the reaper writes it, ms
 
   Returns {next_deadline_ms, action1, ticket1, dispatch1, attempts1, message1, action2, ...}
     next_deadline_ms  earliest deadline left among the key's holders, -1 if none
     action  'redispatch' | 'fail' | 'republish'  (publish message with dispatch, or fail the ticket)
             'grant'                              (a parked ticket took a freed slot: publish it)
+            'outcome'                            (message is an unwritten record of a finished run)
 ]]
 --- @include "common"
 
@@ -22,6 +27,7 @@ local meta_key, queue_key, messages_key, holders_key = KEYS[1], KEYS[2], KEYS[3]
 local dispatch_timeout = tonumber(ARGV[1])
 local horizon = tonumber(ARGV[2])
 local dry_run = ARGV[3] == '1'
+local grace = tonumber(ARGV[4])
 
 local now = now_ms()
 local out = {-1}
@@ -75,6 +81,19 @@ for _, raw in ipairs(redis.call('HVALS', holders_key)) do
   local deadline = decode_holder(raw).deadline
   if out[1] < 0 or deadline < out[1] then
     out[1] = deadline
+  end
+end
+
+local outcomes = redis.call('HGETALL', KEYS[5])
+for i = 1, #outcomes, 2 do
+  local at, record = string.match(outcomes[i + 1], '^(%d+)|(.*)$')
+  if tonumber(at) + grace <= now then
+    local n = #out
+    out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] = 'outcome', 0, 0, 0, record
+  end
+  -- Look again once it is due, or to see it was deleted.
+  if out[1] < 0 or now + grace < out[1] then
+    out[1] = now + grace
   end
 end
 return out
