@@ -19,7 +19,7 @@ from .connection import get_gate
 from .gate import Recovery
 from .messages import TaskMessage
 from .statuses import TERMINAL_STATUSES, Status
-from .task import publish
+from .task import publish, publish_grants
 
 logger = logging.getLogger(__name__)
 
@@ -131,3 +131,17 @@ def rebuild(*, dry_run: bool = False, app=None) -> RebuildReport:
                 records.settle(task_id, Status.DISPATCHED, dispatched_at=timezone.now())
     logger.info("keyed queue rebuild %s%s", "(dry run) " if dry_run else "", report.summary())
     return report
+
+
+def pause(key: str) -> None:
+    """Pause a key: nothing new is dispatched; submissions still queue in order."""
+    get_gate().pause(key)
+    logger.info("keyed queue key %r paused", key)
+
+
+def resume(key: str, *, app=None) -> int:
+    """Resume a key and dispatch what it had waiting, up to its limit; returns how many."""
+    granted = get_gate().resume(key)
+    publish_grants(app or current_app, granted)
+    logger.info("keyed queue key %r resumed, %d dispatched", key, len(granted))
+    return len(granted)

@@ -196,6 +196,19 @@ class Gate:
             outcome.update({lease: bool(ok) for lease, ok in zip(held, reply, strict=True)})
         return outcome
 
+    def pause(self, key: str) -> None:
+        """Grant nothing more on ``key``: running tasks finish, submissions queue in order."""
+        self._call("pause", KeyNames(key).all(), [1, self.dispatch_timeout_ms, self.idle_horizon_ms])
+        logger.debug("pause key=%r", key)
+
+    def resume(self, key: str) -> list[Grant]:
+        """Let ``key`` grant again; returns the tickets granted at once, to be published."""
+        reply = self._call_and_index(
+            "pause", key, KeyNames(key).all(), [0, self.dispatch_timeout_ms, self.idle_horizon_ms]
+        )
+        logger.debug("resume key=%r", key)
+        return self._grants(key, reply[1:])
+
     def forget_outcomes(self, written: Iterable[tuple[str, str]]) -> None:
         """Delete the outcomes of runs whose records are written: (key, task id) pairs, one round trip."""
         pipe = self.client.pipeline(transaction=False)

@@ -1,0 +1,27 @@
+--[[
+  Pause or resume a key. A paused key grants nothing: running tasks finish,
+  submissions queue in order. Resuming grants the waiting tickets up to the
+  key's limit.
+
+  KEYS[1] meta      KEYS[2] queue      KEYS[3] messages      KEYS[4] holders
+  ARGV[1] 1 = pause, 0 = resume
+  ARGV[2] dispatch timeout, ms
+  ARGV[3] idle horizon, ms
+
+  Returns {code, ticket1, dispatch1, message1, ...}
+    code 0 OK  done; on resume, the listed tickets are now granted and must be published
+]]
+--- @include "common"
+
+local meta_key, queue_key, messages_key, holders_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+if ARGV[1] == '1' then
+  redis.call('HSET', meta_key, 'paused', 1)
+  redis.call('PERSIST', meta_key)
+  return {0}
+end
+redis.call('HDEL', meta_key, 'paused')
+local limit = tonumber(redis.call('HGET', meta_key, 'limit') or '1')
+local out = grant_waiting(meta_key, queue_key, messages_key, holders_key, limit,
+  now_ms() + tonumber(ARGV[2]), {0})
+expire_if_idle(meta_key, queue_key, holders_key, tonumber(ARGV[3]))
+return out

@@ -1,0 +1,37 @@
+from django.core.management.base import BaseCommand, CommandError
+from django.db.models import Count, Min
+from django.utils import timezone
+
+from django_keyed_queue.connection import get_gate
+from django_keyed_queue.models import KeyedTask
+
+
+class Command(BaseCommand):
+    help = "Show the keyed queue: tasks by status, the oldest wait; with --key, that key's holders and queue."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--key", help="one logical key, e.g. account:7")
+
+    def handle(self, *args, key: str | None = None, **options):
+        rows = KeyedTask.objects.active() if key is None else KeyedTask.objects.for_key(key).active()
+        counts = dict(rows.values_list("status").annotate(n=Count("id")).values_list("status", "n"))
+        oldest = rows.filter(status="waiting").aggregate(at=Min("enqueued_at"))["at"]
+        self.stdout.write("active tasks: " + (", ".join(f"{s} {n}" for s, n in sorted(counts.items())) or "none"))
+        if oldest:
+            self.stdout.write(f"oldest wait: {(timezone.now() - oldest).total_seconds():.1f}s")
+        try:
+            state = get_gate().inspect(key) if key else None
+            get_gate().client.ping()
+        except Exception as exc:
+            raise CommandError(f"the keyed queue's Redis is unreachable: {exc}") from exc
+        self.stdout.write("redis: reachable")
+        if state is not None:
+            self.stdout.write(
+                f"key {key!r}: {'paused' if state['paused'] else 'active'}, last ticket {state['last_ticket']}"
+            )
+            for ticket, holder in sorted(state["holders"].items()):
+                self.stdout.write(
+                    f"  holder ticket {ticket}: {holder['state']}, attempt {holder['attempts']}, "
+                    f"deadline in {holder['deadline_in']:.1f}s"
+                )
+            self.stdout.write(f"  waiting tickets: {state['waiting'] or 'none'}")

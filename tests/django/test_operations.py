@@ -1,0 +1,59 @@
+"""Operator commands: pause, resume and status of a key."""
+
+import io
+import json
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from django_keyed_queue.connection import get_gate
+from django_keyed_queue.models import KeyedTask
+from django_keyed_queue.task import HEADER
+from testproject.demo.tasks import step
+
+from .conftest import QUEUE
+
+pytestmark = pytest.mark.django_db
+
+
+def run(*args) -> str:
+    out = io.StringIO()
+    call_command(*args, stdout=out)
+    return out.getvalue()
+
+
+def published_tickets(broker) -> list[int]:
+    return [json.loads(raw)["headers"][HEADER]["ticket"] for raw in broker.lrange(QUEUE, 0, -1)]
+
+
+def test_a_paused_key_dispatches_nothing_new_and_resume_dispatches_in_order(gate_redis, broker):
+    assert "paused 'k'" in run("keyed_queue_pause", "k")
+    results = [step.apply_async(("k", n), queue=QUEUE) for n in range(3)]
+    assert broker.llen(QUEUE) == 0, "a paused key grants nothing, even with a free slot"
+    assert {r.status for r in KeyedTask.objects.all()} == {"waiting"}
+    status = run("keyed_queue_status", "--key", "k")
+    assert "key 'k': paused, last ticket 3" in status and "waiting tickets: [1, 2, 3]" in status
+    assert "active tasks: waiting 3" in status
+
+    assert "resumed 'k': 1 dispatched" in run("keyed_queue_resume", "k")
+    assert published_tickets(broker) == [1]
+    gate = get_gate()
+    started = gate.start("k", 1, 1)
+    gate.pause("k")
+    assert gate.finish("k", 1, started.token).granted == [], "a running task finishes; nothing follows"
+    gate.resume("k")
+    assert published_tickets(broker) == [1] and gate.inspect("k")["holders"].keys() == {2}
+    assert len(results) == 3
+
+
+def test_bad_keys_fail_with_a_clear_error():
+    with pytest.raises(CommandError, match="a key is 1 to 200 characters"):
+        call_command("keyed_queue_pause", "")
+    with pytest.raises(CommandError, match="a key is 1 to 200 characters"):
+        call_command("keyed_queue_resume", "x" * 201)
+
+
+def test_status_reports_an_unreachable_redis(settings):
+    settings.KEYED_QUEUE_REDIS_URL = "redis://127.0.0.1:1/0"
+    with pytest.raises(CommandError, match="unreachable"):
+        call_command("keyed_queue_status", stdout=io.StringIO())
