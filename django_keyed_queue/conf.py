@@ -29,6 +29,8 @@ DEFAULTS: dict[str, Any] = {
     "RECORD_FLUSH_SECONDS": 0.2,
     # A duplicate submission within this window returns the original task.
     "IDEMPOTENCY_TTL_SECONDS": 86400.0,
+    # The health view answers anyone, not only staff (for a load balancer's probe).
+    "HEALTH_PUBLIC": False,
     # Dotted path or callable (task_name, args, kwargs) -> (args, kwargs) applied
     # before arguments are written to KeyedTask.arguments.
     "REDACT_ARGUMENTS": None,

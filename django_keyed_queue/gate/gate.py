@@ -196,6 +196,10 @@ class Gate:
             outcome.update({lease: bool(ok) for lease, ok in zip(held, reply, strict=True)})
         return outcome
 
+    def overdue(self, seconds: float) -> int:
+        """How many keys have needed the reaper for longer than ``seconds`` (none, while it runs)."""
+        return self.client.zcount(DEADLINE_INDEX, "-inf", self._server_time_ms() - seconds_to_ms(seconds))
+
     def pause(self, key: str) -> None:
         """Grant nothing more on ``key``: running tasks finish, submissions queue in order."""
         self._call("pause", KeyNames(key).all(), [1, self.dispatch_timeout_ms, self.idle_horizon_ms])

@@ -1,0 +1,38 @@
+"""A JSON health view a project can mount: ``path("keyed-queue/health/", health)``."""
+
+from __future__ import annotations
+
+from django.contrib.admin.views.decorators import staff_member_required
+from django.db.models import Min
+from django.http import HttpRequest, JsonResponse
+from django.utils import timezone
+
+from .conf import settings
+from .connection import get_gate
+from .models import KeyedTask
+
+
+def health(request: HttpRequest) -> JsonResponse:
+    """Queue depth, oldest wait, keys overdue for the reaper, Redis reachable. No task arguments.
+
+    Staff only unless ``KEYED_QUEUE_HEALTH_PUBLIC``; 503 when Redis does not answer.
+    """
+    if not settings.HEALTH_PUBLIC:
+        return staff_member_required(_report)(request)
+    return _report(request)
+
+
+def _report(request: HttpRequest) -> JsonResponse:
+    waiting = KeyedTask.objects.filter(status="waiting")
+    oldest = waiting.aggregate(at=Min("enqueued_at"))["at"]
+    report: dict[str, object] = {
+        "queue_depth": waiting.count(),
+        "running": KeyedTask.objects.filter(status="running").count(),
+        "oldest_wait_seconds": round((timezone.now() - oldest).total_seconds(), 3) if oldest else 0.0,
+    }
+    try:
+        report["stuck_keys"] = get_gate().overdue(2 * settings.REAP_INTERVAL_SECONDS)
+        report["redis_reachable"] = True
+    except Exception:
+        report["stuck_keys"], report["redis_reachable"] = None, False
+    return JsonResponse(report, status=200 if report["redis_reachable"] else 503)
