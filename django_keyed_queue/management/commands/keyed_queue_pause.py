@@ -1,17 +1,11 @@
-from django.core.management.base import BaseCommand, CommandError
-
-from django_keyed_queue.gate import MAX_KEY_LENGTH
 from django_keyed_queue.recovery import pause
 
+from ._key import KeyCommand
 
-class Command(BaseCommand):
+
+class Command(KeyCommand):
     help = "Pause a key: nothing new is dispatched; submissions still queue in order."
 
-    def add_arguments(self, parser):
-        parser.add_argument("key", help="the logical key, e.g. account:7")
-
-    def handle(self, *args, key: str, **options):
-        if not key or len(key) > MAX_KEY_LENGTH:
-            raise CommandError(f"a key is 1 to {MAX_KEY_LENGTH} characters, got {key!r}")
+    def act(self, key: str) -> str:
         pause(key)
-        self.stdout.write(f"paused {key!r}")
+        return f"paused {key!r}"
