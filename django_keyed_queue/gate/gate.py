@@ -51,20 +51,7 @@ class Gate:
 
     def _call_and_index(self, name: str, key: str, keys: Sequence[str], args: Sequence[object]) -> list:
         """Run a script that may create a holder of ``key``, and index the key, in one round trip."""
-        script = self._scripts[name]
-        for attempt in (1, 2):
-            pipe = self.client.pipeline(transaction=False)
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
-            pipe.zadd(DEADLINE_INDEX, {key: self._deadline_hint_ms()}, lt=True)
-            reply, indexed = pipe.execute(raise_on_error=False)
-            if isinstance(reply, NoScriptError) and attempt == 1:
-                script.sha = self.client.script_load(script.script)
-                continue
-            for outcome in (reply, indexed):
-                if isinstance(outcome, Exception):
-                    raise outcome
-            return reply
-        raise AssertionError("unreachable")
+        return self._pipelined(name, [(keys, args)], index=key)[0]
 
     def _deadline_hint_ms(self) -> int:
         # A holder created now has a deadline no earlier than this (on a clock
@@ -281,12 +268,20 @@ class Gate:
             logger.debug("reap key=%r ticket=%s action=%s dry_run=%s", r.key, r.ticket, r.action, dry_run)
         return len(due), recoveries
 
-    def _pipelined(self, name: str, calls: list[tuple[list[str], list[object]]]) -> list:
+    def _pipelined(
+        self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[object]]], *, index: str | None = None
+    ) -> list:
+        """Run script ``name`` once per (keys, args) in one round trip, loading it if Redis lost it.
+
+        With ``index``, also move that key early in the deadline index (``ZADD LT``).
+        """
         script = self._scripts[name]
         for attempt in (1, 2):
             pipe = self.client.pipeline(transaction=False)
             for keys, args in calls:
                 pipe.evalsha(script.sha, len(keys), *keys, *args)
+            if index is not None:
+                pipe.zadd(DEADLINE_INDEX, {index: self._deadline_hint_ms()}, lt=True)
             replies = pipe.execute(raise_on_error=False)
             if attempt == 1 and any(isinstance(r, NoScriptError) for r in replies):
                 script.sha = self.client.script_load(script.script)
@@ -294,7 +289,7 @@ class Gate:
             for reply in replies:
                 if isinstance(reply, Exception):
                     raise reply
-            return replies
+            return replies[: len(calls)]
         raise AssertionError("unreachable")
 
     def _server_time_ms(self) -> int:
