@@ -17,6 +17,7 @@ import atexit
 import logging
 import os
 import threading
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import cache
@@ -31,6 +32,7 @@ from kombu.utils.json import dumps as kombu_json
 from kombu.utils.json import loads as kombu_loads
 
 from .conf import settings
+from .connection import get_gate
 from .models import KeyedTask
 from .statuses import STATUS_RANK, TERMINAL_STATUSES
 
@@ -154,18 +156,14 @@ class Recorder:
     """Per-process buffer of transitions, flushed by a daemon thread."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pending: dict[str, Transition] = {}
-        self._thread: threading.Thread | None = None
-        self._wake = threading.Event()
+        self._after_fork()
         os.register_at_fork(after_in_child=self._after_fork)
         atexit.register(self.flush)
 
     def _after_fork(self) -> None:
         self._lock = threading.Lock()
-        self._pending = {}
-        self._thread = None
-        self._wake = threading.Event()
+        self._pending: dict[str, Transition] = {}
+        self._thread: threading.Thread | None = None
 
     def record(self, transition: Transition) -> None:
         with self._lock:
@@ -205,8 +203,7 @@ class Recorder:
 
     def _run(self) -> None:
         while True:
-            self._wake.wait(settings.RECORD_FLUSH_SECONDS)
-            self._wake.clear()
+            time.sleep(settings.RECORD_FLUSH_SECONDS)
             try:
                 close_old_connections()
                 self.flush()
@@ -236,8 +233,6 @@ def record_end(transition: Transition, key: str) -> None:
 
 
 def _forget_outcomes(written: list[tuple[str, str]]) -> None:
-    from .connection import get_gate
-
     try:
         get_gate().forget_outcomes(written)
     except Exception:  # the reaper writes them again later, which changes nothing

@@ -217,18 +217,12 @@ class KeyedSerialTask(Task):
             keeper.release(lease)
             raise
         except Exception as exc:
-            if not request.keyed_retried:
-                self._finish(lease, Status.FAILED, attempts, error=f"{type(exc).__name__}: {exc}")
-            else:
-                keeper.release(lease)
+            self._finish(lease, Status.FAILED, attempts, error=f"{type(exc).__name__}: {exc}")
             raise
         except BaseException:
             keeper.release(lease)  # the process is going down; the lease expires and is reaped
             raise
-        if not request.keyed_retried:
-            self._finish(lease, Status.SUCCEEDED, attempts)
-        else:
-            keeper.release(lease)
+        self._finish(lease, Status.SUCCEEDED, attempts)
         return result
 
     @property
@@ -288,6 +282,8 @@ class KeyedSerialTask(Task):
 
     def _finish(self, lease: Lease, status: str, attempts: int, error: str = "") -> None:
         keeper.release(lease)
+        if self.request.keyed_retried:
+            return  # self.retry() handed the slot to the retry (also with throw=False)
         finished_at = timezone.now()
         gate = get_gate()
         # The gate keeps the run's outcome until its record is written: a kill of this process
