@@ -37,11 +37,20 @@ class KeyedTask(models.Model):
         indexes = [
             models.Index(fields=["key", "-id"], name="keyed_task_key_recent"),
             models.Index(fields=["status", "-id"], name="keyed_task_status_recent"),
+            models.Index(fields=["task_name", "-id"], name="keyed_task_name_recent"),
             models.Index(
                 fields=["enqueued_at"],
                 name="keyed_task_active",
                 condition=models.Q(status__in=ACTIVE_STATUSES),
             ),
+        ]
+        # The operator's actions, each granted on its own (the admin and its log check them).
+        permissions = [
+            ("cancel_keyedtask", _("Can cancel a waiting keyed task")),
+            ("retry_keyedtask", _("Can retry a failed keyed task")),
+            ("release_keyedtask", _("Can release the stuck holder of a key")),
+            ("pause_key", _("Can pause a key")),
+            ("resume_key", _("Can resume a key")),
         ]
 
     def __str__(self) -> str:
