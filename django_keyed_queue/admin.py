@@ -1,12 +1,13 @@
 from django.contrib import admin
 
+from .changelist import CursorChangeList, TaskNameFilter
 from .models import IdempotencyKey, KeyedTask
 
 
 @admin.register(KeyedTask)
 class KeyedTaskAdmin(admin.ModelAdmin):
     list_display = ("task_id", "task_name", "key", "ticket", "status", "attempts", "enqueued_at", "finished_at")
-    list_filter = ("status", "task_name")
+    list_filter = ("status", TaskNameFilter)
     search_fields = ("=key", "=task_id")
     readonly_fields = [f.name for f in KeyedTask._meta.fields if f.name != "message"]
     exclude = ("message",)
@@ -14,6 +15,9 @@ class KeyedTaskAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request) -> bool:
         return False
+
+    def get_changelist(self, request, **kwargs):
+        return CursorChangeList
 
 
 @admin.register(IdempotencyKey)
