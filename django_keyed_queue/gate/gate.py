@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 import redis
 from redis.exceptions import NoScriptError
 
-from .keys import DEADLINE_INDEX, KeyNames
+from .keys import DEADLINE_INDEX, PAUSED_KEYS, KeyNames
 from .results import FinishResult, Grant, Lease, Recovery, StartResult, SubmitResult
 from .scripts import SCRIPT_NAMES, Code, ms_to_seconds, seconds_to_ms, source
 
@@ -189,6 +189,8 @@ class Gate:
 
     def pause(self, key: str) -> None:
         """Grant nothing more on ``key``: running tasks finish, submissions queue in order."""
+        # Listed first, so that every paused key is listed (a listed key may have failed to pause).
+        self.client.sadd(PAUSED_KEYS, key)
         self._call("pause", KeyNames(key).all(), [1, self.dispatch_timeout_ms, self.idle_horizon_ms])
         logger.debug("pause key=%r", key)
 
@@ -197,8 +199,23 @@ class Gate:
         reply = self._call_and_index(
             "pause", key, KeyNames(key).all(), [0, self.dispatch_timeout_ms, self.idle_horizon_ms]
         )
+        self.client.srem(PAUSED_KEYS, key)
         logger.debug("resume key=%r", key)
         return self._grants(key, reply[1:])
+
+    def paused_keys(self) -> list[str]:
+        """The keys paused by :meth:`pause` and not resumed since."""
+        return sorted(member.decode() for member in self.client.smembers(PAUSED_KEYS))
+
+    def refuse_join(self, key: str, task_id: str, *, due_in_seconds: float = 0.0) -> bool:
+        """Make sure the delayed task ``task_id`` never joins ``key``'s queue.
+
+        False if it already joined (it has a ticket: cancel that instead).
+        """
+        due_ms = self._server_time_ms() + seconds_to_ms(due_in_seconds) if due_in_seconds > 0 else 0
+        [code] = self._call("refuse_join", [KeyNames(key).joined], [task_id, due_ms, self.idle_horizon_ms])
+        logger.debug("refuse join key=%r task_id=%s code=%s", key, task_id, Code(code).name)
+        return code == Code.OK
 
     def forget_outcomes(self, written: Iterable[tuple[str, str]]) -> None:
         """Delete the outcomes of runs whose records are written: (key, task id) pairs, one round trip."""
@@ -240,25 +257,13 @@ class Gate:
         due = self.client.zrangebyscore(DEADLINE_INDEX, "-inf", now_ms, start=0, num=batch, withscores=True)
         if not due:
             return 0, []
-        replies = self._pipelined(
-            "reap",
-            [
-                (
-                    [*KeyNames(member.decode()).all(), KeyNames(member.decode()).outcomes],
-                    [self.dispatch_timeout_ms, self.idle_horizon_ms, int(dry_run), self.outcome_grace_ms],
-                )
-                for member, _ in due
-            ],
-        )
+        replies = self._pipelined("reap", [self._reap_call(member.decode(), dry_run=dry_run) for member, _ in due])
         recoveries: list[Recovery] = []
         reindex: list[object] = []
         longest_gap = min(self.lease_ms, self.dispatch_timeout_ms)
         for (member, seen), reply in zip(due, replies, strict=True):
-            key = member.decode()
-            next_deadline, flat = int(reply[0]), reply[1:]
-            for i in range(0, len(flat), 5):
-                action, ticket, dispatch, attempts, message = flat[i : i + 5]
-                recoveries.append(Recovery(key, action.decode(), int(ticket), int(dispatch), int(attempts), message))
+            next_deadline = int(reply[0])
+            recoveries += self._recoveries(member.decode(), reply)
             # Look again at the key's next deadline, and at least that often while it has holders.
             next_score = -1 if next_deadline < 0 else min(next_deadline, now_ms + longest_gap)
             reindex += [member, repr(seen) if seen != int(seen) else int(seen), next_score]
@@ -267,6 +272,29 @@ class Gate:
         for r in recoveries:
             logger.debug("reap key=%r ticket=%s action=%s dry_run=%s", r.key, r.ticket, r.action, dry_run)
         return len(due), recoveries
+
+    def release(self, key: str, ticket: int) -> list[Recovery]:
+        """Recover ``ticket``'s holder now, as the reaper does when its deadline passes.
+
+        A running holder is fenced and re-dispatched (or failed, past its
+        recoveries); a granted one is published again. Any other due holder
+        of the key is recovered too. Empty when ``ticket`` holds no slot.
+        """
+        [reply] = self._pipelined("reap", [self._reap_call(key, release=ticket)], index=key)
+        return self._recoveries(key, reply)
+
+    def _reap_call(self, key: str, *, dry_run: bool = False, release: int | str = "") -> tuple[list[str], list]:
+        names = KeyNames(key)
+        args = [self.dispatch_timeout_ms, self.idle_horizon_ms, int(dry_run), self.outcome_grace_ms, release]
+        return [*names.all(), names.outcomes], args
+
+    @staticmethod
+    def _recoveries(key: str, reply: list) -> list[Recovery]:
+        flat = reply[1:]
+        return [
+            Recovery(key, flat[i].decode(), int(flat[i + 1]), int(flat[i + 2]), int(flat[i + 3]), flat[i + 4])
+            for i in range(0, len(flat), 5)
+        ]
 
     def _pipelined(
         self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[object]]], *, index: str | None = None
@@ -298,26 +326,37 @@ class Gate:
 
     def inspect(self, key: str) -> dict:
         """A read-only snapshot of one key (several reads in one pipelined round trip)."""
-        names = KeyNames(key)
+        return self.inspect_many([key])[0]
+
+    def inspect_many(self, keys: Sequence[str]) -> list[dict]:
+        """Snapshots of many keys, in one pipelined round trip."""
         pipe = self.client.pipeline(transaction=False)
-        pipe.hgetall(names.meta)
-        pipe.lrange(names.queue, 0, -1)
-        pipe.hgetall(names.holders)
-        pipe.hlen(names.messages)
-        pipe.pttl(names.meta)
+        for key in keys:
+            names = KeyNames(key)
+            pipe.hgetall(names.meta)
+            pipe.lrange(names.queue, 0, -1)
+            pipe.hgetall(names.holders)
+            pipe.hlen(names.messages)
+            pipe.pttl(names.meta)
         pipe.time()
-        meta, queue, holders, messages, ttl_ms, (secs, micros) = pipe.execute()
+        *replies, (secs, micros) = pipe.execute()
         now_ms = secs * 1000 + micros // 1000
-        return {
-            "key": key,
-            "last_ticket": int(meta.get(b"seq", 0)),
-            "last_token": int(meta.get(b"fence", 0)),
-            "paused": b"paused" in meta,
-            "waiting": [int(t) for t in queue],
-            "holders": {int(t): _decode_holder(raw, now_ms) for t, raw in holders.items()},
-            "messages": messages,
-            "idle_expires_in": ms_to_seconds(ttl_ms) if ttl_ms >= 0 else None,
-        }
+        snapshots = []
+        for i, key in enumerate(keys):
+            meta, queue, holders, messages, ttl_ms = replies[5 * i : 5 * i + 5]
+            snapshots.append(
+                {
+                    "key": key,
+                    "last_ticket": int(meta.get(b"seq", 0)),
+                    "last_token": int(meta.get(b"fence", 0)),
+                    "paused": b"paused" in meta,
+                    "waiting": [int(t) for t in queue],
+                    "holders": {int(t): _decode_holder(raw, now_ms) for t, raw in holders.items()},
+                    "messages": messages,
+                    "idle_expires_in": ms_to_seconds(ttl_ms) if ttl_ms >= 0 else None,
+                }
+            )
+        return snapshots
 
     def _grants(self, key: str, flat: list) -> list[Grant]:
         return [Grant(key, int(flat[i]), int(flat[i + 1]), flat[i + 2]) for i in range(0, len(flat), 3)]

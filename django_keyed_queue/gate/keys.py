@@ -14,6 +14,9 @@ PREFIX = "keyed_queue"
 #: ZSET logical key -> server ms when the key may next need the reaper (its own slot).
 DEADLINE_INDEX = f"{PREFIX}:deadlines"
 
+#: SET of the logical keys an operator paused (its own slot); the live keys page lists them.
+PAUSED_KEYS = f"{PREFIX}:paused"
+
 #: Longest logical key accepted, in characters (before escaping).
 MAX_KEY_LENGTH = 200
 

@@ -8,7 +8,10 @@ from functools import cache
 from importlib import resources
 
 _INCLUDE = re.compile(r'^--- @include "([a-z_]+)"$', re.MULTILINE)
-SCRIPT_NAMES = ("submit", "start", "finish", "retry", "renew", "cancel", "reap", "reindex", "rebuild", "pause")
+SCRIPT_NAMES = (
+    *("submit", "start", "finish", "retry", "renew"),
+    *("cancel", "refuse_join", "reap", "reindex", "rebuild", "pause"),
+)
 
 
 class Code(enum.IntEnum):

@@ -14,6 +14,8 @@
   ARGV[2] idle horizon, ms
   ARGV[3] dry run (1 = report what would be done, change nothing)
   ARGV[4] grace of an outcome before the reaper writes it, ms
+  ARGV[5] ticket to recover now whatever its deadline ('' = none): an operator
+          releasing a stuck holder
 
   Returns {next_deadline_ms, action1, ticket1, dispatch1, attempts1, message1, action2, ...}
     next_deadline_ms  earliest deadline left among the key's holders, -1 if none
@@ -28,6 +30,7 @@ local dispatch_timeout = tonumber(ARGV[1])
 local horizon = tonumber(ARGV[2])
 local dry_run = ARGV[3] == '1'
 local grace = tonumber(ARGV[4])
+local release = ARGV[5]
 
 local now = now_ms()
 local out = {-1}
@@ -35,7 +38,7 @@ local freed = false
 local holders = redis.call('HGETALL', holders_key)
 for i = 1, #holders, 2 do
   local ticket, holder = holders[i], decode_holder(holders[i + 1])
-  if holder.deadline <= now then
+  if holder.deadline <= now or ticket == release then
     local message = redis.call('HGET', messages_key, ticket)
     local action
     if holder.state == 'g' then

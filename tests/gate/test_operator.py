@@ -1,0 +1,88 @@
+"""The gate's side of the operator's actions: release a holder, refuse a join, list paused keys."""
+
+from django_keyed_queue.gate import DEADLINE_INDEX, PAUSED_KEYS, KeyNames, Lease
+
+from ._support import holder
+
+
+def running(gate, key, message=b"m", *, max_lost=1):
+    sub = gate.submit(key, message)
+    started = gate.start(key, sub.ticket, 1, max_lost=max_lost)
+    assert started.ok
+    return sub.ticket, started.token
+
+
+def test_release_of_a_running_holder_fences_it_and_dispatches_it_again(gate, gate_redis):
+    ticket, token = running(gate, "k", b"msg", max_lost=1)
+    gate_redis.zrem(DEADLINE_INDEX, "k")
+    [recovery] = gate.release("k", ticket)
+    assert (recovery.action, recovery.ticket, recovery.dispatch, recovery.message) == ("redispatch", ticket, 2, b"msg")
+    assert not gate.holds(Lease("k", ticket, token)), "the stuck run is fenced at once, its lease not yet expired"
+    assert gate.renew([Lease("k", ticket, token)]) == {Lease("k", ticket, token): False}
+    assert gate.start("k", ticket, 2, max_lost=1).ok
+    assert gate_redis.zscore(DEADLINE_INDEX, "k") is not None, "the reaper watches the re-dispatched message"
+
+
+def test_release_past_the_recoveries_fails_the_holder_and_grants_the_next(gate):
+    ticket, _ = running(gate, "k", max_lost=0)
+    parked = gate.submit("k", b"next")
+    recoveries = gate.release("k", ticket)
+    assert [(r.action, r.ticket) for r in recoveries] == [("fail", ticket), ("grant", parked.ticket)]
+    assert set(gate.inspect("k")["holders"]) == {parked.ticket}
+
+
+def test_release_of_a_granted_holder_publishes_it_again(gate):
+    sub = gate.submit("k", b"lost")
+    [recovery] = gate.release("k", sub.ticket)
+    assert (recovery.action, recovery.dispatch) == ("republish", 1)
+    assert holder(gate, "k", sub.ticket)["state"] == "granted"
+
+
+def test_release_of_a_ticket_holding_nothing_changes_nothing(gate, gate_redis):
+    ticket, token = running(gate, "k")
+    parked = gate.submit("k", b"next")
+    before = gate_redis.hgetall(KeyNames("k").holders)
+    assert gate.release("k", parked.ticket) == []
+    assert gate.release("k", 999) == []
+    assert gate_redis.hgetall(KeyNames("k").holders) == before
+    assert gate.holds(Lease("k", ticket, token))
+
+
+def test_a_refused_join_makes_the_later_join_a_duplicate(gate, gate_redis):
+    assert gate.refuse_join("k", "task-1", due_in_seconds=5)
+    assert gate.submit("k", b"m", start=True, join_id="task-1") is None
+    assert gate.inspect("k")["last_ticket"] == 0, "no ticket was taken"
+    assert gate_redis.pttl(KeyNames("k").joined) > 3_600_000, "kept until due plus the idle horizon"
+
+
+def test_a_join_that_happened_cannot_be_refused(gate):
+    joined = gate.submit("k", b"m", start=True, join_id="task-1")
+    assert joined is not None and joined.granted
+    assert not gate.refuse_join("k", "task-1")
+
+
+def test_refusing_a_join_keeps_the_other_joins_working(gate):
+    assert gate.refuse_join("k", "task-1")
+    assert gate.submit("k", b"m", start=True, join_id="task-2") is not None
+
+
+def test_paused_keys_are_listed_until_resumed(gate, gate_redis):
+    gate.pause("b")
+    gate.pause("a{x}")
+    assert gate.paused_keys() == ["a{x}", "b"]
+    gate.resume("b")
+    assert gate.paused_keys() == ["a{x}"]
+    gate.resume("never-paused")
+    assert gate_redis.smembers(PAUSED_KEYS) == {b"a{x}"}
+
+
+def test_inspect_many_reads_each_key(gate):
+    ticket, _ = running(gate, "busy")
+    parked = gate.submit("busy", b"next")
+    gate.pause("idle")
+    busy, idle, unknown = gate.inspect_many(["busy", "idle", "unknown"])
+    assert (busy["key"], busy["waiting"], list(busy["holders"])) == ("busy", [parked.ticket], [ticket])
+    assert busy["holders"][ticket]["state"] == "running" and 0 < busy["holders"][ticket]["deadline_in"] <= 30
+    assert idle["paused"] and not busy["paused"]
+    assert unknown == {**unknown, "last_ticket": 0, "waiting": [], "holders": {}, "paused": False}
+    assert gate.inspect_many([]) == []
