@@ -15,3 +15,7 @@ class InvalidArguments(KeyedQueueError, TypeError):
 
 class GateUnavailable(KeyedQueueError):
     """The gate's Redis could not be reached; nothing was submitted."""
+
+
+class ActionRefused(KeyedQueueError):
+    """An operator's action does not apply to the task or key as it is now; nothing was changed."""

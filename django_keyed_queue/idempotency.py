@@ -69,6 +69,8 @@ def claim(fingerprint: str, task_name: str, task_id: str) -> str | None:
         original = IdempotencyKey.objects.filter(fingerprint=fingerprint).first()
         if original is None:
             continue  # given back or purged meanwhile: try again
+        if original.task_id == task_id:
+            return None  # already ours: an operator's retry moved the key to this task
         if original.expires_at <= now:
             IdempotencyKey.objects.filter(pk=original.pk, expires_at__lte=now).delete()
             continue
@@ -83,6 +85,11 @@ def claim(fingerprint: str, task_name: str, task_id: str) -> str | None:
 def release(fingerprint: str, task_id: str) -> None:
     """Give back a claim whose submission failed: the key is not consumed."""
     IdempotencyKey.objects.filter(fingerprint=fingerprint, task_id=task_id).delete()
+
+
+def repoint(old_task_id: str, new_task_id: str) -> None:
+    """Make the keys that resolve to one task resolve to another (its retry)."""
+    IdempotencyKey.objects.filter(task_id=old_task_id).update(task_id=new_task_id)
 
 
 def purge() -> int:

@@ -22,6 +22,8 @@ class KeyedTask(models.Model):
     attempts = models.PositiveIntegerField(_("attempts"), default=0)
     worker = models.CharField(_("worker"), max_length=255, blank=True)
     enqueued_at = models.DateTimeField(_("enqueued at"))
+    #: When a task sent with a countdown or eta joins its key's queue.
+    due_at = models.DateTimeField(_("due at"), null=True, blank=True)
     dispatched_at = models.DateTimeField(_("dispatched at"), null=True, blank=True)
     started_at = models.DateTimeField(_("started at"), null=True, blank=True)
     heartbeat_at = models.DateTimeField(_("heartbeat at"), null=True, blank=True)

@@ -1,8 +1,10 @@
-"""Recovery: the one home of acting on lost runs and lost messages.
+"""Recovery: the one home of acting on lost runs, lost messages and stuck keys.
 
-The reaper (a thread in every worker, and the beat task) and the management
-commands call these functions. Redis decides through the gate's
-reap script; this module publishes what it hands back and records it.
+The reaper (a thread in every worker, and the beat task), the management
+commands and the admin's actions call these functions. Redis decides through
+the gate's scripts; this module publishes what they hand back and records it.
+Each operator's action either does all it says or raises ActionRefused,
+having changed nothing.
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ import logging
 from dataclasses import dataclass, field
 
 from celery import current_app
+from celery.utils import uuid
 from django.db import models
 from django.utils import timezone
 
 from . import records
 from .connection import get_gate
-from .gate import Recovery
+from .exceptions import ActionRefused
+from .gate import Code, Recovery
 from .messages import TaskMessage
 from .statuses import TERMINAL_STATUSES, Status
 from .task import publish, publish_grants
@@ -55,7 +59,7 @@ def reap(*, dry_run: bool = False, batch: int = 500, max_batches: int = 100, app
     return report
 
 
-def _act(app, recovery: Recovery) -> None:
+def _act(app, recovery: Recovery, reason: str = "") -> None:
     if recovery.action == "outcome":
         # A run finished but its worker died before writing the record.
         end = records.Transition.from_json(recovery.message or b"{}")
@@ -67,7 +71,7 @@ def _act(app, recovery: Recovery) -> None:
         logger.error("keyed queue holder without a message key=%r ticket=%s", recovery.key, recovery.ticket)
         return
     now = timezone.now()
-    lost = f"its worker was lost: the lease of attempt {recovery.attempts} expired"
+    lost = reason or f"its worker was lost: the lease of attempt {recovery.attempts} expired"
     if recovery.action == "fail":
         records.settle(task_id, Status.FAILED, finished_at=now, error=f"{lost}; no recoveries left")
         return
@@ -133,15 +137,101 @@ def rebuild(*, dry_run: bool = False, app=None) -> RebuildReport:
     return report
 
 
-def pause(key: str) -> None:
+def pause(key: str, *, by: str = "an operator") -> None:
     """Pause a key: nothing new is dispatched; submissions still queue in order."""
     get_gate().pause(key)
-    logger.info("keyed queue key %r paused", key)
+    logger.info("keyed queue key %r paused by %s", key, by)
 
 
-def resume(key: str, *, app=None) -> int:
+def resume(key: str, *, by: str = "an operator", app=None) -> int:
     """Resume a key and dispatch what it had waiting, up to its limit; returns how many."""
     granted = get_gate().resume(key)
     publish_grants(app or current_app, granted)
-    logger.info("keyed queue key %r resumed, %d dispatched", key, len(granted))
+    logger.info("keyed queue key %r resumed by %s, %d dispatched", key, by, len(granted))
     return len(granted)
+
+
+# -- the operator's actions ---------------------------------------------------
+
+
+def cancel(task_id: str, *, by: str = "an operator", app=None) -> None:
+    """Cancel a task that has not started: it leaves its key's queue and never runs."""
+    from .models import KeyedTask
+
+    row = _row(task_id)
+    if row.status not in (Status.WAITING, Status.DISPATCHED):
+        raise ActionRefused(f"task {task_id} is {row.status}: only a waiting or dispatched task can be cancelled")
+    gate = get_gate()
+    if row.ticket is None:
+        # Sent with a countdown or eta: it takes its ticket when due, unless refused now.
+        due_in = (row.due_at - timezone.now()).total_seconds() if row.due_at else 0.0
+        if not gate.refuse_join(row.key, task_id, due_in_seconds=due_in):
+            raise ActionRefused(f"task {task_id} joined its key's queue just now; look again and retry")
+    else:
+        withdrawn = gate.cancel(row.key, row.ticket, limit=_limit(app, row.task_name))
+        if withdrawn.code is Code.RUNNING:
+            raise ActionRefused(f"task {task_id} started meanwhile; release its holder instead")
+        if withdrawn.code is not Code.OK:
+            raise ActionRefused(f"the gate holds no ticket {row.ticket} of key {row.key!r}: it ended meanwhile")
+        publish_grants(app or current_app, withdrawn.granted)
+    KeyedTask.objects.filter(task_id=task_id).update(
+        status=Status.CANCELLED, finished_at=timezone.now(), error=f"cancelled by {by}"
+    )
+    logger.info("keyed queue task %s key=%r cancelled by %s", task_id, row.key, by)
+
+
+def retry(task_id: str, *, by: str = "an operator", app=None) -> str:
+    """Submit a failed task again, with its arguments, at the end of its key's queue; the new task's id."""
+    from .idempotency import repoint
+    from .task import KeyedSerialTask
+
+    app = app or current_app
+    row = _row(task_id)
+    if row.status != Status.FAILED:
+        raise ActionRefused(f"task {task_id} is {row.status}: only a failed task can be retried")
+    if not row.message:
+        raise ActionRefused(f"task {task_id} has no stored message to submit again")
+    message = TaskMessage.decode(row.message.encode())
+    task = app.tasks.get(message.task_name)
+    if not isinstance(task, KeyedSerialTask):
+        raise ActionRefused(f"{message.task_name} is not a keyed task registered in this project")
+    # Idempotency keys that gave the failed task now give its retry.
+    new_id = uuid()
+    repoint(task_id, new_id)
+    try:
+        task.apply_async(message.args, message.kwargs, task_id=new_id, **message.options)
+    except BaseException:
+        repoint(new_id, task_id)
+        raise
+    logger.info("keyed queue task %s key=%r retried as %s by %s", task_id, row.key, new_id, by)
+    return new_id
+
+
+def release(key: str, ticket: int, *, by: str = "an operator", app=None) -> list[Recovery]:
+    """Release a key's stuck holder now, as the reaper does when a lease expires.
+
+    Its run is fenced (its lease is gone: ``holds_key()`` is False, its
+    renewals fail) and its task is dispatched again, or failed once it used
+    its recoveries; a holder whose message was lost has it published again.
+    """
+    app = app or current_app
+    recoveries = get_gate().release(key, ticket)
+    if not any(r.ticket == ticket for r in recoveries):
+        raise ActionRefused(f"ticket {ticket} of key {key!r} holds no slot: it finished or was recovered")
+    for recovery in recoveries:
+        _act(app, recovery, reason=f"released by {by}")
+    logger.info("keyed queue key=%r ticket=%s released by %s", key, ticket, by)
+    return recoveries
+
+
+def _row(task_id: str):
+    from .models import KeyedTask
+
+    try:
+        return KeyedTask.objects.get(task_id=task_id)
+    except KeyedTask.DoesNotExist:
+        raise ActionRefused(f"no keyed task has the id {task_id!r}") from None
+
+
+def _limit(app, task_name: str) -> int:
+    return getattr((app or current_app).tasks.get(task_name), "serial_limit", 1)

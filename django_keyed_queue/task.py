@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Callable, Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import cached_property
 from typing import Any
 
@@ -132,7 +132,7 @@ class KeyedSerialTask(Task):
         if delayed:
             # A delayed task joins its key's queue when due, on the worker (see __call__).
             with transaction.atomic():
-                records.record_submission(status=Status.WAITING, **row)
+                records.record_submission(status=Status.WAITING, due_at=_due_at(options), **row)
                 super().apply_async(args, kwargs, task_id=task_id, **options)
             return self.AsyncResult(task_id)
 
@@ -315,6 +315,14 @@ class KeyedSerialTask(Task):
             return
         records.record_end(end, lease.key)
         publish_grants(self.app, finished.granted)
+
+
+def _due_at(options: dict) -> datetime:
+    eta = options.get("eta")
+    if eta is not None:
+        eta = datetime.fromisoformat(eta) if isinstance(eta, str) else eta
+        return timezone.make_aware(eta) if timezone.is_naive(eta) else eta
+    return timezone.now() + timedelta(seconds=float(options["countdown"]))
 
 
 def publish(app, grant: Grant | Recovery) -> str | None:
