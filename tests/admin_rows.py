@@ -1,0 +1,43 @@
+"""Keyed task records for the admin's tests: a fixed mix of keys, task names and statuses."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+from django.utils import timezone
+
+from django_keyed_queue.models import KeyedTask
+from django_keyed_queue.statuses import Status
+
+TASK_NAMES = (
+    "testproject.demo.tasks.sync_account",
+    "testproject.demo.tasks.write_file",
+    "testproject.demo.tasks.step",
+)
+
+
+def status_of(i: int) -> str:
+    if i % 10 == 3:
+        return Status.FAILED
+    if i % 10 == 7:
+        return Status.WAITING
+    return Status.SUCCEEDED
+
+
+def seed_tasks(count: int, keys: int = 7) -> list[KeyedTask]:
+    """``count`` records, oldest first: key ``account:{i % keys}``, task name ``TASK_NAMES[i % 3]``."""
+    start = timezone.now() - timedelta(seconds=count)
+    rows = [
+        KeyedTask(
+            task_id=str(uuid.uuid4()),
+            task_name=TASK_NAMES[i % len(TASK_NAMES)],
+            key=f"account:{i % keys}",
+            ticket=i // keys + 1,
+            status=status_of(i),
+            enqueued_at=start + timedelta(seconds=i),
+        )
+        for i in range(count)
+    ]
+    KeyedTask.objects.bulk_create(rows)
+    return list(KeyedTask.objects.order_by("id"))

@@ -1,0 +1,142 @@
+"""The keyed task list: cursor pages over every row, with filters and search, and nothing counted."""
+
+from __future__ import annotations
+
+import html
+import re
+
+import pytest
+from django.contrib import admin
+from django.contrib.auth import get_user_model
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+
+from django_keyed_queue.models import KeyedTask
+from tests.admin_rows import TASK_NAMES, seed_tasks
+
+pytestmark = pytest.mark.django_db
+PER_PAGE = 10
+
+
+@pytest.fixture
+def admin_client(client, monkeypatch):
+    monkeypatch.setattr(admin.site._registry[KeyedTask], "list_per_page", PER_PAGE)
+    client.force_login(get_user_model().objects.create_superuser("root", "root@example.com", "pw"))
+    return client
+
+
+def url(query: str = "") -> str:
+    return reverse("admin:keyed_queue_keyedtask_changelist") + query
+
+
+def open_page(client, query: str = ""):
+    """The ids shown (in order), the cursor links by name, and the response."""
+    response = client.get(url(query))
+    assert response.status_code == 200, (query, response.status_code, response.get("Location"))
+    ids = [row.pk for row in response.context["cl"].result_list]
+    found = re.findall(r'<a href="([^"]*)" id="cursor-(\w+)"', str(response.content, "utf-8"))
+    links = {name: html.unescape(href) for href, name in found}
+    return ids, links, response
+
+
+def walk(client, query: str) -> tuple[list[list[int]], list[list[int]]]:
+    """Every page going older from ``query``, then every page going newer from the last."""
+    forward = []
+    ids, links, _ = open_page(client, query)
+    forward.append(ids)
+    while "older" in links:
+        ids, links, _ = open_page(client, links["older"])
+        forward.append(ids)
+    backward = [ids]
+    while "newer" in links:
+        ids, links, _ = open_page(client, links["newer"])
+        backward.append(ids)
+    return forward, backward[::-1]
+
+
+@pytest.mark.parametrize("count", [PER_PAGE * 3, 47])
+def test_pages_cover_every_row_once_forward_and_back(admin_client, count):
+    rows = seed_tasks(count)
+    expected = [r.pk for r in reversed(rows)]
+    forward, backward = walk(admin_client, "")
+    assert [pk for page in forward for pk in page] == expected
+    assert all(len(page) == PER_PAGE for page in forward[:-1])
+    assert backward == forward  # going back shows the same pages
+
+
+@pytest.mark.parametrize(
+    ("query", "keep"),
+    [
+        ("?status__exact=failed", lambda r: r.status == "failed"),
+        (f"?task_name={TASK_NAMES[1]}", lambda r: r.task_name == TASK_NAMES[1]),
+        ("?q=account:3", lambda r: r.key == "account:3"),
+        (f"?q=account:3&task_name={TASK_NAMES[0]}", lambda r: r.key == "account:3" and r.task_name == TASK_NAMES[0]),
+        ("?q=account:5&status__exact=succeeded", lambda r: r.key == "account:5" and r.status == "succeeded"),
+    ],
+)
+def test_filters_and_search_combine_with_the_cursor(admin_client, query, keep):
+    rows = seed_tasks(500)
+    expected = [r.pk for r in reversed(rows) if keep(r)]
+    assert len(expected) > 2 * PER_PAGE  # several pages of them
+    forward, backward = walk(admin_client, query)
+    assert [pk for page in forward for pk in page] == expected
+    assert backward == forward
+
+
+def test_search_by_task_id_finds_the_one_task(admin_client):
+    rows = seed_tasks(30)
+    ids, links, _ = open_page(admin_client, f"?q={rows[12].task_id}")
+    assert ids == [rows[12].pk] and links == {}
+
+
+def test_a_page_is_one_select_of_a_page_and_a_row_with_nothing_counted(admin_client):
+    seed_tasks(PER_PAGE * 3)
+    _, links, _ = open_page(admin_client)  # the session and the user are loaded once
+    for query in ("", links["older"], "?status__exact=failed&q=account:3", "?_facets=1", "?o=3", "?all="):
+        with CaptureQueriesContext(connection) as captured:
+            ids, _, _ = open_page(admin_client, query)
+        sql = [q["sql"] for q in captured.captured_queries]
+        assert not [s for s in sql if "COUNT(" in s.upper()], (query, sql)
+        pages = [s for s in sql if "keyed_queue_keyedtask" in s]
+        assert len(pages) == 1 and f"LIMIT {PER_PAGE + 1}" in pages[0], (query, sql)
+        assert len(sql) <= 3, (query, sql)  # the page, the session, the user
+        assert ids, query
+
+
+def test_cursor_and_sort_parameters_are_not_taken_for_field_lookups(admin_client):
+    rows = seed_tasks(25)
+    newest = [r.pk for r in reversed(rows)]
+    ids, links, response = open_page(admin_client, f"?cursor={newest[4]}&status__exact=succeeded&o=2")
+    assert ids and all(pk < newest[4] for pk in ids)
+    assert ids == sorted(ids, reverse=True)  # the keyset order, not the column asked for
+    assert "cursor=" not in links["newest"] and "status__exact=succeeded" in links["newest"]
+    # Changing a filter starts again at the newest rows: the filter links drop the cursor.
+    filter_links = re.findall(r'href="(\?[^"]*)"', html.unescape(str(response.content, "utf-8")))
+    assert "?status__exact=failed" in filter_links
+    changes = [link for link in filter_links if "failed" in link or "task_name=" in link]
+    assert changes and not [link for link in changes if "cursor=" in link]
+    assert not [link for link in filter_links if "o=" in link]
+
+
+@pytest.mark.parametrize(
+    "query", ["?cursor=abc", "?cursor=-5", "?cursor=99999999999999999999999", "?before=x", "?cursor=3&before=9"]
+)
+def test_a_bad_cursor_shows_the_newest_page_with_a_warning(admin_client, query):
+    rows = seed_tasks(PER_PAGE + 5)
+    ids, links, response = open_page(admin_client, query)
+    assert ids == [r.pk for r in reversed(rows)][:PER_PAGE]
+    assert "older" in links and "newer" not in links
+    assert "Ignored a bad page cursor" in str(response.content, "utf-8")
+
+
+def test_past_either_end_the_links_lead_back_to_the_rows(admin_client):
+    rows = seed_tasks(PER_PAGE + 5)
+    newest = [r.pk for r in reversed(rows)]
+    ids, links, response = open_page(admin_client, "?cursor=0")
+    assert ids == [] and "no older tasks" in str(response.content, "utf-8")
+    assert open_page(admin_client, links["newer"])[0] == newest[-PER_PAGE:]
+    ids, links, _ = open_page(admin_client, f"?before={newest[0] + 100}")  # nothing newer: the first page
+    assert ids == newest[:PER_PAGE] and "newer" not in links
+    ids, links, _ = open_page(admin_client, f"?cursor={newest[0] + 100}")
+    assert ids == newest[:PER_PAGE] and "newer" in links
