@@ -1,7 +1,41 @@
-from django.contrib import admin
+"""The operator's admin: keyed tasks, their keys live, and the actions that repair them.
 
+Every action goes through the recovery module (the reaper's own code), is
+allowed by its own permission, and is written to the admin's log.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from django.contrib import admin, messages
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.contenttypes.models import ContentType
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.translation import gettext_lazy as _
+from django.views.decorators.http import require_POST
+
+from . import recovery
 from .changelist import CursorChangeList, TaskNameFilter
+from .exceptions import ActionRefused
+from .live import live_keys
 from .models import IdempotencyKey, KeyedTask
+from .timeline import key_timeline
+
+logger = logging.getLogger(__name__)
+
+#: action -> the permission (codename on KeyedTask) it needs.
+PERMISSIONS = {
+    "cancel": "cancel_keyedtask",
+    "retry": "retry_keyedtask",
+    "release": "release_keyedtask",
+    "pause": "pause_key",
+    "resume": "resume_key",
+}
 
 
 @admin.register(KeyedTask)
@@ -12,12 +46,144 @@ class KeyedTaskAdmin(admin.ModelAdmin):
     readonly_fields = [f.name for f in KeyedTask._meta.fields if f.name != "message"]
     exclude = ("message",)
     show_full_result_count = False
+    actions = ["cancel_tasks", "retry_tasks", "release_holders", "pause_keys", "resume_keys"]
 
     def has_add_permission(self, request) -> bool:
         return False
 
     def get_changelist(self, request, **kwargs):
         return CursorChangeList
+
+    # -- permissions: one per action (ModelAdmin looks up has_<name>_permission) --
+
+    def _allowed(self, request: HttpRequest, action: str) -> bool:
+        return request.user.has_perm(f"{KeyedTask._meta.app_label}.{PERMISSIONS[action]}")
+
+    def has_cancel_permission(self, request) -> bool:
+        return self._allowed(request, "cancel")
+
+    def has_retry_permission(self, request) -> bool:
+        return self._allowed(request, "retry")
+
+    def has_release_permission(self, request) -> bool:
+        return self._allowed(request, "release")
+
+    def has_pause_permission(self, request) -> bool:
+        return self._allowed(request, "pause")
+
+    def has_resume_permission(self, request) -> bool:
+        return self._allowed(request, "resume")
+
+    # -- actions on the selected tasks --
+
+    @admin.action(description=_("Cancel the selected waiting tasks"), permissions=["cancel"])
+    def cancel_tasks(self, request, queryset):
+        self._each_task(request, queryset, "cancelled", lambda t, by: recovery.cancel(t.task_id, by=by))
+
+    @admin.action(description=_("Retry the selected failed tasks at the end of their queues"), permissions=["retry"])
+    def retry_tasks(self, request, queryset):
+        self._each_task(request, queryset, "retried", lambda t, by: f"as {recovery.retry(t.task_id, by=by)}")
+
+    @admin.action(description=_("Release the selected running tasks' hold on their keys"), permissions=["release"])
+    def release_holders(self, request, queryset):
+        def release(task: KeyedTask, by: str) -> str:
+            if task.ticket is None:
+                raise ActionRefused(f"task {task.task_id} has no ticket: it holds no key")
+            actions = [r.action for r in recovery.release(task.key, task.ticket, by=by) if r.ticket == task.ticket]
+            return f"({', '.join(actions)})"
+
+        self._each_task(request, queryset, "released", release)
+
+    @admin.action(description=_("Pause the keys of the selected tasks"), permissions=["pause"])
+    def pause_keys(self, request, queryset):
+        for key in _keys(queryset):
+            self._on_key(request, "pause", key)
+
+    @admin.action(description=_("Resume the keys of the selected tasks"), permissions=["resume"])
+    def resume_keys(self, request, queryset):
+        for key in _keys(queryset):
+            self._on_key(request, "resume", key)
+
+    def _each_task(self, request, queryset, done: str, act: Callable[[KeyedTask, str], str | None]) -> None:
+        by = _who(request)
+        for task in queryset.defer("message", "arguments"):
+            try:
+                detail = act(task, by)
+            except ActionRefused as refused:
+                self.message_user(request, str(refused), messages.WARNING)
+                continue
+            text = " ".join(filter(None, [f"{done.capitalize()} by {by}", detail]))
+            self.log_change(request, task, text)
+            self.message_user(request, f"{task.task_name}[{task.task_id}]: {text}", messages.SUCCESS)
+
+    def _on_key(self, request, action: str, key: str, ticket: int | None = None) -> None:
+        by = _who(request)
+        if action == "pause":
+            recovery.pause(key, by=by)
+            text = f"Key {key!r} paused by {by}"
+        elif action == "resume":
+            dispatched = recovery.resume(key, by=by)
+            text = f"Key {key!r} resumed by {by}; {dispatched} dispatched"
+        else:
+            assert ticket is not None
+            recovery.release(key, ticket, by=by)
+            text = f"Ticket {ticket} of key {key!r} released by {by}"
+        _log_key(request, key, text)
+        self.message_user(request, text, messages.SUCCESS)
+
+    # -- the task page, with its key's timeline --
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        task = self.get_object(request, object_id)
+        extra = {"timeline": key_timeline(task)} if task is not None else {}
+        extra["live_keys_url"] = reverse("admin:keyed_queue_keys")
+        return super().change_view(request, object_id, form_url, {**extra, **(extra_context or {})})
+
+    def changelist_view(self, request, extra_context=None):
+        extra = {"live_keys_url": reverse("admin:keyed_queue_keys"), **(extra_context or {})}
+        return super().changelist_view(request, extra)
+
+    # -- the live keys page, reached from the task list --
+
+    def get_urls(self):
+        view = self.admin_site.admin_view
+        return [
+            path("keys/", view(self.keys_view), name="keyed_queue_keys"),
+            path("keys/act/", view(require_POST(self.key_action_view)), name="keyed_queue_key_act"),
+            *super().get_urls(),
+        ]
+
+    def keys_view(self, request):
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        key = request.GET.get("key") or None
+        states, more = live_keys(key=key)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": _("Live keys"),
+            "opts": self.model._meta,
+            "states": states,
+            "more": more,
+            "key": key or "",
+            "can": {action: self._allowed(request, action) for action in PERMISSIONS},
+            "changelist_url": reverse("admin:keyed_queue_keyedtask_changelist"),
+        }
+        return TemplateResponse(request, "admin/keyed_queue/keys.html", context)
+
+    def key_action_view(self, request):
+        action, key = request.POST.get("action", ""), request.POST.get("key", "")
+        if action not in ("pause", "resume", "release") or not key:
+            raise PermissionDenied("unknown action or no key")
+        if not self._allowed(request, action):
+            raise PermissionDenied(f"{request.user} may not {action} keys")
+        try:
+            ticket = int(request.POST["ticket"]) if action == "release" else None
+            self._on_key(request, action, key, ticket)
+        except ActionRefused as refused:
+            self.message_user(request, str(refused), messages.WARNING)
+        except (KeyError, ValueError):
+            self.message_user(request, "releasing a holder needs its ticket number", messages.ERROR)
+        return HttpResponseRedirect(reverse("admin:keyed_queue_keys"))
 
 
 @admin.register(IdempotencyKey)
@@ -29,3 +195,24 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request) -> bool:
         return False
+
+
+def _keys(queryset) -> list[str]:
+    return sorted(set(queryset.values_list("key", flat=True)))
+
+
+def _who(request: HttpRequest) -> str:
+    return request.user.get_username() or "an operator"
+
+
+def _log_key(request: HttpRequest, key: str, text: str) -> None:
+    """An action on a key, not on one task: logged against the keyed task model, with the key."""
+    LogEntry.objects.create(
+        user_id=request.user.pk,
+        content_type=ContentType.objects.get_for_model(KeyedTask),
+        object_id=None,
+        object_repr=f"key {key}"[:200],
+        action_flag=CHANGE,
+        change_message=text,
+    )
+    logger.info("%s", text)

@@ -147,6 +147,7 @@ def resume(key: str, *, by: str = "an operator", app=None) -> int:
     """Resume a key and dispatch what it had waiting, up to its limit; returns how many."""
     granted = get_gate().resume(key)
     publish_grants(app or current_app, granted)
+    records.recorder.flush()
     logger.info("keyed queue key %r resumed by %s, %d dispatched", key, by, len(granted))
     return len(granted)
 
@@ -174,6 +175,7 @@ def cancel(task_id: str, *, by: str = "an operator", app=None) -> None:
         if withdrawn.code is not Code.OK:
             raise ActionRefused(f"the gate holds no ticket {row.ticket} of key {row.key!r}: it ended meanwhile")
         publish_grants(app or current_app, withdrawn.granted)
+        records.recorder.flush()  # the operator sees the next task dispatched on their next look
     KeyedTask.objects.filter(task_id=task_id).update(
         status=Status.CANCELLED, finished_at=timezone.now(), error=f"cancelled by {by}"
     )
@@ -220,6 +222,7 @@ def release(key: str, ticket: int, *, by: str = "an operator", app=None) -> list
         raise ActionRefused(f"ticket {ticket} of key {key!r} holds no slot: it finished or was recovered")
     for recovery in recoveries:
         _act(app, recovery, reason=f"released by {by}")
+    records.recorder.flush()
     logger.info("keyed queue key=%r ticket=%s released by %s", key, ticket, by)
     return recoveries
 

@@ -1,0 +1,86 @@
+"""What each key is doing now: the gate's state in Redis joined with the records.
+
+The live keys page in the admin shows this; the most blocked keys come first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.db.models import Count, F, Min, Q
+from django.utils import timezone
+
+from .connection import get_gate
+from .models import KeyedTask
+from .statuses import Status
+
+
+@dataclass
+class Holder:
+    ticket: int
+    state: str  # "running", or "granted": dispatched and not started yet
+    lease_left: float  # seconds until the reaper may act; negative once overdue
+    attempts: int
+    task: KeyedTask | None  # None if the record is missing
+
+    @property
+    def overdue(self) -> bool:
+        return self.lease_left < 0
+
+
+@dataclass
+class KeyState:
+    key: str
+    paused: bool
+    depth: int  # tickets waiting in the gate's queue
+    oldest_wait: datetime | None  # when the longest-waiting task of the key was submitted
+    holders: list[Holder] = field(default_factory=list)
+
+    @property
+    def waited_seconds(self) -> float:
+        return (timezone.now() - self.oldest_wait).total_seconds() if self.oldest_wait else 0.0
+
+    @property
+    def stuck(self) -> bool:
+        """Nothing will move on its own soon: a holder is overdue, or it is paused with tasks waiting."""
+        return any(h.overdue for h in self.holders) or (self.paused and self.depth > 0)
+
+    def blocked_order(self) -> tuple:
+        return (not self.stuck, -self.waited_seconds, -self.depth, self.key)
+
+
+def live_keys(*, limit: int = 100, key: str | None = None) -> tuple[list[KeyState], bool]:
+    """The keys with unfinished tasks or paused, most blocked first; and whether more were left out.
+
+    Two database queries and one Redis round trip whatever the number of keys shown.
+    """
+    active = KeyedTask.objects.active()
+    if key is not None:
+        active = active.filter(key=key)
+    per_key = (
+        active.values("key")
+        .annotate(oldest=Min("enqueued_at", filter=Q(status=Status.WAITING)), n=Count("id"))
+        .order_by(F("oldest").asc(nulls_last=True), "-n", "key")
+    )
+    found = {row["key"]: row["oldest"] for row in per_key[: limit + 1]}
+    more = len(found) > limit
+    gate = get_gate()
+    paused = [k for k in gate.paused_keys() if key is None or k == key]
+    keys = list(dict.fromkeys([*list(found)[:limit], *paused]))
+    snapshots = gate.inspect_many(keys)
+    held = Q(pk__in=[])
+    for snapshot in snapshots:
+        if snapshot["holders"]:
+            held |= Q(key=snapshot["key"], ticket__in=list(snapshot["holders"]))
+    tasks = {(t.key, t.ticket): t for t in KeyedTask.objects.filter(held).defer("message", "arguments")}
+    states = []
+    for snapshot in snapshots:
+        k = snapshot["key"]
+        holders = [
+            Holder(ticket, h["state"], h["deadline_in"], h["attempts"], tasks.get((k, ticket)))
+            for ticket, h in sorted(snapshot["holders"].items())
+        ]
+        states.append(KeyState(k, snapshot["paused"], len(snapshot["waiting"]), found.get(k), holders))
+    states.sort(key=KeyState.blocked_order)
+    return states, more

@@ -1,0 +1,114 @@
+"""A key's recent timeline as a picture: who waited and who ran when, one row per task."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.utils import timezone
+
+from .models import KeyedTask
+from .statuses import Status
+
+WIDTH = 860  # px of the time axis
+LABEL_WIDTH = 110
+ROW_HEIGHT = 18
+
+COLOURS = {
+    Status.SUCCEEDED: "#417690",
+    Status.FAILED: "#ba2121",
+    Status.CANCELLED: "#999999",
+    Status.RUNNING: "#e0a800",
+    Status.RETRYING: "#e0a800",
+}
+
+
+@dataclass(frozen=True)
+class Bar:
+    y: int
+    label: str
+    wait_x: float  # submitted .. started (or now): waiting for the key
+    run_x: float  # started .. finished (or now): holding the key
+    run_end_x: float
+    colour: str
+    title: str
+    current: bool
+    task_id: str
+
+    @property
+    def wait_width(self) -> float:
+        return round(self.run_x - self.wait_x, 1)
+
+    @property
+    def run_width(self) -> float:
+        return round(self.run_end_x - self.run_x, 1)
+
+
+@dataclass(frozen=True)
+class Timeline:
+    bars: list[Bar]
+    start: datetime
+    end: datetime
+    width: int = WIDTH
+    label_width: int = LABEL_WIDTH
+    row_height: int = ROW_HEIGHT
+
+    @property
+    def height(self) -> int:
+        return (len(self.bars) + 1) * self.row_height + 4
+
+    @property
+    def total_width(self) -> int:
+        return self.label_width + self.width + 10
+
+    @property
+    def seconds(self) -> float:
+        return (self.end - self.start).total_seconds()
+
+
+def key_timeline(task: KeyedTask, *, around: int = 15) -> Timeline:
+    """The tasks of ``task``'s key submitted just before and after it (up to ``around`` each side)."""
+    rows = KeyedTask.objects.for_key(task.key).defer("message", "arguments")
+    before = list(rows.filter(id__lte=task.id).order_by("-id")[: around + 1])
+    after = list(rows.filter(id__gt=task.id).order_by("id")[:around])
+    tasks = sorted(before + after, key=lambda t: t.id)
+    now = timezone.now()
+    start = min(t.enqueued_at for t in tasks)
+    end = max(t.finished_at or now for t in tasks)
+    span = max((end - start).total_seconds(), 0.001)
+
+    def x(moment: datetime | None) -> float:
+        moment = moment or now  # not there yet: it goes on now
+        return round(LABEL_WIDTH + WIDTH * (moment - start).total_seconds() / span, 1)
+
+    bars = []
+    for row, t in enumerate(tasks):
+        waited_until = x(t.started_at or t.finished_at)  # a cancelled task never started
+        bars.append(
+            Bar(
+                y=row * ROW_HEIGHT,
+                label=f"#{t.ticket if t.ticket is not None else '?'} {t.status}",
+                wait_x=x(t.enqueued_at),
+                run_x=waited_until,
+                # A run of a few ms still shows as a sliver.
+                run_end_x=max(x(t.finished_at), waited_until + 2) if t.started_at else waited_until,
+                colour=COLOURS.get(t.status, "#79aec8"),
+                title=_describe(t),
+                current=t.pk == task.pk,
+                task_id=t.task_id,
+            )
+        )
+    return Timeline(bars, start, end)
+
+
+def _describe(t: KeyedTask) -> str:
+    parts = [f"{t.task_name}[{t.task_id}] ticket {t.ticket}: {t.status}", f"submitted {_at(t.enqueued_at)}"]
+    if t.started_at:
+        parts.append(f"started {_at(t.started_at)} on {t.worker or 'an unknown worker'}")
+    if t.finished_at:
+        parts.append(f"finished {_at(t.finished_at)}")
+    return "; ".join(parts)
+
+
+def _at(moment: datetime) -> str:
+    return timezone.localtime(moment).strftime("%H:%M:%S.%f")[:-3]
