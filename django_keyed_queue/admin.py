@@ -82,7 +82,12 @@ class KeyedTaskAdmin(admin.ModelAdmin):
 
     @admin.action(description=_("Retry the selected failed tasks at the end of their queues"), permissions=["retry"])
     def retry_tasks(self, request, queryset):
-        self._each_task(request, queryset, "retried", lambda t, by: f"as {recovery.retry(t.task_id, by=by)}")
+        def retry(task: KeyedTask, by: str) -> str:
+            new_id = recovery.retry(task.task_id, by=by)
+            self.log_change(request, KeyedTask.objects.get(task_id=new_id), f"Retry of {task.task_id} by {by}")
+            return f"as {new_id}"
+
+        self._each_task(request, queryset, "retried", retry)
 
     @admin.action(description=_("Release the selected running tasks' hold on their keys"), permissions=["release"])
     def release_holders(self, request, queryset):

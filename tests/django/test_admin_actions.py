@@ -108,6 +108,7 @@ def test_retry_submits_a_failed_task_again_at_the_end_of_its_queue(gate_redis, b
     assert IdempotencyKey.objects.get(task_name=charge.name, task_id=again.task_id)
     assert charge.apply_async((7, "10.00"), queue=QUEUE).id == again.task_id
     assert LogEntry.objects.get(object_id=str(row(failed).pk)).change_message == f"Retried by rita as {again.task_id}"
+    assert LogEntry.objects.get(object_id=str(again.pk)).change_message == f"Retry of {failed.id} by rita"
 
 
 def test_only_failed_tasks_are_retried(gate_redis, broker, as_user):
