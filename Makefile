@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench redis-server
+.PHONY: demo test lint bench redis-server postgresql chromium
 
 $(BIN)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,11 +17,24 @@ redis-server:
 		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq redis-server; \
 		else echo "please install redis-server (sudo apt-get install redis-server)"; exit 1; fi; }
 
+# Debian's PostgreSQL: `make test` runs the django tier again on a server of its own (not on PATH in Debian).
+postgresql:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || { \
+		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; \
+		else echo "please install postgresql (sudo apt-get install postgresql)"; exit 1; fi; }
+
+# Debian's Chromium, driven headless by the browser tests (never a browser download of Playwright's own).
+chromium:
+	@command -v chromium >/dev/null || { \
+		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+		else echo "please install chromium (sudo apt-get install chromium)"; exit 1; fi; }
+
 demo: redis-server $(BIN)/.installed
 	$(BIN)/python -m testproject.demo.run
 
-test: redis-server $(BIN)/.installed lint
+test: redis-server postgresql chromium $(BIN)/.installed lint
 	$(BIN)/python -m pytest
+	KEYED_QUEUE_TESTS_DATABASE=postgresql $(BIN)/python -m pytest tests/django
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -1,12 +1,15 @@
-"""Real servers and workers for the demo, the tests and the benchmarks: redis-server and celery worker processes."""
+"""Real servers and workers for the demo, the tests and the benchmarks: redis-server, PostgreSQL and celery workers."""
 
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from urllib.parse import urlparse
@@ -14,6 +17,12 @@ from urllib.parse import urlparse
 import redis
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 class RedisServer:
@@ -64,6 +73,92 @@ class RedisServer:
         if self.process and self.process.poll() is None:
             self.process.terminate()
             self.process.wait(10)
+
+
+class PostgresServer:
+    """A throwaway PostgreSQL cluster: initdb in a temp dir, its unix socket there, trust auth, no fsync.
+
+    PostgreSQL refuses to run as root; as root it runs as the ``postgres`` user (or ``nobody``),
+    which owns the temp dir. Nothing listens on TCP: clients connect through the socket.
+    """
+
+    def __init__(self, log_dir: Path | None = None, user: str = "postgres") -> None:
+        self.log_dir = log_dir
+        self.user = user
+        self.port = free_port()  # names the socket file; other clusters in other dirs may share it
+        self.directory: Path | None = None
+
+    def url(self, database: str) -> str:
+        """A libpq URL of a database of this server (the form ``TESTPROJECT_DATABASE_URL`` takes)."""
+        return f"postgresql://{self.user}@:{self.port}/{database}?host={self.directory}"
+
+    def start(self) -> PostgresServer:
+        bindir = postgres_bindir()
+        self.directory = Path(tempfile.mkdtemp(prefix="keyed-queue-pg-"))
+        owner = _unprivileged()
+        if owner:
+            os.chown(self.directory, owner["user"], owner["group"])
+        data = self.directory / "data"
+        self._run([bindir / "initdb", "-D", data, "-U", self.user, "--auth=trust", "-E", "UTF8", "--locale=C"], owner)
+        with open(data / "postgresql.conf", "a") as conf:
+            # A test and benchmark server: losing it in a crash loses nothing of value.
+            conf.write(
+                f"port = {self.port}\nunix_socket_directories = '{self.directory}'\nlisten_addresses = ''\n"
+                "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\nmax_connections = 50\n"
+            )
+        log = self.directory / "postgres.log"
+        self._run([bindir / "pg_ctl", "-D", data, "-l", log, "-w", "-t", "60", "start"], owner)
+        return self
+
+    def create_database(self, name: str) -> None:
+        import psycopg
+
+        with psycopg.connect(host=str(self.directory), port=self.port, user=self.user, dbname="postgres") as conn:
+            conn.autocommit = True
+            conn.execute(f'CREATE DATABASE "{name}"')
+
+    def stop(self) -> None:
+        """Stop the server, keep its log in ``log_dir`` and remove its files."""
+        if self.directory is None:
+            return
+        directory, self.directory = self.directory, None
+        if (directory / "data" / "postmaster.pid").exists():
+            self._run(
+                [postgres_bindir() / "pg_ctl", "-D", directory / "data", "-m", "fast", "-w", "stop"], _unprivileged()
+            )
+        if self.log_dir is not None and (directory / "postgres.log").exists():
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(directory / "postgres.log", self.log_dir / "postgres.log")
+        shutil.rmtree(directory, ignore_errors=True)
+
+    def _run(self, command: list, owner: dict) -> None:
+        done = subprocess.run([str(c) for c in command], capture_output=True, text=True, **owner)
+        if done.returncode != 0:
+            raise RuntimeError(f"{Path(command[0]).name} failed:\n{done.stdout}{done.stderr}")
+
+
+def postgres_bindir() -> Path:
+    """Where initdb and pg_ctl are: on PATH, or Debian's versioned directory (not on PATH)."""
+    found = shutil.which("initdb")
+    if found:
+        return Path(found).resolve().parent
+    versions = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parts[-3]))
+    if not versions:
+        raise RuntimeError("PostgreSQL is not installed (Debian package postgresql)")
+    return versions[-1].parent
+
+
+def _unprivileged() -> dict:
+    """``subprocess`` arguments that drop root for PostgreSQL's programs; none for another user."""
+    if os.geteuid() != 0:
+        return {}
+    for name in ("postgres", "nobody"):
+        try:
+            entry = pwd.getpwnam(name)
+        except KeyError:
+            continue
+        return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+    raise RuntimeError("running as root and neither a postgres nor a nobody user exists to run PostgreSQL")
 
 
 class Worker:

@@ -6,6 +6,7 @@ redis-server and database they started.
 
 import os
 from pathlib import Path
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 BASE_DIR = Path(__file__).resolve().parent
 DATA_DIR = Path(os.environ.get("TESTPROJECT_DATA_DIR", BASE_DIR.parent / ".demo"))
@@ -66,6 +67,25 @@ DATABASES = {
         "TEST": {"NAME": _DB_PATH},
     }
 }
+
+# PostgreSQL instead of SQLite: postgresql://USER[:PASSWORD]@[HOST][:PORT]/NAME[?host=/socket/dir]
+if os.environ.get("TESTPROJECT_DATABASE_URL"):
+    _url = urlsplit(os.environ["TESTPROJECT_DATABASE_URL"])
+    if _url.scheme not in ("postgres", "postgresql"):
+        raise ValueError("TESTPROJECT_DATABASE_URL must be a postgresql:// URL")
+    _name = unquote(_url.path.lstrip("/"))
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": _name,
+            "USER": unquote(_url.username or ""),
+            "PASSWORD": unquote(_url.password or ""),
+            "HOST": dict(parse_qsl(_url.query)).get("host", _url.hostname or ""),
+            "PORT": str(_url.port or ""),
+            # As with SQLite, the tests and the workers they start share one database.
+            "TEST": {"NAME": _name},
+        }
+    }
 
 _REDIS = os.environ.get("TESTPROJECT_REDIS_URL", "redis://127.0.0.1:6379")
 # The gate may live on its own server (the benchmarks count its round trips there).

@@ -21,15 +21,36 @@ def redis_server():
 def pytest_unconfigure(config):
     """After every fixture (the test database too) is torn down: keep the logs, drop the temp dir."""
     from django_keyed_queue.records import recorder
+    from tests.settings import stop_database_server
 
     recorder.discard()  # its database is gone; the exit-time flush would only fail
+    stop_database_server()  # before its log is copied and its socket's directory goes
     data_dir = Path(os.environ["TESTPROJECT_DATA_DIR"])
     if not data_dir.exists():
         return
     artifacts = Path(__file__).resolve().parent.parent / "test-artifacts"
+    if os.environ.get("KEYED_QUEUE_TESTS_DATABASE") == "postgresql":
+        artifacts /= "postgresql"  # beside the default run's artifacts, which run first
     shutil.rmtree(artifacts, ignore_errors=True)
     shutil.copytree(data_dir, artifacts, ignore=shutil.ignore_patterns("*.sqlite3*", "*.rdb", "*.aof"))
     shutil.rmtree(data_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _postgresql_test_database_can_be_dropped(request):
+    """Tests' threads leave connections open; PostgreSQL drops no database that sessions use."""
+    if os.environ.get("KEYED_QUEUE_TESTS_DATABASE") != "postgresql":
+        yield
+        return
+    request.getfixturevalue("django_db_setup")  # so this ends before the test database is dropped
+    yield
+    from django.db import connection
+
+    with request.getfixturevalue("django_db_blocker").unblock(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
 
 
 @pytest.fixture

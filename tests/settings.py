@@ -1,17 +1,26 @@
 """Test settings: the testproject pointed at a temp dir, a free port and a file database.
 
 Set in the environment so the celery workers the tests start see the same.
+``KEYED_QUEUE_TESTS_DATABASE=postgresql`` runs the tests on a PostgreSQL server
+started here, before Django reads its settings, and stopped at the end of the run.
 """
 
+import atexit
 import os
-import socket
 import tempfile
+from pathlib import Path
+
+from testproject.servers import PostgresServer, free_port
+
+_postgres = None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def stop_database_server() -> None:
+    """Stop the PostgreSQL server of this run, if any, keeping its log in the run's data dir."""
+    global _postgres
+    if _postgres is not None:
+        _postgres.stop()
+        _postgres = None
 
 
 if os.environ.get("KEYED_QUEUE_TESTS_OWN_ENV") != "1":
@@ -19,7 +28,14 @@ if os.environ.get("KEYED_QUEUE_TESTS_OWN_ENV") != "1":
     os.environ["KEYED_QUEUE_TESTS_OWN_ENV"] = "1"
     os.environ["TESTPROJECT_DATA_DIR"] = _dir
     os.environ["TESTPROJECT_DB"] = os.path.join(_dir, "db.sqlite3")
-    os.environ["TESTPROJECT_REDIS_URL"] = f"redis://127.0.0.1:{_free_port()}"
+    os.environ["TESTPROJECT_REDIS_URL"] = f"redis://127.0.0.1:{free_port()}"
     os.environ["DJANGO_SETTINGS_MODULE"] = "testproject.settings"
+    database = os.environ.get("KEYED_QUEUE_TESTS_DATABASE", "sqlite")
+    if database == "postgresql":
+        _postgres = PostgresServer(log_dir=Path(_dir) / "postgresql").start()
+        atexit.register(stop_database_server)
+        os.environ["TESTPROJECT_DATABASE_URL"] = _postgres.url("keyed_queue_tests")
+    elif database != "sqlite":
+        raise ValueError(f"KEYED_QUEUE_TESTS_DATABASE={database!r}: use sqlite or postgresql")
 
 from testproject.settings import *  # noqa: E402,F403

@@ -6,6 +6,7 @@ from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
+from django.db import connections
 from django.test import override_settings
 from django.utils import timezone
 
@@ -92,7 +93,10 @@ def test_threads_racing_on_one_key_agree_on_one_task(gate_redis, broker):
 
     def submit():
         barrier.wait()
-        ids.append(step.apply_async(("k", 1), queue=QUEUE, idempotency_key="race").id)
+        try:
+            ids.append(step.apply_async(("k", 1), queue=QUEUE, idempotency_key="race").id)
+        finally:
+            connections.close_all()  # this thread's own connection (PostgreSQL warns of one left open)
 
     threads = [threading.Thread(target=submit) for _ in range(8)]
     for thread in threads:
