@@ -114,13 +114,19 @@ def _update_sql(vendor: str) -> str:
     return f"UPDATE {qn(KeyedTask._meta.db_table)} SET {', '.join(sets)} WHERE {qn('task_id')} = %s"
 
 
+@cache
+def _fields() -> tuple[tuple[str, Field], ...]:
+    return tuple((name, KeyedTask._meta.get_field(name)) for name in FIELDS)
+
+
 def _update_params(t: Transition) -> list:
     forward = [t.attempts, t.attempts, STATUS_RANK[t.status]]
     params: list = []
-    for name in FIELDS:
-        value = t.fields.get(name)
+    given = t.fields
+    for name, model_field in _fields():
+        value = given.get(name)
         if value is not None:
-            value = KeyedTask._meta.get_field(name).get_db_prep_save(value, connection)
+            value = model_field.get_db_prep_save(value, connection)
         params += [*forward, value, value]
     for value in (t.status, t.attempts):
         params += [*forward, value]
@@ -129,11 +135,14 @@ def _update_params(t: Transition) -> list:
 
 def write(*transitions: Transition) -> None:
     """Apply transitions now, in one transaction; each moves its row forward or fills its gaps."""
+    params = [_update_params(t) for t in transitions]
     with transaction.atomic():
         with connection.cursor() as cursor:
-            cursor.executemany(_update_sql(connection.vendor), [_update_params(t) for t in transitions])
+            cursor.executemany(_update_sql(connection.vendor), params)
+            # Every row matched (task ids are distinct): none to create, no need to look.
+            all_found = cursor.rowcount == len(transitions)
         creatable = {t.task_id: t for t in transitions if t.create is not None}
-        if creatable:
+        if creatable and not all_found:
             existing = set(KeyedTask.objects.filter(task_id__in=creatable).values_list("task_id", flat=True))
             for task_id in creatable.keys() - existing:
                 _create_missing(creatable[task_id])
@@ -204,11 +213,18 @@ class Recorder:
     def _run(self) -> None:
         while True:
             time.sleep(settings.RECORD_FLUSH_SECONDS)
-            try:
+            # The thread's connection is kept while there is work: reconnecting
+            # every pass cost about 0.5 ms (SQLite) each time.
+            if not self._pending:
                 close_old_connections()
+                continue
+            try:
                 self.flush()
-            except Exception:  # logged in flush; keep the thread alive
-                pass
+            except Exception:  # logged in flush; keep the thread alive, on a new connection
+                try:
+                    connection.close()
+                except Exception:
+                    pass
 
 
 recorder = Recorder()
