@@ -153,15 +153,16 @@ class KeyedSerialTask(Task):
             # Nobody saw the ticket: its number can be given back.
             self._withdraw(key, submitted.ticket, forget=True)
             raise
-        if submitted.granted:
-            try:
-                self._publish(key, submitted.ticket, 1, args, kwargs, {**options, "task_id": task_id})
-            except BaseException:
-                # The message may have left before the error: keep the number so it can never start another.
-                records.forget_submission(task_id)
-                self._withdraw(key, submitted.ticket, forget=False)
-                raise
-        return self.AsyncResult(task_id)
+        if not submitted.granted:
+            return self.AsyncResult(task_id)
+        try:
+            # Celery's own result: dropping it and making another would unsubscribe and resubscribe.
+            return self._publish(key, submitted.ticket, 1, args, kwargs, {**options, "task_id": task_id})
+        except BaseException:
+            # The message may have left before the error: keep the number so it can never start another.
+            records.forget_submission(task_id)
+            self._withdraw(key, submitted.ticket, forget=False)
+            raise
 
     def _withdraw(self, key: str, ticket: int, *, forget: bool) -> None:
         withdrawn = get_gate().cancel(key, ticket, limit=self.serial_limit, forget=forget)
