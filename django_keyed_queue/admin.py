@@ -24,6 +24,7 @@ from .changelist import CursorChangeList, TaskNameFilter
 from .exceptions import ActionRefused
 from .live import live_keys
 from .models import IdempotencyKey, KeyedTask
+from .statuses import ACTIVE_STATUSES
 from .timeline import key_timeline
 
 logger = logging.getLogger(__name__)
@@ -50,6 +51,19 @@ class KeyedTaskAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request) -> bool:
         return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False  # a record of what happened; the actions below are how an operator changes things
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        # An unfinished task's record is what rebuilding the gate after a loss of Redis reads.
+        active = obj is not None and obj.status in ACTIVE_STATUSES
+        return not active and super().has_delete_permission(request, obj)
+
+    def get_actions(self, request):
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)  # it would not spare unfinished tasks
+        return actions
 
     def get_changelist(self, request, **kwargs):
         return CursorChangeList

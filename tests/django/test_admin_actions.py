@@ -232,3 +232,14 @@ def test_the_task_page_draws_its_keys_timeline(gate_redis, broker, as_user):
     assert page.count('class="timeline-task') == 3
     assert f'class="timeline-task timeline-current" data-task-id="{tasks[1].id}"' in page
     assert page.count('class="run"') == 1, "only the task that ran has a run bar"
+
+
+def test_records_cannot_be_edited_and_unfinished_ones_not_deleted(gate_redis, broker, admin_client):
+    active = row(step.apply_async(("k", 1), queue=QUEUE))
+    page = admin_client.get(reverse("admin:keyed_queue_keyedtask_change", args=[active.pk])).content.decode()
+    assert 'name="_save"' not in page, "a record is read only"
+    assert admin_client.post(reverse("admin:keyed_queue_keyedtask_delete", args=[active.pk])).status_code == 403
+    assert 'value="delete_selected"' not in admin_client.get(reverse(CHANGELIST)).content.decode()
+    KeyedTask.objects.filter(pk=active.pk).update(status="succeeded")
+    admin_client.post(reverse("admin:keyed_queue_keyedtask_delete", args=[active.pk]), {"post": "yes"})
+    assert not KeyedTask.objects.filter(pk=active.pk).exists(), "a finished record can go"

@@ -1,0 +1,140 @@
+"""An operator repairs keys in a real browser: the live keys page, its buttons, the task actions."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import Permission, User
+
+from django_keyed_queue.connection import get_gate
+from django_keyed_queue.models import KeyedTask
+from testproject.demo.tasks import step
+
+pytestmark = pytest.mark.django_db(transaction=True)
+LIST = "/admin/keyed_queue/keyedtask/"
+KEYS = f"{LIST}keys/"
+#: No worker reads this queue: what the operator dispatches stays put for the test to see.
+QUEUE = "keyed-queue-browser-unconsumed"
+
+
+def submit(key: str, n: int) -> KeyedTask:
+    return KeyedTask.objects.get(task_id=step.apply_async((key, n), queue=QUEUE).id)
+
+
+def live_rows(page) -> list[str]:
+    return page.locator("#live-keys tr.live-key").evaluate_all("rows => rows.map(r => r.dataset.key)")
+
+
+def cell(page, key: str, name: str) -> str:
+    return page.locator(f'#live-keys tr[data-key="{key}"] td.{name}').inner_text().strip()
+
+
+def press(page, key: str, button: str) -> None:
+    with page.expect_navigation():
+        page.locator(f'#live-keys tr[data-key="{key}"]').get_by_role("button", name=button).click()
+
+
+def run_action(page, description: str, *tasks: KeyedTask) -> None:
+    for task in tasks:
+        page.locator(f'#result_list input[name="_selected_action"][value="{task.pk}"]').check()
+    page.select_option('select[name="action"]', label=description)
+    with page.expect_navigation():
+        page.click('button[name="index"]')
+
+
+def test_unblocking_keys_from_the_live_page(gate_redis, logged_in, screenshot):
+    page = logged_in
+    busy = [submit("account:1", n) for n in (1, 2, 3)]
+    assert get_gate().start("account:1", busy[0].ticket, 1, max_lost=3).ok  # running, its lease renewed by nobody
+    get_gate().pause("account:2")
+    parked = submit("account:2", 1)
+    submit("account:3", 1)
+
+    page.goto(LIST)
+    with page.expect_navigation():
+        page.get_by_role("link", name="Live keys").click()
+    screenshot("1-live-keys")
+    assert live_rows(page) == ["account:2", "account:1", "account:3"], "the paused key with a task waiting is stuck"
+    assert page.locator('tr[data-key="account:2"] .errornote').inner_text() == "stuck"
+    assert cell(page, "account:1", "depth") == "2" and cell(page, "account:2", "paused") == "paused"
+    assert f"[{busy[0].task_id}]" in page.locator('tr[data-key="account:1"] .holder').inner_text()
+
+    press(page, "account:2", "Resume")
+    assert "Key 'account:2' resumed by operator; 1 dispatched" in page.locator(".messagelist").inner_text()
+    assert cell(page, "account:2", "paused") == "no" and cell(page, "account:2", "depth") == "0"
+    assert KeyedTask.objects.get(pk=parked.pk).status == "dispatched"
+    screenshot("2-resumed")
+
+    press(page, "account:1", "Release #1")
+    assert "Ticket 1 of key 'account:1' released by operator" in page.locator(".messagelist").inner_text()
+    assert "#1 granted" in page.locator('tr[data-key="account:1"] .holder').inner_text(), "dispatched again"
+    assert KeyedTask.objects.get(pk=busy[0].pk).error == "released by operator; dispatched again"
+    screenshot("3-released")
+
+    press(page, "account:1", "Pause")
+    assert cell(page, "account:1", "paused") == "paused"
+    assert [e.change_message for e in LogEntry.objects.order_by("id")] == [
+        "Key 'account:2' resumed by operator; 1 dispatched",
+        "Ticket 1 of key 'account:1' released by operator",
+        "Key 'account:1' paused by operator",
+    ]
+
+
+def test_cancelling_and_retrying_tasks_from_the_list(gate_redis, logged_in, screenshot):
+    page = logged_in
+    first, waiting = submit("account:5", 1), submit("account:5", 2)
+    failed = submit("account:6", 1)
+    started = get_gate().start("account:6", failed.ticket, 1)
+    get_gate().finish("account:6", failed.ticket, started.token)
+    KeyedTask.objects.filter(pk=failed.pk).update(status="failed", error="RuntimeError: card declined")
+
+    page.goto(f"{LIST}?q=account%3A5")
+    run_action(page, "Cancel the selected waiting tasks", waiting)
+    screenshot("1-cancelled")
+    assert "Cancelled by operator" in page.locator(".messagelist").inner_text()
+    assert KeyedTask.objects.get(pk=waiting.pk).status == "cancelled"
+    assert get_gate().inspect("account:5")["waiting"] == []
+    assert KeyedTask.objects.get(pk=first.pk).status == "dispatched"
+
+    page.goto(f"{LIST}?status=failed")
+    run_action(page, "Retry the selected failed tasks at the end of their queues", failed)
+    screenshot("2-retried")
+    [again] = KeyedTask.objects.filter(key="account:6").exclude(pk=failed.pk)
+    assert f"Retried by operator as {again.task_id}" in page.locator(".messagelist").inner_text()
+    assert again.status == "dispatched" and again.arguments == failed.arguments
+
+
+def test_a_task_page_draws_its_keys_timeline(gate_redis, logged_in, screenshot):
+    page = logged_in
+    tasks = [submit("account:7", n) for n in range(4)]
+    gate = get_gate()
+    for task in tasks[:2]:
+        started = gate.start("account:7", task.ticket, 1)
+        gate.finish("account:7", task.ticket, started.token)
+        at = KeyedTask.objects.get(pk=task.pk).enqueued_at
+        KeyedTask.objects.filter(pk=task.pk).update(status="succeeded", started_at=at, finished_at=at)
+    page.goto(f"{LIST}{tasks[2].pk}/change/")
+    timeline = page.locator("#key-timeline svg")
+    timeline.scroll_into_view_if_needed()
+    screenshot("timeline")
+    assert timeline.locator("g.timeline-task").count() == 4
+    assert timeline.locator("g.timeline-current").get_attribute("data-task-id") == tasks[2].task_id
+    assert timeline.locator("rect.run").count() == 2, "the two tasks that ran hold the key in the picture"
+    with page.expect_navigation():
+        page.get_by_role("link", name="This key live").click()
+    assert live_rows(page) == ["account:7"]
+
+
+def test_a_viewer_sees_the_keys_but_no_buttons(gate_redis, page, admin_server, screenshot):
+    viewer = User.objects.create_user("viewer", password="a-long-test-password", is_staff=True)
+    viewer.user_permissions.set(Permission.objects.filter(codename="view_keyedtask"))
+    submit("account:8", 1)
+    get_gate().pause("account:8")
+    page.goto("/admin/login/?next=" + KEYS)
+    page.fill("#id_username", "viewer")
+    page.fill("#id_password", "a-long-test-password")
+    with page.expect_navigation():
+        page.click("input[type=submit]")
+    screenshot("viewer")
+    assert live_rows(page) == ["account:8"]
+    assert page.locator("#live-keys button").count() == 0
