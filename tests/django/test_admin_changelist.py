@@ -11,6 +11,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from django.utils.timezone import now
 
 from django_keyed_queue.models import KeyedTask
 from tests.admin_rows import TASK_NAMES, seed_tasks
@@ -90,6 +91,20 @@ def test_search_by_task_id_finds_the_one_task(admin_client):
     assert ids == [rows[12].pk] and links == {}
 
 
+def test_search_matches_a_whole_key_exactly_through_its_index(admin_client):
+    seed_tasks(40)
+    spaced = KeyedTask.objects.create(task_id="t-spaced", task_name=TASK_NAMES[0], key="file /a b", enqueued_at=now())
+    assert open_page(admin_client, "?q=file%20/a%20b")[0] == [spaced.pk]  # one value, not two words
+    assert open_page(admin_client, "?q=ACCOUNT:3")[0] == []  # keys are case-sensitive
+    assert open_page(admin_client, "?q=account")[0] == []  # and whole
+    with CaptureQueriesContext(connection) as captured:
+        ids, _, _ = open_page(admin_client, "?q=%20account:3%20")
+    assert len(ids) == 6
+    page = [q["sql"] for q in captured.captured_queries if f"LIMIT {PER_PAGE + 1}" in q["sql"]]
+    assert len(page) == 1 and "\"key\" = 'account:3'" in page[0], page
+    assert not [q for q in captured.captured_queries if "LIKE" in q["sql"] or "UPPER" in q["sql"]]
+
+
 def test_a_page_is_one_select_of_a_page_and_a_row_with_nothing_counted(admin_client):
     seed_tasks(PER_PAGE * 3)
     _, links, _ = open_page(admin_client)  # the session and the user are loaded once
@@ -98,9 +113,12 @@ def test_a_page_is_one_select_of_a_page_and_a_row_with_nothing_counted(admin_cli
             ids, _, _ = open_page(admin_client, query)
         sql = [q["sql"] for q in captured.captured_queries]
         assert not [s for s in sql if "COUNT(" in s.upper()], (query, sql)
-        pages = [s for s in sql if "keyed_queue_keyedtask" in s]
-        assert len(pages) == 1 and f"LIMIT {PER_PAGE + 1}" in pages[0], (query, sql)
-        assert len(sql) <= 3, (query, sql)  # the page, the session, the user
+        pages = [s for s in sql if "keyed_queue_keyedtask" in s and f"LIMIT {PER_PAGE + 1}" in s]
+        probes = [s for s in sql if "keyed_queue_keyedtask" in s and s not in pages]
+        assert len(pages) == 1, (query, sql)
+        # A search first asks whether the text is a task id: one row of the unique index.
+        assert len(probes) == ("q=" in query) and all("LIMIT 1" in s for s in probes), (query, sql)
+        assert len(sql) == 3 + len(probes), (query, sql)  # the page, the session, the user
         assert ids, query
 
 
