@@ -1,0 +1,256 @@
+"""The admin's keyed task list at a million rows, on SQLite and on PostgreSQL.
+
+    python bench/admin_pages.py                                   # 1,000,000 rows, both databases
+    python bench/admin_pages.py --rows 100000 --databases sqlite  # a quick look
+
+For each database: a fresh migrated database (PostgreSQL: a server of its own in a
+temp dir), filled in bulk (bench/admin_fill.py), then each page of the list is
+fetched through Django's test client as a logged-in superuser. Prints the median
+and p95 of the whole request (wall clock), its median CPU time in this process
+(what other load on the machine barely moves), the median and p95 of the page's
+SELECT alone, and the SELECT's query plan (SQLite ``EXPLAIN QUERY PLAN``,
+PostgreSQL ``EXPLAIN (ANALYZE, BUFFERS)``).
+Each database runs in a child process of its own, since Django is configured once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+URL = "/admin/keyed_queue/keyedtask/"
+TARGET_MS = 100
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+# -- the child: one database, filled and measured --
+
+
+def scenarios(client, rows: int) -> list[tuple[str, str]]:
+    """(what, query string) of each page timed; the deep page is reached by following 50 "Older" links."""
+    from bench.admin_fill import TASKS
+    from django_keyed_queue.models import KeyedTask
+
+    query = ""
+    for _ in range(50):
+        body = html.unescape(client.get(URL + query).content.decode())
+        query = re.search(r'<a href="([^"]*)" id="cursor-older"', body).group(1)
+    middle = rows // 2
+    rare_name = TASKS[-1][0]
+    task_id = KeyedTask.objects.values_list("task_id", flat=True).get(pk=middle)
+    cold = KeyedTask.objects.filter(pk__gte=middle, key__startswith="account:").values_list("key", flat=True)[0]
+    return [
+        ("first page", ""),
+        ("after 50 Older links", query),
+        ("cursor in the middle", f"?cursor={middle}"),
+        ("status failed (2%)", "?status__exact=failed"),
+        ("status failed, mid cursor", f"?status__exact=failed&cursor={middle}"),
+        ("task name (3%)", f"?task_name={rare_name}"),
+        ("search a task id", f"?q={task_id}"),
+        ("search a hot key (1%)", "?q=tenant:3"),
+        ("search a cold key", f"?q={cold}"),
+        ("hot key + failed + mid cursor", f"?q=tenant:3&status__exact=failed&cursor={middle}"),
+        ("failed + name + mid cursor", f"?status__exact=failed&task_name={TASKS[0][0]}&cursor={middle}"),
+    ]
+
+
+def explain(sql: str) -> str:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql)
+            return "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute("EXPLAIN QUERY PLAN " + sql)
+        rows = cursor.fetchall()
+    depth = {0: -1}
+    lines = []
+    for node, parent, _, detail in rows:
+        depth[node] = depth.get(parent, -1) + 1
+        lines.append("  " * depth[node] + detail)
+    return "\n".join(lines)
+
+
+def measure(client, what: str, query: str, repeat: int) -> dict:
+    from django.contrib import admin
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from django_keyed_queue.models import KeyedTask
+
+    with CaptureQueriesContext(connection) as captured:
+        response = client.get(URL + query)
+    assert response.status_code == 200, (what, response.status_code)
+    sql = [q["sql"] for q in captured.captured_queries]
+    limit = f"LIMIT {admin.site._registry[KeyedTask].list_per_page + 1}"
+    pages = [s for s in sql if "keyed_queue_keyedtask" in s and limit in s]
+    assert len(pages) == 1 and not [s for s in sql if "COUNT(" in s.upper()], (what, sql)
+    shown = len(re.findall(r'<tr><td class="action-checkbox">', response.content.decode()))
+    request_ms, cpu_ms, sql_ms = [], [], []
+    for _ in range(repeat):
+        began, cpu = time.perf_counter(), time.process_time()
+        client.get(URL + query)
+        request_ms.append((time.perf_counter() - began) * 1000)
+        cpu_ms.append((time.process_time() - cpu) * 1000)  # this process only: load elsewhere barely moves it
+    with connection.cursor() as cursor:
+        for _ in range(repeat):
+            began = time.perf_counter()
+            cursor.execute(pages[0])
+            cursor.fetchall()
+            sql_ms.append((time.perf_counter() - began) * 1000)
+    return {
+        "what": what,
+        "query": query,
+        "rows_shown": shown,
+        "queries": len(sql),
+        "request_ms": [statistics.median(request_ms), percentile(request_ms, 0.95)],
+        "request_cpu_ms": statistics.median(cpu_ms),
+        "sql_ms": [statistics.median(sql_ms), percentile(sql_ms, 0.95)],
+        "sql": pages[0],
+        "plan": explain(pages[0]),
+    }
+
+
+def child(rows: int, repeat: int) -> dict:
+    import django
+
+    django.setup()
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+    from django.db import connection
+    from django.test import Client
+
+    from bench.admin_fill import fill
+
+    call_command("migrate", verbosity=0)
+    filled = fill(rows)
+    user = get_user_model().objects.create_superuser("bench", "bench@example.com", "bench")
+    client = Client(HTTP_HOST="127.0.0.1")
+    client.force_login(user)
+    client.get(URL)  # warm the caches and the templates
+    load = _load()
+    pages = [measure(client, what, query, repeat) for what, query in scenarios(client, rows)]
+    return {
+        "database": connection.vendor,
+        "version": _version(connection),
+        "fill": filled,
+        "pages": pages,
+        "load": load,
+        "load_after": _load(),
+    }
+
+
+def _load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def _version(connection) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT version()" if connection.vendor == "postgresql" else "SELECT sqlite_version()")
+        return cursor.fetchone()[0].split(" on ")[0]
+
+
+# -- the parent: a database at a time, then the report --
+
+
+def run_database(database: str, args: argparse.Namespace, directory: Path) -> dict:
+    from testproject.servers import PostgresServer
+
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "testproject.settings",
+        "TESTPROJECT_DATA_DIR": str(directory),
+        "TESTPROJECT_DB": str(directory / "bench.sqlite3"),
+        "TESTPROJECT_DEBUG": "0",  # no query log, as in production
+        "KEYED_QUEUE_LOG": "WARNING",
+    }
+    env.pop("TESTPROJECT_DATABASE_URL", None)
+    directory.mkdir(parents=True)
+    server = None
+    try:
+        if database == "postgresql":
+            server = PostgresServer(log_dir=directory / "postgresql").start()
+            server.create_database("keyed_queue_bench")
+            env["TESTPROJECT_DATABASE_URL"] = server.url("keyed_queue_bench")
+        command = [sys.executable, __file__, "--child", "--rows", str(args.rows), "--repeat", str(args.repeat)]
+        done = subprocess.run(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, check=True, text=True)
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def report(results: list[dict], rows: int) -> str:
+    lines = [f"{rows:,} keyed task rows; milliseconds, median / p95 of each page", ""]
+    for result in results:
+        fill = result["fill"]
+        lines.append(
+            f"{result['version']}: loaded in {fill['load_seconds']:.0f} s, analyzed in {fill['analyze_seconds']:.0f} s"
+        )
+    lines.append(f"load average of the machine: {results[0]['load']} before, {results[-1]['load_after']} after")
+    names = [r["database"] for r in results]
+    header = "| page | rows | " + " | ".join(f"{n} request | {n} CPU | {n} SQL" for n in names) + " |"
+    lines += ["", header, "|" + "---|" * (2 + 3 * len(results))]
+    for i, page in enumerate(results[0]["pages"]):
+        cells = [page["what"], str(page["rows_shown"])]
+        for result in results:
+            mine = result["pages"][i]
+            cells += [
+                "{:.1f} / {:.1f}".format(*mine["request_ms"]),
+                f"{mine['request_cpu_ms']:.1f}",
+                "{:.2f} / {:.2f}".format(*mine["sql_ms"]),
+            ]
+        lines.append("| " + " | ".join(cells) + " |")
+    slowest = max(p["request_ms"][1] for r in results for p in r["pages"])
+    verdict = "within" if slowest < TARGET_MS else "OVER"
+    lines += ["", f"slowest p95 of a whole request: {slowest:.1f} ms ({verdict} the {TARGET_MS} ms target)"]
+    for result in results:
+        for page in result["pages"]:
+            lines += ["", f"--- {result['database']}: {page['what']} ({page['query'] or 'no parameters'})"]
+            lines += [page["sql"], "", page["plan"]]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=30, help="requests timed per page (default 30)")
+    parser.add_argument("--databases", default="sqlite,postgresql", help="comma-separated: sqlite, postgresql")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args.rows, args.repeat)))
+        return 0
+    results = []
+    with tempfile.TemporaryDirectory(prefix="keyed-queue-bench-admin-") as tmp:
+        for database in args.databases.split(","):
+            began = time.perf_counter()
+            results.append(run_database(database.strip(), args, Path(tmp) / database))
+            print(f"{database}: done in {time.perf_counter() - began:.0f} s", file=sys.stderr)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    print(report(results, args.rows))
+    slowest = max(p["request_ms"][1] for r in results for p in r["pages"])
+    return 0 if slowest < TARGET_MS else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
