@@ -7,13 +7,15 @@ allowed by its own permission, and is written to the admin's log.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
+import redis
 from django.contrib import admin, messages
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponseBadRequest, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.translation import gettext_lazy as _
@@ -126,29 +128,37 @@ class KeyedTaskAdmin(admin.ModelAdmin):
     def _each_task(self, request, queryset, done: str, act: Callable[[KeyedTask, str], str | None]) -> None:
         by = _who(request)
         for task in queryset.defer("message", "arguments"):
-            try:
+            with self._refusals(request):
                 detail = act(task, by)
-            except ActionRefused as refused:
-                self.message_user(request, str(refused), messages.WARNING)
-                continue
-            text = " ".join(filter(None, [f"{done.capitalize()} by {by}", detail]))
-            self.log_change(request, task, text)
-            self.message_user(request, f"{task.task_name}[{task.task_id}]: {text}", messages.SUCCESS)
+                text = " ".join(filter(None, [f"{done.capitalize()} by {by}", detail]))
+                self.log_change(request, task, text)
+                self.message_user(request, f"{task.task_name}[{task.task_id}]: {text}", messages.SUCCESS)
 
     def _on_key(self, request, action: str, key: str, ticket: int | None = None) -> None:
         by = _who(request)
-        if action == "pause":
-            recovery.pause(key, by=by)
-            text = f"Key {key!r} paused by {by}"
-        elif action == "resume":
-            dispatched = recovery.resume(key, by=by)
-            text = f"Key {key!r} resumed by {by}; {dispatched} dispatched"
-        else:
-            assert ticket is not None
-            recovery.release(key, ticket, by=by)
-            text = f"Ticket {ticket} of key {key!r} released by {by}"
-        _log_key(request, key, text)
-        self.message_user(request, text, messages.SUCCESS)
+        with self._refusals(request):
+            if action == "pause":
+                recovery.pause(key, by=by)
+                text = f"Key {key!r} paused by {by}"
+            elif action == "resume":
+                dispatched = recovery.resume(key, by=by)
+                text = f"Key {key!r} resumed by {by}; {dispatched} dispatched"
+            else:
+                assert ticket is not None
+                recovery.release(key, ticket, by=by)
+                text = f"Ticket {ticket} of key {key!r} released by {by}"
+            _log_key(request, key, text)
+            self.message_user(request, text, messages.SUCCESS)
+
+    @contextmanager
+    def _refusals(self, request) -> Iterator[None]:
+        """An action that does not apply, or cannot reach Redis, is told to the operator, not raised."""
+        try:
+            yield
+        except ActionRefused as refused:
+            self.message_user(request, str(refused), messages.WARNING)
+        except redis.RedisError as exc:
+            self.message_user(request, f"the keyed queue's Redis did not answer: {exc}", messages.ERROR)
 
     # -- the task page, with its key's timeline --
 
@@ -176,7 +186,11 @@ class KeyedTaskAdmin(admin.ModelAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         key = request.GET.get("key") or None
-        states, more = live_keys(key=key)
+        try:
+            states, more = live_keys(key=key)
+        except redis.RedisError as exc:
+            self.message_user(request, f"the keyed queue's Redis did not answer: {exc}", messages.ERROR)
+            states, more = [], False
         context = {
             **self.admin_site.each_context(request),
             "title": _("Live keys"),
@@ -190,18 +204,12 @@ class KeyedTaskAdmin(admin.ModelAdmin):
         return TemplateResponse(request, "admin/keyed_queue/keys.html", context)
 
     def key_action_view(self, request):
-        action, key = request.POST.get("action", ""), request.POST.get("key", "")
-        if action not in ("pause", "resume", "release") or not key:
-            raise PermissionDenied("unknown action or no key")
+        action, key, ticket = (request.POST.get(name, "") for name in ("action", "key", "ticket"))
+        if action not in ("pause", "resume", "release") or not key or (action == "release" and not ticket.isdigit()):
+            return HttpResponseBadRequest("an action (pause, resume, release), a key and, to release, a ticket")
         if not self._allowed(request, action):
             raise PermissionDenied(f"{request.user} may not {action} keys")
-        try:
-            ticket = int(request.POST["ticket"]) if action == "release" else None
-            self._on_key(request, action, key, ticket)
-        except ActionRefused as refused:
-            self.message_user(request, str(refused), messages.WARNING)
-        except (KeyError, ValueError):
-            self.message_user(request, "releasing a holder needs its ticket number", messages.ERROR)
+        self._on_key(request, action, key, int(ticket) if action == "release" else None)
         return HttpResponseRedirect(reverse("admin:keyed_queue_keys"))
 
 

@@ -83,7 +83,7 @@ def test_a_running_task_is_not_cancelled(gate_redis, broker, as_user):
     assert get_gate().start("k", 1, 1).ok
     response = act(as_user("carol", "cancel_keyedtask"), "cancel_tasks", row(task))
     assert "started meanwhile; release its holder instead" in response.content.decode()
-    assert row(task).status == "dispatched" and not LogEntry.objects.exists()
+    assert KeyedTask.objects.get(pk=task.pk).status == "dispatched" and not LogEntry.objects.exists()
 
 
 def test_a_cancelled_delayed_task_never_joins_its_queue(gate_redis, broker, as_user):
@@ -243,3 +243,28 @@ def test_records_cannot_be_edited_and_unfinished_ones_not_deleted(gate_redis, br
     KeyedTask.objects.filter(pk=active.pk).update(status="succeeded")
     admin_client.post(reverse("admin:keyed_queue_keyedtask_delete", args=[active.pk]), {"post": "yes"})
     assert not KeyedTask.objects.filter(pk=active.pk).exists(), "a finished record can go"
+
+
+@pytest.mark.parametrize(
+    "form",
+    [{"action": "explode", "key": "k"}, {"action": "pause"}, {"action": "release", "key": "k", "ticket": "one"}],
+)
+def test_a_malformed_key_action_is_a_bad_request(gate_redis, admin_client, form):
+    assert admin_client.post(reverse("admin:keyed_queue_key_act"), form).status_code == 400
+    assert get_gate().paused_keys() == [] and not LogEntry.objects.exists()
+
+
+def test_an_unreachable_redis_is_told_to_the_operator(gate_redis, broker, admin_client, settings):
+    task = row(step.apply_async(("k", 1), queue=QUEUE))
+    settings.KEYED_QUEUE_REDIS_URL = "redis://127.0.0.1:1/0"
+    reset_gate()
+    try:
+        page = admin_client.get(reverse("admin:keyed_queue_keys")).content.decode()
+        assert "The keyed queue&#x27;s Redis did not answer" in page
+        response = admin_client.post(reverse("admin:keyed_queue_key_act"), {"action": "pause", "key": "k"}, follow=True)
+        assert "The keyed queue&#x27;s Redis did not answer" in response.content.decode()
+        response = act(admin_client, "cancel_tasks", task)
+        assert "The keyed queue&#x27;s Redis did not answer" in response.content.decode()
+    finally:
+        reset_gate()
+    assert KeyedTask.objects.get(pk=task.pk).status == "dispatched" and not LogEntry.objects.exists()
