@@ -1,0 +1,82 @@
+"""An operator at the keyed task list, in a real browser: pages, filters, search, a task's page."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.admin_rows import seed_tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+LIST = "/admin/keyed_queue/keyedtask/"
+ROWS = "#result_list tbody tr"
+
+
+def shown_task_ids(page) -> list[str]:
+    return page.locator(f"{ROWS} th.field-task_id a").all_inner_texts()
+
+
+def column(page, name: str) -> list[str]:
+    return page.locator(f"{ROWS} td.field-{name}").all_inner_texts()
+
+
+def follow(page, link) -> None:
+    """Click a link (a selector or a locator) and wait for the page it leads to."""
+    with page.expect_navigation():
+        (page.locator(link) if isinstance(link, str) else link).click()
+
+
+def test_paging_through_the_list_with_the_cursor_links(logged_in, screenshot):
+    page = logged_in
+    newest_first = [row.task_id for row in reversed(seed_tasks(250))]
+    follow(page, page.get_by_role("link", name="Keyed tasks"))
+    assert shown_task_ids(page) == newest_first[:100]
+    assert page.locator("#cursor-newer").count() == 0  # nothing is newer than the first page
+    screenshot("1-newest")
+
+    follow(page, "#cursor-older")
+    assert shown_task_ids(page) == newest_first[100:200]
+    screenshot("2-older")
+    follow(page, "#cursor-older")
+    assert shown_task_ids(page) == newest_first[200:]
+    assert page.locator("#cursor-older").count() == 0 and page.get_by_text("no older tasks").is_visible()
+    screenshot("3-oldest")
+
+    follow(page, "#cursor-newer")
+    assert shown_task_ids(page) == newest_first[100:200]
+    follow(page, "#cursor-newer")
+    assert shown_task_ids(page) == newest_first[:100] and page.locator("#cursor-newer").count() == 0
+    screenshot("4-back-to-newest")
+
+
+def test_filtering_by_status_and_searching_a_key(logged_in, screenshot):
+    page = logged_in
+    rows = list(reversed(seed_tasks(250)))
+    page.goto(LIST)
+    follow(page, page.locator("#changelist-filter").get_by_role("link", name="failed", exact=True))
+    failed = [r.task_id for r in rows if r.status == "failed"]
+    assert shown_task_ids(page) == failed and set(column(page, "status")) == {"failed"}
+    screenshot("1-failed")
+
+    page.fill("#searchbar", "account:3")
+    with page.expect_navigation():
+        page.press("#searchbar", "Enter")
+    both = [r.task_id for r in rows if r.status == "failed" and r.key == "account:3"]
+    assert both and shown_task_ids(page) == both  # the search keeps the filter
+    screenshot("2-failed-on-a-key")
+
+    follow(page, page.locator("#changelist-filter").get_by_role("link", name="All").first)
+    on_key = [r.task_id for r in rows if r.key == "account:3"]
+    assert shown_task_ids(page) == on_key and set(column(page, "key")) == {"account:3"}
+    screenshot("3-one-key")
+
+
+def test_opening_a_task_from_the_list(logged_in, screenshot):
+    page = logged_in
+    task = seed_tasks(30)[-3]
+    page.goto(f"{LIST}?q={task.task_id}")
+    assert shown_task_ids(page) == [task.task_id]
+    follow(page, page.get_by_role("link", name=task.task_id))
+    assert f"/keyedtask/{task.pk}/change/" in page.url
+    content = page.locator("#content").inner_text()
+    assert task.task_id in content and task.key in content and task.task_name in content
+    screenshot("1-task-page")
