@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from testproject.demo.history import HISTORY
-from testproject.servers import ROOT, RedisServer
+from testproject.servers import ROOT, RedisServer, free_port
 from tests.helpers import check_history, wait_for_records
 
 from .conftest import timing_env
@@ -22,9 +22,7 @@ PERSISTENT = ("--appendonly", "yes", "--appendfsync", "always")
 
 @pytest.fixture
 def persistent_redis(tmp_path):
-    from tests.settings import _free_port
-
-    server = RedisServer(f"redis://127.0.0.1:{_free_port()}", tmp_path / "redis")
+    server = RedisServer(f"redis://127.0.0.1:{free_port()}", tmp_path / "redis")
     server.start(*PERSISTENT)
     yield server
     server.stop()
