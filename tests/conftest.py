@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 from pathlib import Path
 
 import pytest
 import redis
+from celery.backends.redis import ResultConsumer
 
 from testproject.servers import RedisServer, Worker
 
@@ -15,7 +17,19 @@ def redis_server():
     server = RedisServer(os.environ["TESTPROJECT_REDIS_URL"], Path(os.environ["TESTPROJECT_DATA_DIR"]) / "redis")
     server.start()
     yield server
+    _forget_result_subscriptions()
     server.stop()
+
+
+def _forget_result_subscriptions() -> None:
+    """Celery's AsyncResult unsubscribes when collected; after the server stops that write would fail.
+
+    Results the tests dropped are collected now, while Redis answers; the ones
+    still alive forget their subscriptions, so collecting them later sends nothing.
+    """
+    gc.collect()
+    for consumer in [obj for obj in gc.get_objects() if isinstance(obj, ResultConsumer)]:
+        consumer.subscribed_to.clear()
 
 
 def pytest_unconfigure(config):
