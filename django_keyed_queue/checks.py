@@ -43,4 +43,12 @@ def check_settings(app_configs=None, **kwargs) -> list:
             problems.append(
                 Error(f"KEYED_QUEUE_{name} must be a positive number of seconds, got {value!r}.", id="keyed_queue.E002")
             )
+    handoff = settings.LOCAL_HANDOFF_SECONDS
+    if not isinstance(handoff, (int, float)) or isinstance(handoff, bool) or handoff < 0:
+        problems.append(
+            Error(
+                f"KEYED_QUEUE_LOCAL_HANDOFF_SECONDS must be a number of seconds >= 0, got {handoff!r}.",
+                id="keyed_queue.E003",
+            )
+        )
     return problems

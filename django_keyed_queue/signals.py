@@ -6,11 +6,19 @@ import logging
 import random
 import threading
 
-from celery.signals import beat_init, worker_process_init, worker_process_shutdown, worker_ready, worker_shutdown
+from celery.signals import (
+    beat_init,
+    task_postrun,
+    worker_process_init,
+    worker_process_shutdown,
+    worker_ready,
+    worker_shutdown,
+)
 from django.core.signals import setting_changed
 from django.db import close_old_connections
 from django.dispatch import receiver
 
+from . import handoff
 from .conf import PREFIX, settings
 from .connection import TRANSIENT, reset_gate
 from .records import recorder
@@ -22,6 +30,12 @@ _reaper_stop = threading.Event()
 @worker_process_init.connect
 def _fresh_client_per_process(**_: object) -> None:
     reset_gate()
+
+
+@task_postrun.connect
+def _run_kept_grant(sender=None, task_id: str = "", **_: object) -> None:
+    """The finished task's result is stored: run the next task of its key here (local handoff)."""
+    handoff.run_kept(sender.app, task_id)
 
 
 @worker_process_shutdown.connect

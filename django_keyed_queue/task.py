@@ -20,7 +20,7 @@ from celery.utils import uuid
 from django.db import transaction
 from django.utils import timezone
 
-from . import idempotency, records
+from . import handoff, idempotency, records
 from .connection import get_gate, outlast_restart
 from .exceptions import GateUnavailable, InvalidArguments, InvalidKey
 from .gate import MAX_KEY_LENGTH, Grant, Lease, Recovery
@@ -315,7 +315,7 @@ class KeyedSerialTask(Task):
             )
             return
         records.record_end(end, lease.key)
-        publish_grants(self.app, finished.granted)
+        publish_grants(self.app, handoff.keep(self.app, self.request, finished.granted))
 
 
 def _due_at(options: dict) -> datetime:
