@@ -62,6 +62,15 @@ def lingering_step(self, key: str, n: int, linger: float = 0.0) -> int:
     return n
 
 
+@keyed_serial_task(key="{key}", time_limit=60)
+def timed_step(key: str, n: int, duration: float = 0.0) -> int:
+    """A step with a time limit: the pool enforces it per message, so it never runs by local handoff."""
+    history.log("start", key, n)
+    time.sleep(duration)
+    history.log("end", key, n)
+    return n
+
+
 @keyed_serial_task(key="{key}")
 def failing_step(key: str, n: int) -> None:
     history.log("start", key, n)

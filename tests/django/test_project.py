@@ -29,5 +29,12 @@ def test_bad_values_are_errors():
         assert sorted(p.id for p in check_settings()) == ["keyed_queue.E001", "keyed_queue.E002"]
 
 
+def test_local_handoff_may_be_off_but_not_negative():
+    with override_settings(KEYED_QUEUE_LOCAL_HANDOFF_SECONDS=0):
+        assert check_settings() == []
+    with override_settings(KEYED_QUEUE_LOCAL_HANDOFF_SECONDS=-1):
+        assert [p.id for p in check_settings()] == ["keyed_queue.E003"]
+
+
 def test_the_project_checks_clean():
     assert check_settings() == []

@@ -1,0 +1,80 @@
+"""Local handoff on real prefork workers: the finishing process runs its key's next task itself."""
+
+import re
+
+import pytest
+from celery.states import FAILURE
+
+from testproject.demo.tasks import failing_step, flaky_step, plain_step, step, timed_step
+from tests.helpers import check_history, read_history, wait_for_records, wait_until
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.workers]
+
+
+def received_by_broker(workers, results) -> set[str]:
+    """The task ids a worker's main process received as broker messages (Celery logs each one)."""
+    logs = "".join(worker.log() for worker in workers)
+    ids = {r.id for r in results}
+    return {task_id for task_id in re.findall(r"\[([0-9a-f-]{36})\] received", logs) if task_id in ids}
+
+
+def pids_of_starts(key: str) -> dict[int, int]:
+    return {e["n"]: e["pid"] for e in read_history() if e["event"] == "start" and e["key"] == key}
+
+
+def test_parked_tasks_run_in_the_process_that_frees_the_key(workers, gate_redis):
+    first = step.delay("lh", 0, 0.5)
+    parked = [step.delay("lh", n) for n in range(1, 21)]
+    records = wait_for_records([first.id, *(r.id for r in parked)])
+    assert check_history(read_history())["lh"] == list(range(21))
+    pids = pids_of_starts("lh")
+    assert {pids[n] for n in range(1, 21)} == {pids[0]}, "the parked tasks should run where the first ran"
+    assert received_by_broker(workers, [first, *parked]) == {first.id}
+    # Celery's tracer ran them: results in the result backend, and the records complete.
+    assert [r.get(timeout=10) for r in parked] == list(range(1, 21))
+    for r in parked:
+        record = records[r.id]
+        assert record.status == "succeeded" and record.attempts == 1
+        assert record.dispatched_at and record.started_at and record.finished_at and record.worker
+
+
+def test_a_task_with_a_time_limit_goes_through_the_broker(workers, gate_redis):
+    results = [timed_step.delay("tl", 0, 0.3), *(timed_step.delay("tl", n) for n in range(1, 6))]
+    wait_for_records(r.id for r in results)
+    assert check_history(read_history())["tl"] == list(range(6))
+    assert received_by_broker(workers, results) == {r.id for r in results}
+
+
+def test_a_long_run_of_handoffs_goes_back_to_the_broker_after_the_budget(workers, gate_redis):
+    # 0.15 s each: about seven fit in the one-second budget, then the key goes through the broker.
+    results = [step.delay("budget", 0, 0.3), *(step.delay("budget", n, 0.15) for n in range(1, 16))]
+    wait_for_records((r.id for r in results), timeout=60)
+    assert check_history(read_history())["budget"] == list(range(16))
+    by_broker = received_by_broker(workers, results[1:])
+    assert by_broker, "the budget should send some of the key's tasks through the broker"
+    assert len(by_broker) < 15, "the tasks within the budget should be handed off locally"
+
+
+def test_failure_and_retry_of_a_handed_off_task(workers, gate_redis):
+    first = step.delay("fr", 0, 0.5)
+    failed = failing_step.delay("fr", 1)
+    flaky = flaky_step.delay("fr", 2, failures=1, countdown=0.3)
+    last = step.delay("fr", 3)
+    records = wait_for_records([first.id, failed.id, flaky.id, last.id])
+    starts = [(e["n"], e.get("attempt")) for e in read_history() if e["event"] == "start"]
+    assert starts == [(0, None), (1, None), (2, 0), (2, 1), (3, None)]
+    assert records[failed.id].status == "failed" and "fails on purpose" in records[failed.id].error
+    assert failed.state == FAILURE
+    assert records[flaky.id].status == "succeeded" and records[flaky.id].attempts == 2
+    assert flaky.get(timeout=10) == 2 and last.get(timeout=10) == 3
+    # The failure was handed off locally; the retry went through the broker with its ticket.
+    assert failed.id not in received_by_broker(workers, [failed])
+    assert flaky.id in received_by_broker(workers, [flaky])
+
+
+def test_a_handed_off_task_calls_its_link(workers, gate_redis):
+    first = step.delay("ln", 0, 0.5)
+    linked = step.apply_async(("ln", 1), link=plain_step.si("ln-callback", 7))
+    wait_for_records([first.id, linked.id])
+    assert linked.id not in received_by_broker(workers, [linked])
+    wait_until(lambda: pids_of_starts("ln-callback"), timeout=10, message="the link to run")
