@@ -6,7 +6,7 @@ import time
 
 from celery import shared_task
 
-from django_keyed_queue import keyed_serial_task
+from django_keyed_queue import KeyedSerialTask, keyed_serial_task
 
 from . import history
 
@@ -65,6 +65,24 @@ def lingering_step(self, key: str, n: int, linger: float = 0.0) -> int:
 @keyed_serial_task(key="{key}", time_limit=60)
 def timed_step(key: str, n: int, duration: float = 0.0) -> int:
     """A step with a time limit: the pool enforces it per message, so it never runs by local handoff."""
+    history.log("start", key, n)
+    time.sleep(duration)
+    history.log("end", key, n)
+    return n
+
+
+class LingersAfterReturn(KeyedSerialTask):
+    """Lingers after its result is stored, before its process runs the key's next task
+    (local handoff): a crash test kills the process in that window."""
+
+    def after_return(self, status, retval, task_id, args, kwargs, einfo):
+        key, n, _, linger = args
+        history.log("returned", key, n)
+        time.sleep(linger)
+
+
+@keyed_serial_task(key="{key}", base=LingersAfterReturn)
+def returning_step(key: str, n: int, duration: float = 0.0, linger: float = 0.0) -> int:
     history.log("start", key, n)
     time.sleep(duration)
     history.log("end", key, n)

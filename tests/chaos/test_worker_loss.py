@@ -11,7 +11,7 @@ import redis
 from django.conf import settings
 
 from django_keyed_queue.connection import get_gate
-from testproject.demo.tasks import lingering_step
+from testproject.demo.tasks import lingering_step, returning_step
 from tests.helpers import check_history, read_history, wait_for_records, wait_until
 
 from .conftest import TIMINGS
@@ -103,6 +103,28 @@ def test_a_message_lost_before_the_broker_is_published_again(chaos):
     waited = runs[0]["t"] - lost_at
     assert TIMINGS["DISPATCH_TIMEOUT_SECONDS"] - 0.5 < waited < TIMINGS["DISPATCH_TIMEOUT_SECONDS"] + RECOVERY_BOUND
     assert {records[r.id].status for r in results} == {"succeeded"}
+
+
+def test_a_process_killed_before_starting_the_task_it_kept_loses_nothing(chaos):
+    chaos.start(2)
+    first = returning_step.apply_async(("kept", 0, 1.0, 60), queue=chaos.queue)
+    parked = [returning_step.apply_async(("kept", n, 0.0, 0.0), queue=chaos.queue) for n in (1, 2, 3)]
+    # Task 0 finished and granted task 1 to its own process, which lingers before starting it.
+    returned = wait_until(lambda: [e for e in read_history() if e["event"] == "returned" and e["n"] == 0], timeout=30)[
+        0
+    ]
+    os.kill(returned["pid"], signal.SIGKILL)
+    killed_at = time.time()
+
+    records = wait_for_records((r.id for r in [first, *parked]), timeout=60)
+    runs = starts("kept")
+    assert [e["n"] for e in runs] == [0, 1, 2, 3]
+    # Task 1 was granted with no message: the reaper publishes it after the dispatch timeout.
+    waited = runs[1]["t"] - killed_at
+    assert TIMINGS["DISPATCH_TIMEOUT_SECONDS"] - 1.0 < waited < TIMINGS["DISPATCH_TIMEOUT_SECONDS"] + RECOVERY_BOUND
+    assert {records[r.id].status for r in [first, *parked]} == {"succeeded"}
+    assert records[parked[0].id].attempts == 1, "the kept task never started before the kill"
+    assert not get_gate().inspect("kept")["holders"]
 
 
 def test_warm_shutdown_finishes_the_running_task_and_hands_its_key_on(chaos):
