@@ -53,7 +53,11 @@ def test_bad_keys_fail_with_a_clear_error():
         call_command("keyed_queue_resume", "x" * 201)
 
 
-def test_status_reports_an_unreachable_redis(settings):
+@pytest.mark.parametrize(
+    "command",
+    [["keyed_queue_status"], ["keyed_queue_pause", "k"], ["keyed_queue_resume", "k"], ["keyed_queue_reap"]],
+)
+def test_commands_report_an_unreachable_redis(settings, command):
     settings.KEYED_QUEUE_REDIS_URL = "redis://127.0.0.1:1/0"
-    with pytest.raises(CommandError, match="unreachable"):
-        call_command("keyed_queue_status", stdout=io.StringIO())
+    with pytest.raises(CommandError, match="the keyed queue's Redis is unreachable"):
+        call_command(*command, stdout=io.StringIO())

@@ -1,8 +1,21 @@
-"""The shared shape of commands that act on one logical key."""
+"""What the keyed queue's commands share: one key argument, and a clear error when Redis is down."""
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import redis
 from django.core.management.base import BaseCommand, CommandError
 
 from django_keyed_queue.gate import MAX_KEY_LENGTH
+
+
+@contextmanager
+def gate_reachable() -> Iterator[None]:
+    """A Redis error becomes a one-line CommandError (exit status 1), not a traceback."""
+    try:
+        yield
+    except redis.RedisError as exc:
+        raise CommandError(f"the keyed queue's Redis is unreachable: {exc}") from exc
 
 
 class KeyCommand(BaseCommand):
@@ -12,7 +25,8 @@ class KeyCommand(BaseCommand):
     def handle(self, *args, key: str, **options):
         if not key or len(key) > MAX_KEY_LENGTH:
             raise CommandError(f"a key is 1 to {MAX_KEY_LENGTH} characters, got {key!r}")
-        self.stdout.write(self.act(key))
+        with gate_reachable():
+            self.stdout.write(self.act(key))
 
     def act(self, key: str) -> str:
         raise NotImplementedError

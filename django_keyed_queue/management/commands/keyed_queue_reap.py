@@ -2,6 +2,8 @@ from django.core.management.base import BaseCommand
 
 from django_keyed_queue.recovery import reap
 
+from ._key import gate_reachable
+
 
 class Command(BaseCommand):
     help = "Recover keyed tasks whose worker was lost (expired leases) and granted tasks never started."
@@ -10,7 +12,8 @@ class Command(BaseCommand):
         parser.add_argument("--dry-run", action="store_true", help="report what would be done, change nothing")
 
     def handle(self, *args, dry_run: bool = False, **options):
-        report = reap(dry_run=dry_run)
+        with gate_reachable():
+            report = reap(dry_run=dry_run)
         for r in report.recoveries:
             self.stdout.write(f"{'would ' if dry_run else ''}{r.action} key={r.key!r} ticket={r.ticket}")
         self.stdout.write(("dry run: " if dry_run else "") + report.summary())

@@ -2,6 +2,8 @@ from django.core.management.base import BaseCommand
 
 from django_keyed_queue.recovery import rebuild
 
+from ._key import gate_reachable
+
 
 class Command(BaseCommand):
     help = (
@@ -13,7 +15,8 @@ class Command(BaseCommand):
         parser.add_argument("--dry-run", action="store_true", help="report what would be restored, change nothing")
 
     def handle(self, *args, dry_run: bool = False, **options):
-        report = rebuild(dry_run=dry_run)
+        with gate_reachable():
+            report = rebuild(dry_run=dry_run)
         for key, count in sorted(report.restored.items()):
             self.stdout.write(f"{'would restore' if dry_run else 'restored'} {count} tasks of key={key!r}")
         for key in report.skipped:

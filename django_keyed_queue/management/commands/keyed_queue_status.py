@@ -1,9 +1,11 @@
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand
 from django.db.models import Count, Min
 from django.utils import timezone
 
 from django_keyed_queue.connection import get_gate
 from django_keyed_queue.models import KeyedTask
+
+from ._key import gate_reachable
 
 
 class Command(BaseCommand):
@@ -19,11 +21,9 @@ class Command(BaseCommand):
         self.stdout.write("active tasks: " + (", ".join(f"{s} {n}" for s, n in sorted(counts.items())) or "none"))
         if oldest:
             self.stdout.write(f"oldest wait: {(timezone.now() - oldest).total_seconds():.1f}s")
-        try:
+        with gate_reachable():
             state = get_gate().inspect(key) if key else None
             get_gate().client.ping()
-        except Exception as exc:
-            raise CommandError(f"the keyed queue's Redis is unreachable: {exc}") from exc
         self.stdout.write("redis: reachable")
         if state is not None:
             self.stdout.write(
