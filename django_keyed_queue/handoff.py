@@ -33,7 +33,7 @@ from django.utils import timezone
 from . import records
 from .conf import settings
 from .gate import Grant
-from .messages import TaskMessage
+from .messages import TaskMessage, ticket_header
 from .statuses import Status
 
 logger = logging.getLogger(__name__)
@@ -88,8 +88,6 @@ def keep(app, finished_request, grants: list[Grant]) -> list[Grant]:
 
 def local_request(app, message: TaskMessage, grant: Grant, hostname: str) -> dict | None:
     """The request a broker message of ``grant`` would give the task here; None if it must go by broker."""
-    from .task import HEADER
-
     task = app.tasks.get(message.task_name)
     options = message.options
     if task is None or not LOCAL_OPTIONS.issuperset(options):
@@ -116,7 +114,7 @@ def local_request(app, message: TaskMessage, grant: Grant, hostname: str) -> dic
     return {
         **headers,
         **(options.get("headers") or {}),
-        HEADER: {"key": grant.key, "ticket": grant.ticket, "dispatch": grant.dispatch},
+        **ticket_header(grant.key, grant.ticket, grant.dispatch),
         "properties": properties,
         "reply_to": properties["reply_to"],
         "correlation_id": properties["correlation_id"],

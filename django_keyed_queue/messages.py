@@ -16,6 +16,9 @@ from kombu.serialization import dumps, loads
 
 from .exceptions import InvalidArguments
 
+#: Message header carrying a granted ticket: {"key", "ticket", "dispatch"}.
+HEADER = "keyed_queue"
+
 # Options that only make sense in the process that called apply_async.
 LOCAL_OPTIONS = frozenset({"producer", "connection", "router", "publisher", "add_to_parent"})
 
@@ -61,6 +64,11 @@ class TaskMessage:
             kwargs=payload["kwargs"],
             options=payload["options"],
         )
+
+
+def ticket_header(key: str, ticket: int, dispatch: int) -> dict:
+    """The header that lets a message (or a local handoff) start ``ticket`` of ``key``."""
+    return {HEADER: {"key": key, "ticket": ticket, "dispatch": dispatch}}
 
 
 def portable_options(options: dict, *, drop: tuple[str, ...] = ()) -> dict:

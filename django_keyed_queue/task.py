@@ -25,13 +25,11 @@ from .connection import get_gate, outlast_restart
 from .exceptions import GateUnavailable, InvalidArguments, InvalidKey
 from .gate import MAX_KEY_LENGTH, Grant, Lease, Recovery
 from .leases import keeper
-from .messages import TaskMessage, portable_options
+from .messages import HEADER, TaskMessage, portable_options, ticket_header
 from .statuses import Status
 
 logger = logging.getLogger(__name__)
 
-#: Message header carrying a granted ticket: {"key", "ticket", "dispatch"}.
-HEADER = "keyed_queue"
 _DELAY_OPTIONS = ("countdown", "eta")
 
 
@@ -169,7 +167,7 @@ class KeyedSerialTask(Task):
         publish_grants(self.app, withdrawn.granted)
 
     def _publish(self, key: str, ticket: int, dispatch: int, args: tuple, kwargs: dict, options: dict):
-        headers = {**(options.pop("headers", None) or {}), HEADER: {"key": key, "ticket": ticket, "dispatch": dispatch}}
+        headers = {**(options.pop("headers", None) or {}), **ticket_header(key, ticket, dispatch)}
         return super().apply_async(args, kwargs, headers=headers, **options)
 
     def _retry_in_place(self, lease: Lease, args: tuple, kwargs: dict, options: dict):
