@@ -39,7 +39,7 @@ from .statuses import Status
 logger = logging.getLogger(__name__)
 
 #: Stored apply_async options a locally run task can honour; any other sends it through the broker.
-LOCAL_OPTIONS = frozenset(
+HONOURED_OPTIONS = frozenset(
     {
         *("queue", "routing_key", "exchange", "exchange_type", "priority", "headers"),
         *("serializer", "compression", "delivery_mode", "retry", "retry_policy", "declare"),
@@ -90,7 +90,7 @@ def local_request(app, message: TaskMessage, grant: Grant, hostname: str) -> dic
     """The request a broker message of ``grant`` would give the task here; None if it must go by broker."""
     task = app.tasks.get(message.task_name)
     options = message.options
-    if task is None or not LOCAL_OPTIONS.issuperset(options):
+    if task is None or not HONOURED_OPTIONS.issuperset(options):
         return None
     limits = (task.time_limit, task.soft_time_limit, app.conf.task_time_limit, app.conf.task_soft_time_limit)
     if any(limit is not None for limit in limits) or task.expires is not None:
@@ -135,8 +135,8 @@ def local_request(app, message: TaskMessage, grant: Grant, hostname: str) -> dic
 def run_kept(app, task_id: str) -> None:
     """After the run ``task_id`` is traced: run what it kept, and what those keep, within the budget.
 
-    Runs nested in a kept run's own ``task_postrun`` return at once; the
-    outermost call loops, so the stack does not grow with the chain.
+    A kept run's own ``task_postrun`` calls this again, nested, and returns at
+    once: the outermost call loops, so the stack does not grow with the chain.
     """
     from .task import publish_grants
 
