@@ -51,7 +51,7 @@ def test_options_only_the_worker_honours_send_it_by_broker(worker_reads_celery_o
     assert request_for(step.name, options) is None
 
 
-def test_a_task_with_a_time_limit_goes_by_broker(worker_reads_celery_only, settings):
+def test_a_task_with_a_time_limit_goes_by_broker(worker_reads_celery_only):
     assert request_for(timed_step.name) is None
     current_app.conf.task_soft_time_limit = 10
     try:
