@@ -29,7 +29,7 @@ DEFAULTS: dict[str, Any] = {
     "RECORD_FLUSH_SECONDS": 0.2,
     # A worker process that finished a task runs its key's next tasks itself, without a
     # broker round trip, for up to this long; then it publishes them. 0 publishes every one.
-    "LOCAL_HANDOFF_SECONDS": 1.0,
+    "LOCAL_HANDOFF_SECONDS": 0.25,
     # A duplicate submission within this window returns the original task.
     "IDEMPOTENCY_TTL_SECONDS": 86400.0,
     # The health view answers anyone, not only staff (for a load balancer's probe).

@@ -81,7 +81,9 @@ def gate_redis(redis_server) -> redis.Redis:
 def workers(redis_server, django_db_setup, django_db_blocker):
     """Two real prefork celery workers of concurrency 2, shared by the tests that need them."""
     log_dir = Path(os.environ["TESTPROJECT_DATA_DIR"]) / "logs"
-    started = [Worker(f"w{i}", log_dir) for i in (1, 2)]
+    # A local handoff budget (default 0.25 s) that a loaded machine cannot outrun in the handoff tests.
+    handoff = {"KEYED_QUEUE_LOCAL_HANDOFF_SECONDS": "2"}
+    started = [Worker(f"w{i}", log_dir, extra_env=handoff) for i in (1, 2)]
     try:
         for worker in started:
             worker.start()

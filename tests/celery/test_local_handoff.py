@@ -46,7 +46,7 @@ def test_a_task_with_a_time_limit_goes_through_the_broker(workers, gate_redis):
 
 
 def test_a_long_run_of_handoffs_goes_back_to_the_broker_after_the_budget(workers, gate_redis):
-    # 0.15 s each: about seven fit in the one-second budget, then the key goes through the broker.
+    # 0.15 s each: 15 of them outlast the test workers' 2 s budget, so the key goes through the broker.
     results = [step.delay("budget", 0, 0.3), *(step.delay("budget", n, 0.15) for n in range(1, 16))]
     wait_for_records((r.id for r in results), timeout=60)
     assert check_history(read_history())["budget"] == list(range(16))
