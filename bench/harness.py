@@ -144,7 +144,8 @@ class CommandStats:
 
 # Commands the gate's scripts call inside Redis: counted by commandstats, but not round trips.
 IN_SCRIPT = frozenset(
-    "hget hset hdel hincrby hlen hexists lpop rpush llen lrem persist pexpire time zadd zscore zremrangebyscore".split()
+    "hget hgetall hvals hset hdel hincrby hlen hexists lpop rpush llen lrem persist pexpire time "
+    "zadd zscore zremrangebyscore".split()
 )
 
 

@@ -231,7 +231,7 @@ def many_keys_plan(tasks: int, keys: int, seed: int = 7) -> list[tuple[str, int]
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tasks", type=int, default=2000, help="tasks per many-keys round")
+    parser.add_argument("--tasks", type=int, default=2000, help="tasks per many-keys round (0 skips)")
     parser.add_argument("--keys", type=int, default=500, help="keys of the many-keys rounds")
     parser.add_argument("--hot-tasks", type=int, default=400, help="tasks per hot-key round (0 skips)")
     parser.add_argument(
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.rounds if args.submit_tasks else 0):
             for variant in submit_us:
                 submit_us[variant].append(bench.submit_cost(variant, args.submit_tasks))
-        scenarios = [("many-keys", many_keys_plan(args.tasks, args.keys), ("plain", "keyed"))]
+        scenarios = [("many-keys", many_keys_plan(args.tasks, args.keys), ("plain", "keyed"))] if args.tasks else []
         if args.hot_tasks:
             hot = [("hot", n) for n in range(args.hot_tasks)]
             scenarios.append(("hot-key", hot, ("plain", "keyed", "chain") if args.chain else ("plain", "keyed")))
