@@ -213,14 +213,15 @@ class Recorder:
     def _run(self) -> None:
         while True:
             time.sleep(settings.RECORD_FLUSH_SECONDS)
-            # The thread's connection is kept while there is work: reconnecting
-            # every pass cost about 0.5 ms (SQLite) each time.
-            if not self._pending:
-                close_old_connections()
-                continue
             try:
-                self.flush()
-            except Exception:  # logged in flush; keep the thread alive, on a new connection
+                # The thread's connection is kept while there is work: reconnecting
+                # every pass cost about 0.5 ms (SQLite) each time.
+                if self._pending:
+                    self.flush()  # logs its own failure
+                else:
+                    close_old_connections()
+            except Exception:  # the thread must outlive a database that is down: retry on a new connection
+                logger.debug("keyed task record flusher pass failed", exc_info=True)
                 try:
                     connection.close()
                 except Exception:

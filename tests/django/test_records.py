@@ -9,6 +9,7 @@ from django.utils import timezone
 from django_keyed_queue import records
 from django_keyed_queue.models import KeyedTask
 from django_keyed_queue.records import Recorder, Transition, write
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -121,3 +122,19 @@ def test_a_transition_survives_its_trip_through_the_gate():
     assert (back.task_id, back.status, back.attempts) == ("t1", "succeeded", 2)
     assert back.fields == {"finished_at": now, "error": "", "ticket": 4}
     assert back.create["enqueued_at"] == now and list(back.create["args"]) == ["k", 3]
+
+
+def test_the_flusher_thread_outlives_a_database_that_fails(monkeypatch):
+    written, idle_passes = [], []
+
+    def database_down():
+        idle_passes.append(1)
+        raise RuntimeError("the database is down")
+
+    monkeypatch.setattr(records, "write", lambda *transitions: written.extend(transitions))
+    monkeypatch.setattr(records, "close_old_connections", database_down)
+    recorder = Recorder()
+    with override_settings(KEYED_QUEUE_RECORD_FLUSH_SECONDS=0.01):
+        recorder.record(Transition("t1", "running", 1))
+        wait_until(lambda: len(idle_passes) >= 3, timeout=10, message="idle passes after a failed one")
+    assert [t.task_id for t in written] == ["t1"]
