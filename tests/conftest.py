@@ -4,6 +4,7 @@ import gc
 import os
 import shutil
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -17,19 +18,25 @@ def redis_server():
     server = RedisServer(os.environ["TESTPROJECT_REDIS_URL"], Path(os.environ["TESTPROJECT_DATA_DIR"]) / "redis")
     server.start()
     yield server
-    _forget_result_subscriptions()
+    _disconnect_clients(server)
     server.stop()
 
 
-def _forget_result_subscriptions() -> None:
-    """Celery's AsyncResult unsubscribes when collected; after the server stops that write would fail.
+def _disconnect_clients(server: RedisServer) -> None:
+    """Close every client connection to the test Redis while it still answers.
 
-    Results the tests dropped are collected now, while Redis answers; the ones
-    still alive forget their subscriptions, so collecting them later sends nothing.
+    Celery's result backends (one per thread that submitted) subscribe per result,
+    and an AsyncResult unsubscribes when collected; kombu's channels and the
+    tests' clients keep sockets open. Collected after the server stopped, they
+    would write to it or warn of open sockets, failing the run at random.
     """
+    port = urlsplit(server.url).port
+    for obj in gc.get_objects():
+        if isinstance(obj, ResultConsumer):
+            obj.subscribed_to.clear()
+        elif isinstance(obj, redis.ConnectionPool) and obj.connection_kwargs.get("port") == port:
+            obj.disconnect()
     gc.collect()
-    for consumer in [obj for obj in gc.get_objects() if isinstance(obj, ResultConsumer)]:
-        consumer.subscribed_to.clear()
 
 
 def pytest_unconfigure(config):
