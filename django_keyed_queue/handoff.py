@@ -59,6 +59,17 @@ class Kept:
     after: str
 
 
+#: Time limits this worker applies to every message (``--time-limit``, ``--soft-time-limit``),
+#: noted in the worker's main process before its pool processes fork.
+_worker_time_limits: tuple = ()
+
+
+def note_worker(worker) -> None:
+    """Called at ``worker_init`` with the worker: its own time limits rule out local handoff too."""
+    global _worker_time_limits
+    _worker_time_limits = (worker.time_limit, worker.soft_time_limit)
+
+
 class _State(threading.local):
     running = False
     deadline = 0.0
@@ -92,7 +103,8 @@ def local_request(app, message: TaskMessage, grant: Grant, hostname: str) -> dic
     options = message.options
     if task is None or not HONOURED_OPTIONS.issuperset(options):
         return None
-    limits = (task.time_limit, task.soft_time_limit, app.conf.task_time_limit, app.conf.task_soft_time_limit)
+    limits = (*_worker_time_limits, task.time_limit, task.soft_time_limit)
+    limits += (app.conf.task_time_limit, app.conf.task_soft_time_limit)
     if any(limit is not None for limit in limits) or task.expires is not None:
         return None
     routed = app.amqp.router.route(dict(options), message.task_name, message.args, message.kwargs, task)

@@ -9,6 +9,7 @@ import threading
 from celery.signals import (
     beat_init,
     task_postrun,
+    worker_init,
     worker_process_init,
     worker_process_shutdown,
     worker_ready,
@@ -25,6 +26,11 @@ from .records import recorder
 
 logger = logging.getLogger(__name__)
 _reaper_stop = threading.Event()
+
+
+@worker_init.connect
+def _note_worker(sender=None, **_: object) -> None:
+    handoff.note_worker(sender)
 
 
 @worker_process_init.connect

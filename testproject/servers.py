@@ -171,12 +171,14 @@ class Worker:
         concurrency: int = 2,
         extra_env: dict | None = None,
         queues: str = "celery",
+        args: tuple[str, ...] = (),
     ) -> None:
         self.name = name
         self.queues = queues
         self.log_path = log_dir / f"worker-{name}.log"
         self.concurrency = concurrency
         self.extra_env = extra_env or {}
+        self.args = args
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout: float = 30) -> Worker:
@@ -204,6 +206,7 @@ class Worker:
                     "--without-gossip",
                     "--without-mingle",
                     "--without-heartbeat",
+                    *self.args,
                 ],
                 cwd=ROOT,
                 env=env,

@@ -1,11 +1,15 @@
 """Local handoff on real prefork workers: the finishing process runs its key's next task itself."""
 
+import os
 import re
+import uuid
+from pathlib import Path
 
 import pytest
 from celery.states import FAILURE
 
 from testproject.demo.tasks import failing_step, flaky_step, plain_step, step, timed_step
+from testproject.servers import Worker
 from tests.helpers import check_history, read_history, wait_for_records, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.workers]
@@ -43,6 +47,27 @@ def test_a_task_with_a_time_limit_goes_through_the_broker(workers, gate_redis):
     wait_for_records(r.id for r in results)
     assert check_history(read_history())["tl"] == list(range(6))
     assert received_by_broker(workers, results) == {r.id for r in results}
+
+
+@pytest.fixture
+def soft_limited_worker(redis_server, django_db_setup):
+    """A worker started with ``--soft-time-limit``, alone on a queue of its own."""
+    queue = f"soft-limited-{uuid.uuid4().hex[:6]}"
+    worker = Worker(
+        queue, Path(os.environ["TESTPROJECT_DATA_DIR"]) / "logs", queues=queue, args=("--soft-time-limit", "30")
+    )
+    worker.start()
+    yield worker, queue
+    worker.stop()
+
+
+def test_a_worker_with_a_time_limit_of_its_own_hands_off_through_the_broker(soft_limited_worker, gate_redis):
+    worker, queue = soft_limited_worker
+    results = [step.apply_async(("wl", 0, 0.3), queue=queue)]
+    results += [step.apply_async(("wl", n), queue=queue) for n in range(1, 6)]
+    wait_for_records(r.id for r in results)
+    assert check_history(read_history())["wl"] == list(range(6))
+    assert received_by_broker([worker], results) == {r.id for r in results}
 
 
 def test_a_long_run_of_handoffs_goes_back_to_the_broker_after_the_budget(workers, gate_redis):
