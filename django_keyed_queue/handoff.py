@@ -25,10 +25,13 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 
+from celery import states
 from celery.app.trace import trace_task
 from celery.utils.functional import maybe_list
 from django.utils import timezone
+from kombu.utils.encoding import safe_repr, safe_str
 
 from . import records
 from .conf import settings
@@ -62,12 +65,15 @@ class Kept:
 #: Time limits this worker applies to every message (``--time-limit``, ``--soft-time-limit``),
 #: noted in the worker's main process before its pool processes fork.
 _worker_time_limits: tuple = ()
+#: Whether this worker sends task events (``-E``): a task run here sends the ones its worker would.
+_worker_sends_task_events = False
 
 
 def note_worker(worker) -> None:
-    """Called at ``worker_init`` with the worker: its own time limits rule out local handoff too."""
-    global _worker_time_limits
+    """Called at ``worker_init`` with the worker: its time limits and task events apply here too."""
+    global _worker_time_limits, _worker_sends_task_events
     _worker_time_limits = (worker.time_limit, worker.soft_time_limit)
+    _worker_sends_task_events = bool(worker.task_events)
 
 
 class _State(threading.local):
@@ -144,6 +150,36 @@ def local_request(app, message: TaskMessage, grant: Grant, hostname: str) -> dic
     }
 
 
+def _trace(app, task, request: dict) -> None:
+    """Run the task as the worker would, sending the task events the worker would send for it."""
+    run = partial(trace_task, task, request["id"], request["args"], request["kwargs"], request)
+    run = partial(run, hostname=request["hostname"], loader=app.loader, app=app)
+    if not (_worker_sends_task_events and task.send_events):
+        run()
+        return
+    with app.events.default_dispatcher(hostname=request["hostname"]) as dispatcher:
+        send = partial(dispatcher.send, uuid=request["id"])
+        send(
+            "task-received",
+            name=task.name,
+            args=request["argsrepr"],
+            kwargs=request["kwargsrepr"],
+            root_id=request["root_id"],
+            parent_id=request["parent_id"],
+            retries=request["retries"],
+            eta=None,
+            expires=None,
+        )
+        send("task-started")
+        retval, info, runtime, result = run()
+        if info is None:
+            send("task-succeeded", result=result, runtime=runtime)
+        elif info.state == states.FAILURE:
+            send("task-failed", exception=safe_repr(retval.exception), traceback=safe_str(retval.traceback))
+        elif info.state == states.RETRY:
+            send("task-retried", exception=safe_repr(retval.exception.exc), traceback=safe_str(retval.traceback))
+
+
 def run_kept(app, task_id: str) -> None:
     """After the run ``task_id`` is traced: run what it kept, and what those keep, within the budget.
 
@@ -160,18 +196,8 @@ def run_kept(app, task_id: str) -> None:
     try:
         while _state.kept is not None:
             kept, _state.kept = _state.kept, None
-            task = app.tasks[kept.message.task_name]
             logger.debug("running key=%r ticket=%s here (local handoff)", kept.grant.key, kept.grant.ticket)
-            trace_task(
-                task,
-                kept.message.task_id,
-                kept.request["args"],
-                kept.request["kwargs"],
-                kept.request,
-                hostname=kept.request["hostname"],
-                loader=app.loader,
-                app=app,
-            )
+            _trace(app, app.tasks[kept.message.task_name], kept.request)
     finally:
         _state.running = False
         left, _state.kept = _state.kept, None

@@ -2,10 +2,12 @@
 
 import os
 import re
+import threading
 import uuid
 from pathlib import Path
 
 import pytest
+from celery import current_app
 from celery.states import FAILURE
 
 from testproject.demo.tasks import failing_step, flaky_step, plain_step, step, timed_step
@@ -50,24 +52,71 @@ def test_a_task_with_a_time_limit_goes_through_the_broker(workers, gate_redis):
 
 
 @pytest.fixture
-def soft_limited_worker(redis_server, django_db_setup):
-    """A worker started with ``--soft-time-limit``, alone on a queue of its own."""
-    queue = f"soft-limited-{uuid.uuid4().hex[:6]}"
-    worker = Worker(
-        queue, Path(os.environ["TESTPROJECT_DATA_DIR"]) / "logs", queues=queue, args=("--soft-time-limit", "30")
-    )
-    worker.start()
-    yield worker, queue
-    worker.stop()
+def own_worker(redis_server, django_db_setup):
+    """Starts a worker with extra command-line arguments, alone on a queue of its own."""
+    started = []
+
+    def start(*args: str) -> tuple[Worker, str]:
+        queue = f"own-{uuid.uuid4().hex[:6]}"
+        worker = Worker(queue, Path(os.environ["TESTPROJECT_DATA_DIR"]) / "logs", queues=queue, args=args)
+        started.append(worker)
+        return worker.start(), queue
+
+    yield start
+    for worker in started:
+        worker.stop()
 
 
-def test_a_worker_with_a_time_limit_of_its_own_hands_off_through_the_broker(soft_limited_worker, gate_redis):
-    worker, queue = soft_limited_worker
+def test_a_worker_with_a_time_limit_of_its_own_hands_off_through_the_broker(own_worker, gate_redis):
+    worker, queue = own_worker("--soft-time-limit", "30")
     results = [step.apply_async(("wl", 0, 0.3), queue=queue)]
     results += [step.apply_async(("wl", n), queue=queue) for n in range(1, 6)]
     wait_for_records(r.id for r in results)
     assert check_history(read_history())["wl"] == list(range(6))
     assert received_by_broker([worker], results) == {r.id for r in results}
+
+
+def test_a_handed_off_task_sends_the_task_events_of_its_worker(own_worker, gate_redis):
+    events: list[dict] = []
+    with current_app.connection_for_read() as connection:
+        receiver = current_app.events.Receiver(connection, handlers={"*": events.append})
+        listener = threading.Thread(target=receiver.capture, kwargs={"limit": None, "wakeup": False})
+        listener.start()
+        try:
+            worker, queue = own_worker("-E")
+
+            def listening():  # an event of our own came back: the receiver's queue is bound
+                with current_app.events.default_dispatcher() as dispatcher:
+                    dispatcher.send("test-listening")
+                return any(e["type"] == "test-listening" for e in events)
+
+            wait_until(listening, timeout=30, interval=0.2, message="the event receiver")
+            results = [
+                step.apply_async(("ev", 0, 0.5), queue=queue),
+                step.apply_async(("ev", 1), queue=queue),
+                failing_step.apply_async(("ev", 2), queue=queue),
+                flaky_step.apply_async(("ev", 3), {"failures": 1, "countdown": 1.0}, queue=queue),
+            ]
+            wait_for_records(r.id for r in results)
+            ids = [r.id for r in results]
+
+            def task_events():
+                found = [[e["type"] for e in events if e.get("uuid") == i] for i in ids]
+                return (
+                    found if all(types and types[-1] in ("task-succeeded", "task-failed") for types in found) else None
+                )
+
+            found = wait_until(task_events, timeout=10, message="the tasks' events")
+        finally:
+            receiver.should_stop = True
+            listener.join(10)
+    handed_off = ["task-received", "task-started"]
+    assert found[1:3] == [[*handed_off, "task-succeeded"], [*handed_off, "task-failed"]]
+    # The retry goes through the broker: the worker's main process sends the events of its run,
+    # and may receive its message before the handed-off run's task-retried is sent.
+    assert found[3][:2] == handed_off and found[3][-2:] == ["task-started", "task-succeeded"]
+    assert sorted(found[3]) == sorted([*handed_off, "task-retried", *handed_off, "task-succeeded"])
+    assert received_by_broker([worker], results) == {results[0].id, results[3].id}
 
 
 def test_a_long_run_of_handoffs_goes_back_to_the_broker_after_the_budget(workers, gate_redis):
