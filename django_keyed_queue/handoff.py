@@ -56,7 +56,6 @@ class Kept:
     """A grant this process runs itself, once the run that freed the slot is traced."""
 
     grant: Grant
-    message: TaskMessage
     request: dict
     #: The task id of the run that freed the slot: its ``task_postrun`` runs this one.
     after: str
@@ -98,7 +97,7 @@ def keep(app, finished_request, grants: list[Grant]) -> list[Grant]:
     request = local_request(app, message, grants[0], finished_request.hostname)
     if request is None:
         return grants
-    _state.kept = Kept(grants[0], message, request, after=finished_request.id)
+    _state.kept = Kept(grants[0], request, after=finished_request.id)
     records.record(message.task_id, Status.DISPATCHED, 0, dispatched_at=timezone.now())
     return grants[1:]
 
@@ -197,7 +196,7 @@ def run_kept(app, task_id: str) -> None:
         while _state.kept is not None:
             kept, _state.kept = _state.kept, None
             logger.debug("running key=%r ticket=%s here (local handoff)", kept.grant.key, kept.grant.ticket)
-            _trace(app, app.tasks[kept.message.task_name], kept.request)
+            _trace(app, app.tasks[kept.request["task"]], kept.request)
     finally:
         _state.running = False
         left, _state.kept = _state.kept, None
