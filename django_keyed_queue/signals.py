@@ -9,6 +9,7 @@ import threading
 from celery.signals import (
     beat_init,
     task_postrun,
+    task_revoked,
     worker_init,
     worker_process_init,
     worker_process_shutdown,
@@ -42,6 +43,23 @@ def _fresh_client_per_process(**_: object) -> None:
 def _run_kept_grant(sender=None, task_id: str = "", **_: object) -> None:
     """The finished task's result is stored: run the next task of its key here (local handoff)."""
     handoff.run_kept(sender.app, task_id)
+
+
+@task_revoked.connect
+def _cancel_revoked(sender=None, request=None, terminated: bool = False, expired: bool = False, **_: object) -> None:
+    """Celery dropped a keyed task's message (expired, or revoked) before it ran: its key passes on."""
+    from .exceptions import ActionRefused
+    from .recovery import cancel
+    from .task import KeyedSerialTask
+
+    if terminated or request is None or not isinstance(sender, KeyedSerialTask):
+        return  # a terminated run was running: its lease runs out and the reaper acts
+    try:
+        cancel(request.id, by="Celery: it expired" if expired else "Celery: it was revoked", app=sender.app)
+    except ActionRefused as exc:
+        logger.info("keyed task %s was dropped by Celery: %s", request.id, exc)
+    except Exception:
+        logger.exception("keyed task %s was dropped by Celery; its ticket is kept until the reaper acts", request.id)
 
 
 @worker_process_shutdown.connect

@@ -96,6 +96,10 @@ class KeyedSerialTask(Task):
         bound = self._bind(args, kwargs)
         key = self.key_for(args, kwargs, bound)
         task_id = options.pop("task_id", None) or uuid()
+        expires = options.get("expires", self.expires)
+        if isinstance(expires, (int, float)) and not isinstance(expires, bool):
+            # Counted from now, as Celery does; not from when a parked task is finally published.
+            options["expires"] = timezone.now() + timedelta(seconds=expires)
         stored = portable_options(options, drop=_DELAY_OPTIONS)
         message = TaskMessage(self.name, task_id, args, kwargs, stored).encode(
             options.get("serializer") or self.serializer

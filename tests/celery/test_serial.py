@@ -75,3 +75,18 @@ def test_delayed_task_joins_its_queue_when_due(workers, gate_redis):
     assert check_history(read_history(), accepted={"d": [1, 0]})["d"] == [1, 0]
     assert records[ready.id].ticket < records[delayed.id].ticket
     assert records[delayed.id].status == "succeeded"
+
+
+def test_a_task_that_expires_while_parked_passes_its_key_on(workers, gate_redis):
+    first = step.delay("exp", 0, 1.0)
+    expiring = step.apply_async(("exp", 1), expires=0.3)  # counted from now, not from its publish
+    last = step.delay("exp", 2)
+    records = wait_for_records([first.id, expiring.id, last.id], timeout=30)
+    assert (records[expiring.id].status, records[expiring.id].error) == ("cancelled", "cancelled by Celery: it expired")
+    assert records[last.id].status == "succeeded"
+    events = read_history()
+    assert check_history(events, accepted={"exp": [0, 2]})["exp"] == [0, 2]
+    ended, started = (
+        next(e["t"] for e in events if (e["event"], e["n"]) == pair) for pair in (("end", 0), ("start", 2))
+    )
+    assert started - ended < 5, "the key passed on at once, not after the dispatch timeout"
