@@ -23,8 +23,7 @@ def write_file(self, path: str, data: str) -> int:
     return len(data)
 
 
-@keyed_serial_task(key="{key}")
-def step(key: str, n: int, duration: float = 0.0) -> int:
+def logged_step(key: str, n: int, duration: float) -> int:
     """Log start and end around a sleep: the history shows order and overlap."""
     history.log("start", key, n)
     time.sleep(duration)
@@ -32,12 +31,14 @@ def step(key: str, n: int, duration: float = 0.0) -> int:
     return n
 
 
+@keyed_serial_task(key="{key}")
+def step(key: str, n: int, duration: float = 0.0) -> int:
+    return logged_step(key, n, duration)
+
+
 @keyed_serial_task(key="{key}", limit=2)
 def step_pair(key: str, n: int, duration: float = 0.0) -> int:
-    history.log("start", key, n)
-    time.sleep(duration)
-    history.log("end", key, n)
-    return n
+    return logged_step(key, n, duration)
 
 
 @keyed_serial_task(key="{key}", bind=True, max_retries=5)
@@ -65,10 +66,7 @@ def lingering_step(self, key: str, n: int, linger: float = 0.0) -> int:
 @keyed_serial_task(key="{key}", time_limit=60)
 def timed_step(key: str, n: int, duration: float = 0.0) -> int:
     """A step with a time limit: the pool enforces it per message, so it never runs by local handoff."""
-    history.log("start", key, n)
-    time.sleep(duration)
-    history.log("end", key, n)
-    return n
+    return logged_step(key, n, duration)
 
 
 class LingersAfterReturn(KeyedSerialTask):
@@ -83,10 +81,7 @@ class LingersAfterReturn(KeyedSerialTask):
 
 @keyed_serial_task(key="{key}", base=LingersAfterReturn)
 def returning_step(key: str, n: int, duration: float = 0.0, linger: float = 0.0) -> int:
-    history.log("start", key, n)
-    time.sleep(duration)
-    history.log("end", key, n)
-    return n
+    return logged_step(key, n, duration)
 
 
 @keyed_serial_task(key="{key}")
@@ -108,10 +103,7 @@ def plain_noop(key: str, i: int) -> None:
 
 @shared_task
 def plain_step(key: str, n: int, duration: float = 0.0) -> int:
-    history.log("start", key, n)
-    time.sleep(duration)
-    history.log("end", key, n)
-    return n
+    return logged_step(key, n, duration)
 
 
 @keyed_serial_task(key="order:{order_id}", idempotent=True)
