@@ -37,7 +37,6 @@ from . import records
 from .conf import settings
 from .gate import Grant
 from .messages import TaskMessage, ticket_header
-from .statuses import Status
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +97,7 @@ def keep(app, finished_request, grants: list[Grant]) -> list[Grant]:
     if request is None:
         return grants
     _state.kept = Kept(grants[0], request, after=finished_request.id)
-    records.record(message.task_id, Status.DISPATCHED, 0, dispatched_at=timezone.now())
+    records.record_dispatched(message.task_id, timezone.now())
     return grants[1:]
 
 

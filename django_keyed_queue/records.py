@@ -20,6 +20,7 @@ import threading
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from datetime import datetime
 from functools import cache
 from typing import Any
 
@@ -34,7 +35,7 @@ from kombu.utils.json import loads as kombu_loads
 from .conf import settings
 from .connection import get_gate
 from .models import KeyedTask
-from .statuses import STATUS_RANK, TERMINAL_STATUSES
+from .statuses import STATUS_RANK, TERMINAL_STATUSES, Status
 
 logger = logging.getLogger(__name__)
 
@@ -234,6 +235,11 @@ recorder = Recorder()
 def record(task_id: str, status: str, attempts: int, create: dict | None = None, **fields: Any) -> None:
     """Buffer a worker-side transition of ``task_id``; written within the flush interval."""
     recorder.record(Transition(task_id, status, attempts, fields, create))
+
+
+def record_dispatched(task_id: str, at: datetime) -> None:
+    """Buffer that ``task_id``'s granted message went out (or that this process kept it to run)."""
+    record(task_id, Status.DISPATCHED, 0, dispatched_at=at)
 
 
 def end_of_run(task_id: str, status: str, attempts: int, **fields: Any) -> Transition:

@@ -79,7 +79,7 @@ def _act(app, recovery: Recovery, reason: str = "") -> None:
         records.settle(task_id, Status.DISPATCHED, dispatched_at=now, error=f"{lost}; dispatched again")
     published = publish(app, recovery)
     if published and recovery.action != "redispatch":
-        records.record(task_id, Status.DISPATCHED, 0, dispatched_at=now)
+        records.record_dispatched(task_id, now)
 
 
 @dataclass

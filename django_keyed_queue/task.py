@@ -350,4 +350,4 @@ def publish_grants(app, grants: Iterable[Grant | Recovery]) -> None:
         dispatched_at = timezone.now()
         task_id = publish(app, grant)
         if task_id is not None:
-            records.record(task_id, Status.DISPATCHED, 0, dispatched_at=dispatched_at)
+            records.record_dispatched(task_id, dispatched_at)
