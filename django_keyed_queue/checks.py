@@ -39,12 +39,12 @@ def check_settings(app_configs=None, **kwargs) -> list:
         "IDEMPOTENCY_TTL_SECONDS",
     ):
         value = getattr(settings, name)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+        if not _is_number(value) or value <= 0:
             problems.append(
                 Error(f"KEYED_QUEUE_{name} must be a positive number of seconds, got {value!r}.", id="keyed_queue.E002")
             )
     handoff = settings.LOCAL_HANDOFF_SECONDS
-    if not isinstance(handoff, (int, float)) or isinstance(handoff, bool) or handoff < 0:
+    if not _is_number(handoff) or handoff < 0:
         problems.append(
             Error(
                 f"KEYED_QUEUE_LOCAL_HANDOFF_SECONDS must be a number of seconds >= 0, got {handoff!r}.",
@@ -52,3 +52,7 @@ def check_settings(app_configs=None, **kwargs) -> list:
             )
         )
     return problems
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
