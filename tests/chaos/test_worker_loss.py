@@ -110,10 +110,8 @@ def test_a_process_killed_before_starting_the_task_it_kept_loses_nothing(chaos):
     first = returning_step.apply_async(("kept", 0, 1.0, 60), queue=chaos.queue)
     parked = [returning_step.apply_async(("kept", n, 0.0, 0.0), queue=chaos.queue) for n in (1, 2, 3)]
     # Task 0 finished and granted task 1 to its own process, which lingers before starting it.
-    returned = wait_until(lambda: [e for e in read_history() if e["event"] == "returned" and e["n"] == 0], timeout=30)[
-        0
-    ]
-    os.kill(returned["pid"], signal.SIGKILL)
+    returned = wait_until(lambda: [e for e in read_history() if e["event"] == "returned" and e["n"] == 0], timeout=30)
+    os.kill(returned[0]["pid"], signal.SIGKILL)
     killed_at = time.time()
 
     records = wait_for_records((r.id for r in [first, *parked]), timeout=60)
