@@ -24,7 +24,8 @@ from datetime import datetime
 from functools import cache
 from typing import Any
 
-from django.db import IntegrityError, close_old_connections, connection, transaction
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, close_old_connections, connection, connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field
 from django.utils import timezone
 from django.utils.module_loading import import_string
@@ -108,11 +109,15 @@ def _update_sql(vendor: str) -> str:
     rank = "CASE {} {} END".format(
         qn("status"), " ".join(f"WHEN '{status}' THEN {r}" for status, r in STATUS_RANK.items())
     )
-    forward = f"({qn('attempts')} < %s OR ({qn('attempts')} = %s AND {rank} <= %s))"
-    sets = [f"{qn(f)} = CASE WHEN {forward} THEN COALESCE(%s, {qn(f)}) ELSE COALESCE({qn(f)}, %s) END" for f in FIELDS]
+    # Named parameters: each value is sent once however often the statement uses it.
+    forward = f"({qn('attempts')} < %(attempts)s OR ({qn('attempts')} = %(attempts)s AND {rank} <= %(rank)s))"
+    sets = [
+        f"{qn(f)} = CASE WHEN {forward} THEN COALESCE(%({f})s, {qn(f)}) ELSE COALESCE({qn(f)}, %({f})s) END"
+        for f in FIELDS
+    ]
     # Status and attempts last: every SET must see the row as it was.
-    sets += [f"{qn(f)} = CASE WHEN {forward} THEN %s ELSE {qn(f)} END" for f in ("status", "attempts")]
-    return f"UPDATE {qn(KeyedTask._meta.db_table)} SET {', '.join(sets)} WHERE {qn('task_id')} = %s"
+    sets += [f"{qn(f)} = CASE WHEN {forward} THEN %({f})s ELSE {qn(f)} END" for f in ("status", "attempts")]
+    return f"UPDATE {qn(KeyedTask._meta.db_table)} SET {', '.join(sets)} WHERE {qn('task_id')} = %(task_id)s"
 
 
 @cache
@@ -120,26 +125,20 @@ def _fields() -> tuple[tuple[str, Field], ...]:
     return tuple((name, KeyedTask._meta.get_field(name)) for name in FIELDS)
 
 
-def _update_params(t: Transition) -> list:
-    forward = [t.attempts, t.attempts, STATUS_RANK[t.status]]
-    params: list = []
+def _update_params(t: Transition, db: BaseDatabaseWrapper) -> dict[str, Any]:
     given = t.fields
-    for name, model_field in _fields():
-        value = given.get(name)
-        if value is not None:
-            value = model_field.get_db_prep_save(value, connection)
-        params += [*forward, value, value]
-    for value in (t.status, t.attempts):
-        params += [*forward, value]
-    return [*params, t.task_id]
+    params = {name: _db_value(db, model_field, given.get(name)) for name, model_field in _fields()}
+    params.update(status=t.status, attempts=t.attempts, rank=STATUS_RANK[t.status], task_id=t.task_id)
+    return params
 
 
 def write(*transitions: Transition) -> None:
     """Apply transitions now, in one transaction; each moves its row forward or fills its gaps."""
-    params = [_update_params(t) for t in transitions]
+    db = connections[DEFAULT_DB_ALIAS]
+    params = [_update_params(t, db) for t in transitions]
     with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.executemany(_update_sql(connection.vendor), params)
+        with db.cursor() as cursor:
+            cursor.executemany(_update_sql(db.vendor), params)
             # Every row matched (task ids are distinct): none to create, no need to look.
             all_found = cursor.rowcount == len(transitions)
         creatable = {t.task_id: t for t in transitions if t.create is not None}
@@ -159,7 +158,7 @@ def _create_missing(t: Transition) -> None:
             KeyedTask.objects.create(task_id=t.task_id, status=t.status, attempts=t.attempts, **create, **t.fields)
     except IntegrityError:  # the producer's row committed meanwhile
         with connection.cursor() as cursor:
-            cursor.execute(_update_sql(connection.vendor), _update_params(t))
+            cursor.execute(_update_sql(connection.vendor), _update_params(t, connections[DEFAULT_DB_ALIAS]))
 
 
 class Recorder:
@@ -263,14 +262,25 @@ def _forget_outcomes(written: list[tuple[str, str]]) -> None:
 
 
 @cache
-def _insert_sql(vendor: str) -> tuple[str, tuple[Field, ...]]:
-    """The submission INSERT, built once: it runs on every submission, the ORM's model
-    machinery would cost about as much as the write."""
+def _insert_sql(vendor: str) -> tuple[str, tuple[Field, ...], tuple]:
+    """The submission INSERT, its fields and their defaults, built once: it runs on every
+    submission, and the ORM's model machinery would cost about as much as the write."""
     fields = tuple(f for f in KeyedTask._meta.concrete_fields if not f.primary_key)
     qn = connection.ops.quote_name
     columns = ", ".join(qn(f.column) for f in fields)
     placeholders = ", ".join(["%s"] * len(fields))
-    return f"INSERT INTO {qn(KeyedTask._meta.db_table)} ({columns}) VALUES ({placeholders})", fields
+    defaults = tuple(f.get_default() for f in fields)  # constants: no field has a callable default
+    return f"INSERT INTO {qn(KeyedTask._meta.db_table)} ({columns}) VALUES ({placeholders})", fields, defaults
+
+
+def _db_value(db: BaseDatabaseWrapper, model_field: Field, value: Any) -> Any:
+    # Text, numbers and None go to the driver as they are; an aware datetime needs only the
+    # backend's conversion (the field's own checks cost twice as much, on every write).
+    if value is None or isinstance(value, (str, int)):
+        return value
+    if isinstance(value, datetime) and value.tzinfo is not None:
+        return db.ops.adapt_datetimefield_value(value)
+    return model_field.get_db_prep_save(value, db)
 
 
 def record_submission(**row: Any) -> None:
@@ -281,12 +291,13 @@ def record_submission(**row: Any) -> None:
     submission's own facts are added.
     """
     row.setdefault("enqueued_at", timezone.now())
-    sql, fields = _insert_sql(connection.vendor)
-    params = [f.get_db_prep_save(row[f.attname] if f.attname in row else f.get_default(), connection) for f in fields]
+    db = connections[DEFAULT_DB_ALIAS]  # resolved once: each use of the ``connection`` proxy costs a lookup
+    sql, fields, defaults = _insert_sql(db.vendor)
+    params = [_db_value(db, f, row.get(f.attname, d)) for f, d in zip(fields, defaults, strict=True)]
     try:
         # A savepoint only inside the caller's transaction: in autocommit the INSERT is atomic alone.
-        with transaction.atomic() if connection.in_atomic_block else nullcontext():
-            with connection.cursor() as cursor:
+        with transaction.atomic() if db.in_atomic_block else nullcontext():
+            with db.cursor() as cursor:
                 cursor.execute(sql, params)
     except IntegrityError:
         ticket = row.get("ticket")

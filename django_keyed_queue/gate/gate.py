@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterable, Sequence
 
 import redis
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
 from .keys import DEADLINE_INDEX, PAUSED_KEYS, KeyNames
 from .results import FinishResult, Grant, Lease, Recovery, StartResult, SubmitResult
@@ -305,12 +305,10 @@ class Gate:
         """
         script = self._scripts[name]
         for attempt in (1, 2):
-            pipe = self.client.pipeline(transaction=False)
-            for keys, args in calls:
-                pipe.evalsha(script.sha, len(keys), *keys, *args)
+            commands: list[tuple] = [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
             if index is not None:
-                pipe.zadd(DEADLINE_INDEX, {index: self._deadline_hint_ms()}, lt=True)
-            replies = pipe.execute(raise_on_error=False)
+                commands.append(("ZADD", DEADLINE_INDEX, "LT", self._deadline_hint_ms(), index))
+            replies = self._round_trip(commands)
             if attempt == 1 and any(isinstance(r, NoScriptError) for r in replies):
                 script.sha = self.client.script_load(script.script)
                 continue
@@ -319,6 +317,23 @@ class Gate:
                     raise reply
             return replies[: len(calls)]
         raise AssertionError("unreachable")
+
+    def _round_trip(self, commands: list[tuple]) -> list:
+        """Send ``commands`` in one write and read all their replies; error replies are returned.
+
+        What ``pipeline().execute(raise_on_error=False)`` does, with the same retry on a
+        broken connection, without the pipeline's per-call bookkeeping: a third of the
+        client's time per gate call, and every task makes three.
+        """
+        pool = self.client.connection_pool
+        conn = pool.get_connection()
+        try:
+            return conn.retry.call_with_retry(lambda: _send_and_read(conn, commands), lambda _: conn.disconnect())
+        except BaseException:
+            conn.disconnect()  # replies may be left unread: never reuse the connection
+            raise
+        finally:
+            pool.release(conn)
 
     def _server_time_ms(self) -> int:
         seconds, micros = self.client.time()
@@ -360,6 +375,17 @@ class Gate:
 
     def _grants(self, key: str, flat: list) -> list[Grant]:
         return [Grant(key, int(flat[i]), int(flat[i + 1]), flat[i + 2]) for i in range(0, len(flat), 3)]
+
+
+def _send_and_read(conn, commands: list[tuple]) -> list:
+    conn.send_packed_command(conn.pack_commands(commands))
+    replies: list = []
+    for _ in commands:
+        try:
+            replies.append(conn.read_response())
+        except ResponseError as exc:
+            replies.append(exc)
+    return replies
 
 
 def _decode_holder(raw: bytes, now_ms: int) -> dict:
