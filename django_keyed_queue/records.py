@@ -83,9 +83,20 @@ class Transition:
         )
 
     def to_json(self) -> bytes:
+        """The transition as the gate keeps it until written (see ``finish``).
+
+        Arguments go as the record shows them: any serializer's values may be in
+        them, and JSON cannot hold them all.
+        """
+        create = self.create
+        if create is not None and ("args" in create or "kwargs" in create):
+            create = {k: v for k, v in create.items() if k not in ("args", "kwargs")}
+            create["arguments"] = describe_arguments(
+                create["task_name"], self.create.get("args", ()), self.create.get("kwargs", {})
+            )
         return kombu_json(
             {"task_id": self.task_id, "status": self.status, "attempts": self.attempts,
-             "fields": self.fields, "create": self.create}
+             "fields": self.fields, "create": create}
         ).encode()  # fmt: skip
 
     @classmethod
@@ -152,7 +163,8 @@ def _create_missing(t: Transition) -> None:
     """The producer died before writing the row, or its transaction has not committed."""
     create = dict(t.create or {})
     args, kwargs = create.pop("args", ()), create.pop("kwargs", {})
-    create.setdefault("arguments", describe_arguments(create["task_name"], args, kwargs))
+    if "arguments" not in create:
+        create["arguments"] = describe_arguments(create["task_name"], args, kwargs)
     try:
         with transaction.atomic():
             KeyedTask.objects.create(task_id=t.task_id, status=t.status, attempts=t.attempts, **create, **t.fields)

@@ -121,7 +121,16 @@ def test_a_transition_survives_its_trip_through_the_gate():
     back = Transition.from_json(t.to_json())
     assert (back.task_id, back.status, back.attempts) == ("t1", "succeeded", 2)
     assert back.fields == {"finished_at": now, "error": "", "ticket": 4}
-    assert back.create["enqueued_at"] == now and list(back.create["args"]) == ["k", 3]
+    assert back.create["enqueued_at"] == now and back.create["arguments"] == "args=('k', 3) kwargs={}"
+
+
+def test_a_transition_with_arguments_json_cannot_hold_goes_through_the_gate():
+    """A task sent with the pickle serializer can take any object; its run must still finish."""
+    create = {"task_name": "demo.step", "key": "k", "args": (object(),), "kwargs": {"at": {1, 2}}}
+    back = Transition.from_json(
+        Transition("t1", "succeeded", 1, {}, {**create, "enqueued_at": timezone.now()}).to_json()
+    )
+    assert back.create["arguments"].startswith("args=(<object object at") and "{1, 2}" in back.create["arguments"]
 
 
 def test_the_flusher_thread_outlives_a_database_that_fails(monkeypatch):
