@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import logging
 import random
+import signal
 import threading
 
+from celery.exceptions import TimeLimitExceeded
 from celery.signals import (
     beat_init,
+    task_failure,
     task_postrun,
     task_revoked,
     worker_init,
@@ -23,9 +26,12 @@ from django.dispatch import receiver
 from . import handoff
 from .conf import PREFIX, settings
 from .connection import TRANSIENT, reset_gate
+from .messages import HEADER
 from .records import recorder
 
 logger = logging.getLogger(__name__)
+#: Signals that end a pool process: a run terminated with them never finishes by itself.
+_ENDING_SIGNALS = (signal.SIGTERM, signal.SIGKILL)
 _reaper_stop = threading.Event()
 
 
@@ -46,20 +52,48 @@ def _run_kept_grant(sender=None, task_id: str = "", **_: object) -> None:
 
 
 @task_revoked.connect
-def _cancel_revoked(sender=None, request=None, terminated: bool = False, expired: bool = False, **_: object) -> None:
-    """Celery dropped a keyed task's message (expired, or revoked) before it ran: its key passes on."""
+def _end_revoked(
+    sender=None, request=None, terminated: bool = False, signum=None, expired: bool = False, **_: object
+) -> None:
+    """Celery dropped a keyed task's message (expired, revoked), or killed its run: its key passes on."""
     from .exceptions import ActionRefused
-    from .recovery import cancel
+    from .recovery import cancel, end_killed_run
+    from .statuses import Status
     from .task import KeyedSerialTask
 
-    if terminated or request is None or not isinstance(sender, KeyedSerialTask):
-        return  # a terminated run was running: its lease runs out and the reaper acts
+    if request is None or not isinstance(sender, KeyedSerialTask):
+        return
     try:
+        if terminated:
+            if signum not in _ENDING_SIGNALS:
+                return  # e.g. SIGUSR1: the task sees an exception and ends its run itself
+            end_killed_run(
+                request.id,
+                status=Status.CANCELLED,
+                reason=f"revoked by Celery, its process terminated ({signal.Signals(signum).name})",
+                header=getattr(request, HEADER, None),
+            )
+            return
         cancel(request.id, by="Celery: it expired" if expired else "Celery: it was revoked", app=sender.app)
     except ActionRefused as exc:
         logger.info("keyed task %s was dropped by Celery: %s", request.id, exc)
     except Exception:
         logger.exception("keyed task %s was dropped by Celery; its ticket is kept until the reaper acts", request.id)
+
+
+@task_failure.connect
+def _end_timed_out(sender=None, task_id: str = "", exception=None, **_: object) -> None:
+    """A keyed task hit its hard time limit: Celery failed it and kills its process; it is not run again."""
+    from .recovery import end_killed_run
+    from .statuses import Status
+    from .task import KeyedSerialTask
+
+    if not isinstance(sender, KeyedSerialTask) or not isinstance(exception, TimeLimitExceeded):
+        return
+    try:
+        end_killed_run(task_id, status=Status.FAILED, reason=f"hard time limit exceeded ({exception})")
+    except Exception:
+        logger.exception("keyed task %s hit its hard time limit; its ticket is kept until the reaper acts", task_id)
 
 
 @worker_process_shutdown.connect

@@ -165,6 +165,20 @@ class Gate:
         logger.debug("cancel key=%r ticket=%s code=%s", key, ticket, result.code.name)
         return result
 
+    def give_up(self, key: str, ticket: int, *, grace_seconds: float, dispatch: int | None = None) -> bool:
+        """Give up a running ticket whose process is being killed: fenced now, failed by the reaper
+        without a recovery once ``grace_seconds`` have passed. False if it does not run (it ended)."""
+        names = KeyNames(key)
+        grace_ms = seconds_to_ms(grace_seconds)
+        [(code, _)] = self._pipelined(
+            "give_up",
+            [([names.meta, names.holders], [ticket, grace_ms, "" if dispatch is None else dispatch])],
+            index=key,
+            index_at_ms=int(time.time() * 1000) + grace_ms - 1000,
+        )
+        logger.debug("give_up key=%r ticket=%s code=%s", key, ticket, Code(code).name)
+        return code == Code.OK
+
     def renew(self, leases: Iterable[Lease]) -> dict[Lease, bool]:
         """Extend many leases in one round trip (one script call per key, pipelined)."""
         by_key: dict[str, list[Lease]] = {}
@@ -297,17 +311,24 @@ class Gate:
         ]
 
     def _pipelined(
-        self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[object]]], *, index: str | None = None
+        self,
+        name: str,
+        calls: Sequence[tuple[Sequence[str], Sequence[object]]],
+        *,
+        index: str | None = None,
+        index_at_ms: int | None = None,
     ) -> list:
         """Run script ``name`` once per (keys, args) in one round trip, loading it if Redis lost it.
 
-        With ``index``, also move that key early in the deadline index (``ZADD LT``).
+        With ``index``, also move that key early in the deadline index (``ZADD LT``), to
+        ``index_at_ms`` or else to the earliest deadline a new holder can have.
         """
         script = self._scripts[name]
         for attempt in (1, 2):
             commands: list[tuple] = [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
             if index is not None:
-                commands.append(("ZADD", DEADLINE_INDEX, "LT", self._deadline_hint_ms(), index))
+                at = self._deadline_hint_ms() if index_at_ms is None else index_at_ms
+                commands.append(("ZADD", DEADLINE_INDEX, "LT", at, index))
             replies = self._round_trip(commands)
             if attempt == 1 and any(isinstance(r, NoScriptError) for r in replies):
                 script.sha = self.client.script_load(script.script)

@@ -69,6 +69,12 @@ def timed_step(key: str, n: int, duration: float = 0.0) -> int:
     return logged_step(key, n, duration)
 
 
+@keyed_serial_task(key="{key}", time_limit=1)
+def hard_limited_step(key: str, n: int, duration: float = 0.0) -> int:
+    """A step with a hard time limit of 1 s: its worker kills a longer one."""
+    return logged_step(key, n, duration)
+
+
 class LingersAfterReturn(KeyedSerialTask):
     """Lingers after its result is stored, before its process runs the key's next task
     (local handoff): a crash test kills the process in that window."""

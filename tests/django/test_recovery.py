@@ -2,8 +2,12 @@
 
 import io
 import json
+import signal
 
 import pytest
+from celery.app.task import Context
+from celery.exceptions import TimeLimitExceeded
+from celery.signals import task_failure, task_revoked
 from django.core.management import call_command
 
 from django_keyed_queue.gate import Gate, KeyNames
@@ -62,3 +66,37 @@ def test_a_run_lost_once_too_often_fails_and_passes_the_key_on(gate_redis, broke
     assert "no recoveries left" in KeyedTask.objects.get(task_id=result.id).error
     assert json.loads(broker.lindex(QUEUE, 0))["headers"]["id"] == follower.id
     assert KeyedTask.objects.get(task_id=follower.id).status == "waiting"  # dispatched once the flush runs
+
+
+def start_a_task(gate_redis, broker) -> tuple:
+    """Submit a task and start it as a worker would: its result and the run's Celery request."""
+    result = step.apply_async(("k", 1), queue=QUEUE)
+    broker.delete(QUEUE)
+    started = Gate(gate_redis).start("k", 1, 1, max_lost=3)
+    assert started.ok
+    return result, Context(id=result.id, **{HEADER: {"key": "k", "ticket": 1, "dispatch": 1}})
+
+
+def test_a_run_terminated_by_celery_is_given_up_not_recovered(gate_redis, broker):
+    result, request = start_a_task(gate_redis, broker)
+    task_revoked.send(sender=step, request=request, terminated=True, signum=signal.SIGTERM, expired=False)
+    row = KeyedTask.objects.get(task_id=result.id)
+    assert row.status == "cancelled" and "its process terminated (SIGTERM)" in row.error
+    holder = Gate(gate_redis).inspect("k")["holders"][1]
+    assert holder["max_lost"] == holder["lost"] and holder["deadline_in"] <= 2, "failed by the reaper in 2 s"
+
+
+def test_a_run_sent_a_signal_it_survives_is_left_to_end_itself(gate_redis, broker):
+    result, request = start_a_task(gate_redis, broker)
+    before = gate_redis.hgetall(KeyNames("k").holders)
+    task_revoked.send(sender=step, request=request, terminated=True, signum=signal.SIGUSR1, expired=False)
+    assert gate_redis.hgetall(KeyNames("k").holders) == before
+    assert KeyedTask.objects.get(task_id=result.id).status == "dispatched"
+
+
+def test_a_hard_time_limit_gives_the_run_up_from_its_record(gate_redis, broker):
+    result, _ = start_a_task(gate_redis, broker)
+    task_failure.send(sender=step, task_id=result.id, exception=TimeLimitExceeded(1.0), args=(), kwargs={})
+    row = KeyedTask.objects.get(task_id=result.id)
+    assert row.status == "failed" and "hard time limit exceeded" in row.error
+    assert Gate(gate_redis).inspect("k")["holders"][1]["max_lost"] == 0

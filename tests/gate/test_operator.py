@@ -1,6 +1,9 @@
 """The gate's side of the operator's actions: release a holder, refuse a join, list paused keys."""
 
+import time
+
 from django_keyed_queue.gate import DEADLINE_INDEX, PAUSED_KEYS, KeyNames, Lease
+from tests.waiting import wait_until
 
 from ._support import holder
 
@@ -86,3 +89,27 @@ def test_inspect_many_reads_each_key(gate):
     assert idle["paused"] and not busy["paused"]
     assert unknown == {**unknown, "last_ticket": 0, "waiting": [], "holders": {}, "paused": False}
     assert gate.inspect_many([]) == []
+
+
+def test_a_given_up_run_is_fenced_now_and_failed_without_recovery_after_the_grace(make_gate, gate_redis):
+    gate = make_gate(lease_seconds=30)
+    ticket, token = running(gate, "k", max_lost=3)
+    parked = gate.submit("k", b"next")
+    assert gate.give_up("k", ticket, grace_seconds=0.5, dispatch=1)
+    assert not gate.holds(Lease("k", ticket, token)), "fenced at once: the killed run's writes are refused"
+    assert not gate.finish("k", ticket, token).ok
+    assert gate.reap()[1] == [], "the slot stays held through the grace: the next task must not overlap"
+    assert gate_redis.zscore(DEADLINE_INDEX, "k") <= (time.time() + 0.5) * 1000, "the reaper looks after the grace"
+    recoveries = wait_until(lambda: gate.reap()[1], timeout=5, message="the grace to pass")
+    assert [(r.action, r.ticket) for r in recoveries] == [("fail", ticket), ("grant", parked.ticket)]
+
+
+def test_giving_up_a_ticket_that_does_not_run_changes_nothing(gate, gate_redis):
+    ticket, token = running(gate, "k")
+    granted = gate.submit("other", b"m")
+    before = {name: gate_redis.hgetall(KeyNames(name).holders) for name in ("k", "other")}
+    assert not gate.give_up("k", ticket, grace_seconds=1, dispatch=2), "another dispatch than the killed run's"
+    assert not gate.give_up("other", granted.ticket, grace_seconds=1), "granted, not started"
+    assert not gate.give_up("k", 999, grace_seconds=1)
+    assert {name: gate_redis.hgetall(KeyNames(name).holders) for name in ("k", "other")} == before
+    assert gate.holds(Lease("k", ticket, token))
