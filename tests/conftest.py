@@ -74,10 +74,21 @@ def _postgresql_test_database_can_be_dropped(request):
         )
 
 
+#: The gate database of the tiers without workers. The session's workers, once a test started them,
+#: reap database 0 every few seconds; on these tiers' keys they would act before the test does.
+WORKERLESS_GATE_DB = 4
+
+
 @pytest.fixture
-def gate_redis(redis_server) -> redis.Redis:
+def gate_db() -> int:
+    """The gate's database: the workers' (0) where tests run real workers; tiers without them override it."""
+    return 0
+
+
+@pytest.fixture
+def gate_redis(redis_server, gate_db) -> redis.Redis:
     """The gate's Redis database, emptied for each test (with the test history)."""
-    client = redis.Redis.from_url(f"{redis_server.url}/0")
+    client = redis.Redis.from_url(f"{redis_server.url}/{gate_db}")
     client.flushdb()
     redis.Redis.from_url(f"{redis_server.url}/3").flushdb()
     yield client

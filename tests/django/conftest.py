@@ -2,8 +2,21 @@ import pytest
 import redis
 from django.conf import settings
 
+from tests.conftest import WORKERLESS_GATE_DB
+
 #: Submissions in this tier go to a queue no worker consumes, so the test can inspect the broker.
 QUEUE = "keyed-queue-tests-unconsumed"
+
+
+@pytest.fixture
+def gate_db() -> int:
+    return WORKERLESS_GATE_DB
+
+
+@pytest.fixture(autouse=True)
+def _gate_without_workers(redis_server, settings, gate_db):
+    """This tier's gate is a database the session's workers do not reap."""
+    settings.KEYED_QUEUE_REDIS_URL = f"{redis_server.url}/{gate_db}"
 
 
 @pytest.fixture

@@ -1,9 +1,15 @@
 import pytest
 
 from django_keyed_queue.gate import Gate
+from tests.conftest import WORKERLESS_GATE_DB
 
 #: The settings of the ``gate`` fixture; ``make_gate`` overrides some of them.
 GATE_SETTINGS = {"lease_seconds": 30, "dispatch_timeout_seconds": 60, "idle_horizon_seconds": 3600}
+
+
+@pytest.fixture
+def gate_db() -> int:
+    return WORKERLESS_GATE_DB
 
 
 @pytest.fixture
@@ -24,4 +30,4 @@ def make_gate(gate_redis):
 @pytest.fixture
 def redis_url(redis_server) -> str:
     """The gate database's URL, for threads and processes that open their own clients."""
-    return f"{redis_server.url}/0"
+    return f"{redis_server.url}/{WORKERLESS_GATE_DB}"
