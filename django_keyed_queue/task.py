@@ -10,7 +10,7 @@ import inspect
 import logging
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any
 
 import redis
@@ -21,9 +21,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from . import handoff, idempotency, records
-from .connection import get_gate, outlast_restart
+from .connection import TRANSIENT, get_gate, outlast_restart
 from .exceptions import GateUnavailable, InvalidArguments, InvalidKey
-from .gate import MAX_KEY_LENGTH, Grant, Lease, Recovery
+from .gate import MAX_KEY_LENGTH, Grant, Lease, NotSent, Recovery, SubmitResult
 from .leases import keeper
 from .messages import HEADER, TaskMessage, portable_options, ticket_header
 from .statuses import Status
@@ -31,6 +31,8 @@ from .statuses import Status
 logger = logging.getLogger(__name__)
 
 _DELAY_OPTIONS = ("countdown", "eta")
+#: How long a submission whose reply was lost keeps asking the gate for its ticket before it fails.
+SUBMIT_RETRY_SECONDS = 5.0
 
 
 class KeyedSerialTask(Task):
@@ -138,9 +140,8 @@ class KeyedSerialTask(Task):
                 super().apply_async(args, kwargs, task_id=task_id, **options)
             return self.AsyncResult(task_id)
 
-        gate = get_gate()
         try:
-            submitted = gate.submit(key, message, limit=self.serial_limit)
+            submitted = self._take_ticket(key, message)
         except redis.RedisError as exc:
             raise GateUnavailable(f"{self.name}: the keyed queue's Redis is unreachable: {exc}") from exc
         assert submitted is not None  # only joins can be duplicates
@@ -165,6 +166,25 @@ class KeyedSerialTask(Task):
             records.forget_submission(task_id)
             self._withdraw(key, submitted.ticket, forget=False)
             raise
+
+    def _take_ticket(self, key: str, message: bytes) -> SubmitResult | None:
+        gate = get_gate()
+        try:
+            return gate.submit(key, message, limit=self.serial_limit)
+        except NotSent:
+            raise  # Redis is down: nothing was taken, fail at once
+        except TRANSIENT:
+            # The connection broke after the call was sent: the ticket may be taken, its reply
+            # lost. Ask again for a while; the gate returns the ticket this message holds.
+            logger.warning("submitting to key=%r lost its reply; asking the gate again", key)
+        retried = partial(gate.submit, key, message, limit=self.serial_limit, retried=True)
+        try:
+            return outlast_restart(retried, seconds=SUBMIT_RETRY_SECONDS)[0]
+        except redis.RedisError as exc:
+            raise GateUnavailable(
+                f"{self.name}: the keyed queue's Redis went away during the submission, which may have "
+                f"been queued and may still run: {exc}"
+            ) from exc
 
     def _withdraw(self, key: str, ticket: int, *, forget: bool) -> None:
         withdrawn = get_gate().cancel(key, ticket, limit=self.serial_limit, forget=forget)

@@ -1,6 +1,6 @@
 """The per-key FIFO permission gate. Pure Redis: never imports Django or Celery."""
 
-from .gate import Gate
+from .gate import Gate, NotSent
 from .keys import DEADLINE_INDEX, MAX_KEY_LENGTH, PAUSED_KEYS, KeyNames
 from .results import FinishResult, Grant, Lease, Recovery, StartResult, SubmitResult
 from .scripts import Code
@@ -16,6 +16,7 @@ __all__ = [
     "Lease",
     "Recovery",
     "KeyNames",
+    "NotSent",
     "StartResult",
     "SubmitResult",
 ]

@@ -16,6 +16,10 @@ from .scripts import SCRIPT_NAMES, Code, ms_to_seconds, seconds_to_ms, source
 logger = logging.getLogger(__name__)
 
 
+class NotSent(redis.ConnectionError):
+    """Redis could not be reached before the call was sent: it certainly did not run."""
+
+
 class Gate:
     """Per-key FIFO of tickets in Redis; at most ``limit`` tickets of a key hold a slot.
 
@@ -67,6 +71,7 @@ class Gate:
         start: bool = False,
         join_id: str = "",
         max_lost: int = 0,
+        retried: bool = False,
     ) -> SubmitResult | None:
         """Take the next ticket of ``key`` and store ``message`` with it.
 
@@ -74,6 +79,8 @@ class Gate:
         ``max_lost`` as for :meth:`start`).
         A non-empty ``join_id`` seen before within the idle horizon makes this a
         duplicate: nothing changes and None is returned.
+        ``retried=True`` after a call whose reply was lost: a ticket that already
+        holds exactly ``message`` is returned as it stands, none is taken.
         """
         names = KeyNames(key)
         code, ticket, token, _ = self._call_and_index(
@@ -88,6 +95,7 @@ class Gate:
                 join_id,
                 self.idle_horizon_ms,
                 max_lost,
+                "1" if retried else "",
             ],
         )
         if code == Code.DUPLICATE:
@@ -347,7 +355,10 @@ class Gate:
         client's time per gate call, and every task makes three.
         """
         pool = self.client.connection_pool
-        conn = pool.get_connection()
+        try:
+            conn = pool.get_connection()  # connects if it must
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise NotSent(str(exc)) from exc
         try:
             return conn.retry.call_with_retry(lambda: _send_and_read(conn, commands), lambda _: conn.disconnect())
         except BaseException:
@@ -422,4 +433,4 @@ def _decode_holder(raw: bytes, now_ms: int) -> dict:
     }
 
 
-__all__ = ["Gate"]
+__all__ = ["Gate", "NotSent"]

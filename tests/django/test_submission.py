@@ -3,13 +3,14 @@
 import json
 
 import pytest
+import redis
 from django.db import IntegrityError
 from django.test import override_settings
 from kombu import Connection
 from kombu.exceptions import OperationalError
 
 from django_keyed_queue import GateUnavailable, InvalidArguments, InvalidKey, keyed_serial_task
-from django_keyed_queue.gate import DEADLINE_INDEX, MAX_KEY_LENGTH, KeyNames
+from django_keyed_queue.gate import DEADLINE_INDEX, MAX_KEY_LENGTH, Gate, KeyNames
 from django_keyed_queue.models import KeyedTask
 from django_keyed_queue.task import HEADER
 from testproject.demo.tasks import step, write_file
@@ -105,6 +106,41 @@ def test_unreachable_redis_fails_fast_and_leaves_nothing(gate_redis, broker):
         with pytest.raises(GateUnavailable, match="unreachable"):
             step.apply_async(("a", 1), queue=QUEUE)
     nothing_left(gate_redis, broker)
+
+
+def lose_replies(monkeypatch, count: int) -> list:
+    """The gate's next ``count`` calls run in Redis, then their connection breaks before the reply."""
+    real, lost = Gate._round_trip, []
+
+    def reply_lost(gate, commands):
+        replies = real(gate, commands)
+        if len(lost) < count:
+            lost.append(commands[0][0])
+            raise redis.ConnectionError("the connection broke before the reply arrived")
+        return replies
+
+    monkeypatch.setattr(Gate, "_round_trip", reply_lost)
+    return lost
+
+
+def test_a_submission_whose_reply_was_lost_keeps_the_one_ticket_it_took(gate_redis, broker, monkeypatch):
+    behind = step.apply_async(("a", 0), queue=QUEUE)
+    lost = lose_replies(monkeypatch, 1)
+    result = step.apply_async(("a", 1), queue=QUEUE)
+    assert lost == ["EVALSHA"], "the submit ran in Redis and its reply was lost"
+    assert gate_redis.hget(KeyNames("a").meta, "seq") == b"2", "one ticket per submission"
+    row = KeyedTask.objects.get(task_id=result.id)
+    assert (row.ticket, row.status) == (2, "waiting")
+    assert [json.loads(m)["headers"]["id"] for m in broker.lrange(QUEUE, 0, -1)] == [behind.id]
+
+
+def test_a_submission_that_never_gets_a_reply_says_it_may_still_run(gate_redis, broker, monkeypatch):
+    lose_replies(monkeypatch, 1_000)
+    monkeypatch.setattr("django_keyed_queue.task.SUBMIT_RETRY_SECONDS", 0.3)
+    with pytest.raises(GateUnavailable, match="may have been queued and may still run"):
+        step.apply_async(("a", 1), queue=QUEUE)
+    assert KeyedTask.objects.count() == 0 and broker.llen(QUEUE) == 0
+    assert gate_redis.hget(KeyNames("a").meta, "seq") == b"1", "the retries found the ticket and took no other"
 
 
 def test_failed_publish_withdraws_the_ticket_and_the_row(gate_redis, broker):

@@ -1,10 +1,11 @@
-"""submit.lua: every branch (granted, parked, limit > 1, paused key, start=True, join id duplicates)."""
+"""submit.lua: every branch (granted, parked, limit > 1, paused key, start=True, join id duplicates, retries)."""
 
 from __future__ import annotations
 
 import pytest
+import redis
 
-from django_keyed_queue.gate import Code, KeyNames, SubmitResult
+from django_keyed_queue.gate import Code, Gate, KeyNames, NotSent, SubmitResult
 
 from ._support import message_of, redis_names
 
@@ -161,3 +162,24 @@ def test_messages_are_stored_and_handed_back_byte_for_byte(gate, gate_redis, mes
     done = gate.finish("k", first.ticket, first.token)
 
     assert [(g.ticket, g.message) for g in done.granted] == [(parked.ticket, message)]
+
+
+def test_a_retried_submit_gets_the_ticket_its_message_already_holds(gate):
+    granted = gate.submit("k", b"first")
+    parked = gate.submit("k", b"second")
+    assert gate.submit("k", b"first", retried=True) == granted, "granted, as the lost reply said"
+    assert gate.submit("k", b"second", retried=True) == parked, "parked, as the lost reply said"
+    assert gate.inspect("k")["last_ticket"] == 2, "no ticket was taken"
+    assert gate.inspect("k")["waiting"] == [parked.ticket]
+
+
+def test_a_retried_submit_whose_first_call_never_ran_takes_a_ticket(gate):
+    gate.submit("k", b"first")
+    assert gate.submit("k", b"other", retried=True) == SubmitResult(ticket=2, granted=False, token=0)
+    assert gate.submit("fresh", b"m", retried=True) == SubmitResult(ticket=1, granted=True, token=0)
+
+
+def test_a_server_that_cannot_be_reached_is_reported_as_not_sent():
+    unreachable = Gate(redis.Redis(port=1, socket_connect_timeout=1))
+    with pytest.raises(NotSent):
+        unreachable.submit("k", b"m")

@@ -15,6 +15,8 @@
   ARGV[5] join id ('' = none): a second submit with the same id within the horizon is refused
   ARGV[6] idle horizon, ms
   ARGV[7] lost leases to re-dispatch before failing the ticket (used when started at once)
+  ARGV[8] '1' = a retry after a lost reply: if a ticket of this key already holds exactly
+          this message, return it as it stands instead of taking another ('' = no)
 
   Returns {code, ticket, token, deadline_ms}
     code 0 OK         granted (token > 0 when started, deadline = lease end)
@@ -32,6 +34,20 @@ local join_id = ARGV[5]
 local horizon = tonumber(ARGV[6])
 local max_lost = tonumber(ARGV[7])
 local now = now_ms()
+
+if ARGV[8] == '1' then
+  local stored = redis.call('HGETALL', messages_key)
+  for i = 1, #stored, 2 do
+    if stored[i + 1] == message then
+      local raw = redis.call('HGET', holders_key, stored[i])
+      if not raw then
+        return {1, tonumber(stored[i]), 0, 0}
+      end
+      local holder = decode_holder(raw)
+      return {0, tonumber(stored[i]), holder.token, holder.deadline}
+    end
+  end
+end
 
 if join_id ~= '' then
   local joined_key = KEYS[5]
