@@ -43,6 +43,8 @@ if ARGV[8] == '1' then
       if not raw then
         return {1, tonumber(stored[i]), 0, 0}
       end
+      -- Granted: by the lost call, or since by a finish that published it; then the caller
+      -- publishes it again and the start check drops the second message.
       local holder = decode_holder(raw)
       return {0, tonumber(stored[i]), holder.token, holder.deadline}
     end
