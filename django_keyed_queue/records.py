@@ -169,8 +169,9 @@ def _create_missing(t: Transition) -> None:
         with transaction.atomic():
             KeyedTask.objects.create(task_id=t.task_id, status=t.status, attempts=t.attempts, **create, **t.fields)
     except IntegrityError:  # the producer's row committed meanwhile
-        with connection.cursor() as cursor:
-            cursor.execute(_update_sql(connection.vendor), _update_params(t, connections[DEFAULT_DB_ALIAS]))
+        db = connections[DEFAULT_DB_ALIAS]
+        with db.cursor() as cursor:
+            cursor.execute(_update_sql(db.vendor), _update_params(t, db))
 
 
 class Recorder:

@@ -57,10 +57,13 @@ class Gate:
         """Run a script that may create a holder of ``key``, and index the key, in one round trip."""
         return self._pipelined(name, [(keys, args)], index=key)[0]
 
-    def _deadline_hint_ms(self) -> int:
-        # A holder created now has a deadline no earlier than this (on a clock
-        # within a second of this host's); looking early only costs a visit.
-        return int(time.time() * 1000) + min(self.lease_ms, self.dispatch_timeout_ms) - 1000
+    def _deadline_hint_ms(self, within_ms: int | None = None) -> int:
+        # A holder created now has a deadline no earlier than ``within_ms`` from now (by default the
+        # shortest a new holder can have), on a clock within a second of this host's; looking early
+        # only costs a visit.
+        if within_ms is None:
+            within_ms = min(self.lease_ms, self.dispatch_timeout_ms)
+        return int(time.time() * 1000) + within_ms - 1000
 
     def submit(
         self,
@@ -182,7 +185,7 @@ class Gate:
             "give_up",
             [([names.meta, names.holders], [ticket, grace_ms, "" if dispatch is None else dispatch])],
             index=key,
-            index_at_ms=int(time.time() * 1000) + grace_ms - 1000,
+            index_within_ms=grace_ms,
         )
         logger.debug("give_up key=%r ticket=%s code=%s", key, ticket, Code(code).name)
         return code == Code.OK
@@ -324,19 +327,18 @@ class Gate:
         calls: Sequence[tuple[Sequence[str], Sequence[object]]],
         *,
         index: str | None = None,
-        index_at_ms: int | None = None,
+        index_within_ms: int | None = None,
     ) -> list:
         """Run script ``name`` once per (keys, args) in one round trip, loading it if Redis lost it.
 
-        With ``index``, also move that key early in the deadline index (``ZADD LT``), to
-        ``index_at_ms`` or else to the earliest deadline a new holder can have.
+        With ``index``, also move that key early in the deadline index (``ZADD LT``): to when a
+        deadline ``index_within_ms`` from now falls due, by default the earliest a new holder's can.
         """
         script = self._scripts[name]
         for attempt in (1, 2):
             commands: list[tuple] = [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
             if index is not None:
-                at = self._deadline_hint_ms() if index_at_ms is None else index_at_ms
-                commands.append(("ZADD", DEADLINE_INDEX, "LT", at, index))
+                commands.append(("ZADD", DEADLINE_INDEX, "LT", self._deadline_hint_ms(index_within_ms), index))
             replies = self._round_trip(commands)
             if attempt == 1 and any(isinstance(r, NoScriptError) for r in replies):
                 script.sha = self.client.script_load(script.script)
