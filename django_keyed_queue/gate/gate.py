@@ -197,14 +197,12 @@ class Gate:
             by_key.setdefault(lease.key, []).append(lease)
         if not by_key:
             return {}
-        pipe = self.client.pipeline(transaction=False)
-        for key, held in by_key.items():
-            args: list[object] = [self.lease_ms]
-            for lease in held:
-                args += [lease.ticket, lease.token]
-            self._scripts["renew"](keys=[KeyNames(key).holders], args=args, client=pipe)
+        calls = [
+            ([KeyNames(key).holders], [self.lease_ms, *(v for lease in held for v in (lease.ticket, lease.token))])
+            for key, held in by_key.items()
+        ]
         outcome: dict[Lease, bool] = {}
-        for held, reply in zip(by_key.values(), pipe.execute(), strict=True):
+        for held, reply in zip(by_key.values(), self._pipelined("renew", calls), strict=True):
             outcome.update({lease: bool(ok) for lease, ok in zip(held, reply, strict=True)})
         return outcome
 

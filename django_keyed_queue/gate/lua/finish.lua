@@ -27,12 +27,8 @@ local limit = tonumber(ARGV[3])
 local dispatch_timeout = tonumber(ARGV[4])
 local horizon = tonumber(ARGV[5])
 
-local raw = redis.call('HGET', holders_key, ticket)
-if not raw then
-  return {5}
-end
-local holder = decode_holder(raw)
-if holder.state ~= 'r' or holder.token ~= token then
+local holder = running_holder(holders_key, ticket)
+if not holder or holder.token ~= token then
   return {5}
 end
 

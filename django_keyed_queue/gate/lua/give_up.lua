@@ -20,12 +20,8 @@ local meta_key, holders_key = KEYS[1], KEYS[2]
 local ticket = ARGV[1]
 local grace = tonumber(ARGV[2])
 
-local raw = redis.call('HGET', holders_key, ticket)
-if not raw then
-  return {2, 0}
-end
-local holder = decode_holder(raw)
-if holder.state ~= 'r' or (ARGV[3] ~= '' and holder.dispatch ~= tonumber(ARGV[3])) then
+local holder = running_holder(holders_key, ticket)
+if not holder or (ARGV[3] ~= '' and holder.dispatch ~= tonumber(ARGV[3])) then
   return {2, 0}
 end
 

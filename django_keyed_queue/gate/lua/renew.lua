@@ -14,15 +14,12 @@ local deadline = now_ms() + tonumber(ARGV[1])
 local out = {}
 for i = 2, #ARGV, 2 do
   local ticket, token = ARGV[i], tonumber(ARGV[i + 1])
-  local raw = redis.call('HGET', holders_key, ticket)
+  local holder = running_holder(holders_key, ticket)
   local renewed = 0
-  if raw then
-    local holder = decode_holder(raw)
-    if holder.state == 'r' and holder.token == token then
-      holder.deadline = deadline
-      redis.call('HSET', holders_key, ticket, encode_holder(holder))
-      renewed = 1
-    end
+  if holder and holder.token == token then
+    holder.deadline = deadline
+    redis.call('HSET', holders_key, ticket, encode_holder(holder))
+    renewed = 1
   end
   out[#out + 1] = renewed
 end

@@ -21,12 +21,8 @@ local token = tonumber(ARGV[2])
 local countdown = tonumber(ARGV[3])
 local dispatch_timeout = tonumber(ARGV[4])
 
-local raw = redis.call('HGET', holders_key, ticket)
-if not raw then
-  return {5, 0}
-end
-local holder = decode_holder(raw)
-if holder.state ~= 'r' or holder.token ~= token then
+local holder = running_holder(holders_key, ticket)
+if not holder or holder.token ~= token then
   return {5, 0}
 end
 

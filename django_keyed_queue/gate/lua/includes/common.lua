@@ -36,6 +36,19 @@ local function encode_holder(h)
     h.state, h.dispatch, h.token, h.deadline, h.attempts, h.lost, h.max_lost)
 end
 
+-- The holder of a ticket if it is running, else nil (no slot, or granted only).
+local function running_holder(holders_key, ticket)
+  local raw = redis.call('HGET', holders_key, ticket)
+  if not raw then
+    return nil
+  end
+  local holder = decode_holder(raw)
+  if holder.state ~= 'r' then
+    return nil
+  end
+  return holder
+end
+
 local function new_holder(state, token, deadline, attempts, max_lost)
   return {
     state = state, dispatch = 1, token = token, deadline = deadline,
