@@ -136,19 +136,21 @@ class KeyedTaskAdmin(admin.ModelAdmin):
 
     def _on_key(self, request, action: str, key: str, ticket: int | None = None) -> None:
         by = _who(request)
+        level = messages.SUCCESS
         with self._refusals(request):
             if action == "pause":
                 recovery.pause(key, by=by)
                 text = f"Key {key!r} paused by {by}"
             elif action == "resume":
                 dispatched = recovery.resume(key, by=by)
-                text = f"Key {key!r} resumed by {by}; {dispatched} dispatched"
+                text = f"Key {key!r} resumed by {by}; {dispatched}"
+                level = messages.WARNING if dispatched.failed else level
             else:
                 assert ticket is not None
                 recovery.release(key, ticket, by=by)
                 text = f"Ticket {ticket} of key {key!r} released by {by}"
             _log_key(request, key, text)
-            self.message_user(request, text, messages.SUCCESS)
+            self.message_user(request, text, level)
 
     @contextmanager
     def _refusals(self, request) -> Iterator[None]:

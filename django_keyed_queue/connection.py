@@ -72,4 +72,6 @@ def outlast_restart(call: Callable[[], T], *, seconds: float = 15.0) -> tuple[T,
                 raise
             logger.warning("the keyed queue's Redis is unreachable; trying again in %.2fs", delay)
             time.sleep(delay)
-            delay, retried = min(delay * 2, 1.0), True
+            # Short steps: a restarted Redis is back within a second or two, and every late
+            # finish brings its lease nearer to expiring.
+            delay, retried = min(delay * 2, 0.25), True

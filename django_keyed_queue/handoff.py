@@ -35,6 +35,7 @@ from kombu.utils.encoding import safe_repr, safe_str
 
 from . import records
 from .conf import settings
+from .dispatch import publish_grants
 from .gate import Grant
 from .messages import TaskMessage, ticket_header
 
@@ -184,8 +185,6 @@ def run_kept(app, task_id: str) -> None:
     A kept run's own ``task_postrun`` calls this again, nested, and returns at
     once: the outermost call loops, so the stack does not grow with the chain.
     """
-    from .task import publish_grants
-
     kept = _state.kept
     if kept is None or kept.after != task_id or _state.running:
         return

@@ -19,11 +19,11 @@ from django.utils import timezone
 
 from . import records
 from .connection import get_gate
+from .dispatch import publish, publish_grants
 from .exceptions import ActionRefused
 from .gate import Code, Recovery
 from .messages import TaskMessage
 from .statuses import TERMINAL_STATUSES, Status
-from .task import publish, publish_grants
 
 logger = logging.getLogger(__name__)
 
@@ -32,13 +32,16 @@ logger = logging.getLogger(__name__)
 class ReapReport:
     visited: int = 0
     recoveries: list[Recovery] = field(default_factory=list)
+    #: Recoveries whose message the broker refused: the reaper publishes them again.
+    unpublished: list[Recovery] = field(default_factory=list)
 
     def count(self, action: str) -> int:
         return sum(1 for r in self.recoveries if r.action == action)
 
     def summary(self) -> str:
         counts = ", ".join(f"{a} {self.count(a)}" for a in ("redispatch", "republish", "fail", "grant", "outcome"))
-        return f"visited {self.visited} due keys: {counts}"
+        failed = f"; {len(self.unpublished)} could not be published" if self.unpublished else ""
+        return f"visited {self.visited} due keys: {counts}{failed}"
 
 
 def reap(*, dry_run: bool = False, batch: int = 500, max_batches: int = 100, app=None) -> ReapReport:
@@ -50,8 +53,7 @@ def reap(*, dry_run: bool = False, batch: int = 500, max_batches: int = 100, app
         report.visited += visited
         report.recoveries += found
         if not dry_run:
-            for recovery in found:
-                _act(app, recovery)
+            report.unpublished += [recovery for recovery in found if not _act(app, recovery)]
         if dry_run or visited < batch:
             break
     if report.recoveries:
@@ -59,27 +61,50 @@ def reap(*, dry_run: bool = False, batch: int = 500, max_batches: int = 100, app
     return report
 
 
-def _act(app, recovery: Recovery, reason: str = "") -> None:
+def republish_unstarted(lost_seconds: float, *, app=None) -> ReapReport:
+    """Publish again what was granted before a broker connection was lost ``lost_seconds`` ago and not started.
+
+    A worker calls it when its consumer reconnects (see ``reconnect``): what
+    it had received and not started is stranded until kombu's visibility
+    timeout, and a message in flight when Redis died is gone.
+    """
+    app = app or current_app
+    found = get_gate().republish_unstarted(granted_seconds_ago=lost_seconds)
+    report = ReapReport(visited=len({r.key for r in found}), recoveries=found)
+    report.unpublished = [recovery for recovery in found if not _act(app, recovery)]
+    logger.info(
+        "keyed queue: %d grants made before the broker connection was lost published again "
+        "(%d refused by the broker); other recoveries: %s",
+        report.count("republish"),
+        len(report.unpublished),
+        report.summary(),
+    )
+    return report
+
+
+def _act(app, recovery: Recovery, reason: str = "") -> bool:
+    """Carry out one recovery; False if its message had to be published and the broker refused it."""
     if recovery.action == "outcome":
         # A run finished but its worker died before writing the record.
         end = records.Transition.from_json(recovery.message or b"{}")
         records.write(end)
         get_gate().forget_outcomes([(recovery.key, end.task_id)])
-        return
+        return True
     task_id = TaskMessage.decode(recovery.message).task_id if recovery.message else None
     if task_id is None:  # a holder without a message: nothing to publish or record
         logger.error("keyed queue holder without a message key=%r ticket=%s", recovery.key, recovery.ticket)
-        return
+        return True
     now = timezone.now()
     lost = reason or f"its worker was lost: the lease of attempt {recovery.attempts} expired"
     if recovery.action == "fail":
         records.settle(task_id, Status.FAILED, finished_at=now, error=f"{lost}; no recoveries left")
-        return
+        return True
     if recovery.action == "redispatch":
         records.settle(task_id, Status.DISPATCHED, dispatched_at=now, error=f"{lost}; dispatched again")
     published = publish(app, recovery)
     if published and recovery.action != "redispatch":
         records.record_dispatched(task_id, now)
+    return published is not None
 
 
 @dataclass
@@ -87,11 +112,14 @@ class RebuildReport:
     restored: dict[str, int] = field(default_factory=dict)  # key -> tickets restored
     skipped: list[str] = field(default_factory=list)  # keys live in Redis, left alone
     unrecoverable: list[str] = field(default_factory=list)  # task ids with no stored message
+    unpublished: list[str] = field(default_factory=list)  # task ids granted whose publish failed
 
     def summary(self) -> str:
+        failed = f"; {len(self.unpublished)} granted tasks could not be published" if self.unpublished else ""
         return (
             f"restored {sum(self.restored.values())} tasks over {len(self.restored)} keys; "
             f"skipped {len(self.skipped)} live keys; {len(self.unrecoverable)} tasks without a stored message"
+            f"{failed}"
         )
 
 
@@ -120,8 +148,7 @@ def rebuild(*, dry_run: bool = False, app=None) -> RebuildReport:
             report.restored[key] = len(waiting)
             continue
         last_ticket = KeyedTask.objects.for_key(key).aggregate(models.Max("ticket"))["ticket__max"]
-        task = app.tasks.get(rows[0].task_name)
-        rebuilt = gate.rebuild(key, last_ticket=last_ticket, waiting=waiting, limit=getattr(task, "serial_limit", 1))
+        rebuilt = gate.rebuild(key, last_ticket=last_ticket, waiting=waiting, limit=_limit(app, rows[0].task_name))
         if not rebuilt.ok:
             report.skipped.append(key)
             continue
@@ -131,7 +158,9 @@ def rebuild(*, dry_run: bool = False, app=None) -> RebuildReport:
         ).update(status=Status.WAITING, error="rebuilt after the gate's Redis was lost")
         for grant in rebuilt.granted:
             task_id = publish(app, grant)
-            if task_id is not None:
+            if task_id is None:
+                report.unpublished.append(TaskMessage.decode(grant.message).task_id)
+            else:
                 records.settle(task_id, Status.DISPATCHED, dispatched_at=timezone.now())
     logger.info("keyed queue rebuild %s%s", "(dry run) " if dry_run else "", report.summary())
     return report
@@ -143,13 +172,33 @@ def pause(key: str, *, by: str = "an operator") -> None:
     logger.info("keyed queue key %r paused by %s", key, by)
 
 
-def resume(key: str, *, by: str = "an operator", app=None) -> int:
-    """Resume a key and dispatch what it had waiting, up to its limit; returns how many."""
+@dataclass
+class Dispatched:
+    """What an operator's action granted: how many went to the broker, how many it refused."""
+
+    published: int = 0
+    failed: int = 0
+
+    def __str__(self) -> str:
+        if not self.failed:
+            return f"{self.published} dispatched"
+        return (
+            f"{self.published} of {self.published + self.failed} dispatched; the broker refused {self.failed} "
+            f"(see the log), which the reaper publishes again within seconds"
+        )
+
+
+def resume(key: str, *, by: str = "an operator", app=None) -> Dispatched:
+    """Resume a key and dispatch what it had waiting, up to its limit.
+
+    A grant the broker refused is published again by the reaper.
+    """
     granted = get_gate().resume(key)
-    publish_grants(app or current_app, granted)
+    failed = len(publish_grants(app or current_app, granted))
     records.recorder.flush()
-    logger.info("keyed queue key %r resumed by %s, %d dispatched", key, by, len(granted))
-    return len(granted)
+    done = Dispatched(published=len(granted) - failed, failed=failed)
+    logger.info("keyed queue key %r resumed by %s, %d dispatched, %d failed", key, by, done.published, failed)
+    return done
 
 
 #: How long a run's process has to die, once Celery kills it on purpose, before its key moves on.
@@ -224,7 +273,7 @@ def retry(task_id: str, *, by: str = "an operator", app=None) -> str:
     if not row.message:
         raise ActionRefused(f"task {task_id} has no stored message to submit again")
     message = TaskMessage.decode(row.message.encode())
-    task = app.tasks.get(message.task_name)
+    task = registered_task(app, message.task_name)
     if not isinstance(task, KeyedSerialTask):
         raise ActionRefused(f"{message.task_name} is not a keyed task registered in this project")
     # Idempotency keys that gave the failed task now give its retry.
@@ -266,5 +315,17 @@ def _row(task_id: str):
         raise ActionRefused(f"no keyed task has the id {task_id!r}") from None
 
 
+def registered_task(app, name: str):
+    """The task ``name`` of ``app``, importing the project's task modules if this process has not.
+
+    A ``manage.py`` or web process imports no task module until something
+    needs one; Celery's worker imports them all (``autodiscover_tasks``) at start.
+    """
+    app = app or current_app
+    if name not in app.tasks:
+        app.loader.import_default_modules()
+    return app.tasks.get(name)
+
+
 def _limit(app, task_name: str) -> int:
-    return getattr((app or current_app).tasks.get(task_name), "serial_limit", 1)
+    return getattr(registered_task(app, task_name), "serial_limit", 1)

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import logging
-import random
 import signal
-import threading
 
 from celery.exceptions import TimeLimitExceeded
 from celery.signals import (
@@ -20,24 +18,28 @@ from celery.signals import (
     worker_shutdown,
 )
 from django.core.signals import setting_changed
-from django.db import close_old_connections
 from django.dispatch import receiver
 
 from . import handoff
 from .conf import PREFIX, settings
-from .connection import TRANSIENT, reset_gate
+from .connection import reset_gate
 from .messages import HEADER
+from .reaper import WorkerReaper
+from .reconnect import republish_after_reconnect, tolerate_lost_brpop_on_close
 from .records import recorder
 
 logger = logging.getLogger(__name__)
 #: Signals that end a pool process: a run terminated with them never finishes by itself.
 _ENDING_SIGNALS = (signal.SIGTERM, signal.SIGKILL)
-_reaper_stop = threading.Event()
 
 
 @worker_init.connect
 def _note_worker(sender=None, **_: object) -> None:
+    """Before the worker builds its consumer: survive a lost broker connection and recover after it."""
     handoff.note_worker(sender)
+    tolerate_lost_brpop_on_close()
+    reaper = sender.keyed_queue_reaper = WorkerReaper(sender.app, periodic=settings.WORKER_REAPER)
+    sender.app.steps["consumer"].add(republish_after_reconnect(reaper.republish_unstarted))
 
 
 @worker_process_init.connect
@@ -110,29 +112,16 @@ def _settings_changed(setting: str, **_: object) -> None:
 @worker_ready.connect
 def _start_worker_reaper(sender=None, **_: object) -> None:
     """Every worker reaps, so recovery needs no beat process; reapers racing are safe."""
-    if not settings.WORKER_REAPER:
-        return
-    _reaper_stop.clear()
-    threading.Thread(target=_reap_forever, args=(sender.app,), name="keyed-queue-reaper", daemon=True).start()
+    reaper = getattr(sender.controller, "keyed_queue_reaper", None)
+    if reaper is not None:
+        reaper.start()
 
 
 @worker_shutdown.connect
-def _stop_worker_reaper(**_: object) -> None:
-    _reaper_stop.set()
-
-
-def _reap_forever(app) -> None:
-    from .recovery import reap
-
-    # Spread the workers' passes so they do not all look at the same moment.
-    while not _reaper_stop.wait(settings.REAP_INTERVAL_SECONDS * random.uniform(0.8, 1.2)):
-        try:
-            close_old_connections()
-            reap(app=app)
-        except TRANSIENT as exc:
-            logger.warning("keyed queue reaper: Redis unreachable (%s); trying again", exc)
-        except Exception:
-            logger.exception("keyed queue reaper pass failed; trying again")
+def _stop_worker_reaper(sender=None, **_: object) -> None:
+    reaper = getattr(sender, "keyed_queue_reaper", None)
+    if reaper is not None:
+        reaper.stop()
 
 
 @beat_init.connect

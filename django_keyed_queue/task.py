@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from functools import cached_property, partial
 from typing import Any
@@ -22,10 +22,11 @@ from django.utils import timezone
 
 from . import handoff, idempotency, records
 from .connection import TRANSIENT, get_gate, outlast_restart
+from .dispatch import publish_grants, send
 from .exceptions import GateUnavailable, InvalidArguments, InvalidKey
-from .gate import MAX_KEY_LENGTH, Grant, Lease, NotSent, Recovery, SubmitResult
+from .gate import MAX_KEY_LENGTH, Lease, NotSent, SubmitResult
 from .leases import keeper
-from .messages import HEADER, TaskMessage, portable_options, ticket_header
+from .messages import HEADER, TaskMessage, portable_options
 from .statuses import Status
 
 logger = logging.getLogger(__name__)
@@ -98,7 +99,8 @@ class KeyedSerialTask(Task):
         bound = self._bind(args, kwargs)
         key = self.key_for(args, kwargs, bound)
         task_id = options.pop("task_id", None) or uuid()
-        expires = options.get("expires", self.expires)
+        options = self._send_options(args, kwargs, options)
+        expires = options.get("expires")
         if isinstance(expires, (int, float)) and not isinstance(expires, bool):
             # Counted from now, as Celery does; not from when a parked task is finally published.
             options["expires"] = timezone.now() + timedelta(seconds=expires)
@@ -122,6 +124,18 @@ class KeyedSerialTask(Task):
             if fingerprint is not None:
                 idempotency.release(fingerprint, task_id)
             raise
+
+    def _send_options(self, args: tuple, kwargs: dict, options: dict) -> dict:
+        """The options ``Task.apply_async`` would publish with: the task's own under the caller's.
+
+        Stored with the message, so that any process can publish it by name.
+        """
+        sent = {name: value for name, value in self._get_exec_options().items() if value is not None}
+        sent.update(options)
+        sent.setdefault("ignore_result", self.ignore_result)
+        if sent.get("shadow") is None:
+            sent["shadow"] = self.shadow_name(args, kwargs, options)
+        return sent
 
     def _enqueue(self, key: str, task_id: str, message: bytes, args: tuple, kwargs: dict, options: dict):
         """Take the ticket, write the record and, if granted, publish: nothing left behind on failure."""
@@ -161,10 +175,17 @@ class KeyedSerialTask(Task):
         try:
             # Celery's own result: dropping it and making another would unsubscribe and resubscribe.
             return self._publish(key, submitted.ticket, 1, args, kwargs, {**options, "task_id": task_id})
-        except BaseException:
+        except BaseException as exc:
             # The message may have left before the error: keep the number so it can never start another.
+            try:
+                self._withdraw(key, submitted.ticket, forget=False)
+            except redis.RedisError as gate_error:
+                # The ticket keeps its message and its record: the reaper publishes it again.
+                raise GateUnavailable(
+                    f"{self.name}: publishing failed ({exc!r}) and the keyed queue's Redis is unreachable, "
+                    f"so the task stays queued and may still run: {gate_error}"
+                ) from exc
             records.forget_submission(task_id)
-            self._withdraw(key, submitted.ticket, forget=False)
             raise
 
     def _take_ticket(self, key: str, message: bytes) -> SubmitResult | None:
@@ -191,8 +212,9 @@ class KeyedSerialTask(Task):
         publish_grants(self.app, withdrawn.granted)
 
     def _publish(self, key: str, ticket: int, dispatch: int, args: tuple, kwargs: dict, options: dict):
-        headers = {**(options.pop("headers", None) or {}), **ticket_header(key, ticket, dispatch)}
-        return super().apply_async(args, kwargs, headers=headers, **options)
+        options = dict(options)
+        message = TaskMessage(self.name, options.pop("task_id"), args, kwargs, options)
+        return send(self.app, message, key, ticket, dispatch, task=self)
 
     def _retry_in_place(self, lease: Lease, args: tuple, kwargs: dict, options: dict):
         """``self.retry()``: keep the key held through the countdown; the retry runs next."""
@@ -200,6 +222,7 @@ class KeyedSerialTask(Task):
         eta = options.get("eta")
         if isinstance(eta, datetime):
             countdown = max(0.0, (eta - timezone.now()).total_seconds())
+        options = self._send_options(args, kwargs, options)
         stored = portable_options(options, drop=(*_DELAY_OPTIONS, "task_id"))
         message = TaskMessage(self.name, options["task_id"], args, kwargs, stored).encode(self.serializer)
         gate = get_gate()
@@ -346,28 +369,3 @@ def _due_at(options: dict) -> datetime:
         eta = datetime.fromisoformat(eta) if isinstance(eta, str) else eta
         return timezone.make_aware(eta) if timezone.is_naive(eta) else eta
     return timezone.now() + timedelta(seconds=float(options["countdown"]))
-
-
-def publish(app, grant: Grant | Recovery) -> str | None:
-    """Publish a granted ticket's stored message; its task id, or None if the broker refused it."""
-    message = TaskMessage.decode(grant.message)
-    options = {**message.options, "task_id": message.task_id, "add_to_parent": False}
-    try:
-        app.tasks[message.task_name]._publish(
-            grant.key, grant.ticket, grant.dispatch, message.args, message.kwargs, options
-        )
-    except Exception:
-        logger.exception(
-            "publishing %s[%s] failed; the dispatch timeout will resend it", message.task_name, message.task_id
-        )
-        return None
-    return message.task_id
-
-
-def publish_grants(app, grants: Iterable[Grant | Recovery]) -> None:
-    """Publish the messages of tickets the gate just granted, and record them dispatched."""
-    for grant in grants:
-        dispatched_at = timezone.now()
-        task_id = publish(app, grant)
-        if task_id is not None:
-            records.record_dispatched(task_id, dispatched_at)

@@ -161,8 +161,12 @@ def _unprivileged() -> dict:
     raise RuntimeError("running as root and neither a postgres nor a nobody user exists to run PostgreSQL")
 
 
+#: The test workers' options: no worker-to-worker chatter, which the tests do not need.
+QUIET_WORKER_ARGS = ("--without-gossip", "--without-mingle", "--without-heartbeat")
+
+
 class Worker:
-    """A real ``celery worker`` (prefork) of the testproject, in its own process group."""
+    """A real ``celery worker`` (prefork) of a project (the testproject by default), in its own process group."""
 
     def __init__(
         self,
@@ -171,7 +175,10 @@ class Worker:
         concurrency: int = 2,
         extra_env: dict | None = None,
         queues: str = "celery",
-        args: tuple[str, ...] = (),
+        args: tuple[str, ...] = QUIET_WORKER_ARGS,
+        project: str = "testproject",
+        cwd: Path = ROOT,
+        base_env: dict | None = None,
     ) -> None:
         self.name = name
         self.queues = queues
@@ -179,10 +186,15 @@ class Worker:
         self.concurrency = concurrency
         self.extra_env = extra_env or {}
         self.args = args
+        self.project = project
+        self.cwd = cwd
+        #: The environment the worker starts from (this process's by default), before ``extra_env``.
+        self.base_env = base_env
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout: float = 30) -> Worker:
-        env = {**os.environ, "DJANGO_SETTINGS_MODULE": "testproject.settings", **self.extra_env}
+        base = os.environ if self.base_env is None else self.base_env
+        env = {**base, "DJANGO_SETTINGS_MODULE": f"{self.project}.settings", **self.extra_env}
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
@@ -191,7 +203,7 @@ class Worker:
                     "-m",
                     "celery",
                     "-A",
-                    "testproject",
+                    self.project,
                     "worker",
                     "-P",
                     "prefork",
@@ -203,12 +215,9 @@ class Worker:
                     "INFO",
                     "-Q",
                     self.queues,
-                    "--without-gossip",
-                    "--without-mingle",
-                    "--without-heartbeat",
                     *self.args,
                 ],
-                cwd=ROOT,
+                cwd=self.cwd,
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -278,9 +278,33 @@ class Gate:
         """
         now_ms = self._server_time_ms()
         due = self.client.zrangebyscore(DEADLINE_INDEX, "-inf", now_ms, start=0, num=batch, withscores=True)
+        return len(due), self._visit(due, now_ms, dry_run=dry_run)
+
+    def republish_unstarted(self, *, granted_seconds_ago: float, batch: int = 500) -> list[Recovery]:
+        """Publish again every ticket granted at least ``granted_seconds_ago`` (server clock) and not started.
+
+        For grants whose message a lost broker connection may have stranded. A
+        copy that does arrive is harmless: the first to start the ticket runs,
+        the gate drops the others. Due holders are recovered as by :meth:`reap`.
+        Visits every key that may hold such a ticket, ``batch`` per round trip.
+        """
+        now_ms = self._server_time_ms()
+        # A granted ticket's dispatch deadline is its grant's time plus the dispatch timeout.
+        before = now_ms - seconds_to_ms(granted_seconds_ago) + self.dispatch_timeout_ms
+        candidates = self.client.zrangebyscore(DEADLINE_INDEX, "-inf", before, withscores=True)
+        recoveries: list[Recovery] = []
+        for start in range(0, len(candidates), batch):
+            recoveries += self._visit(candidates[start : start + batch], now_ms, republish_before=before)
+        return recoveries
+
+    def _visit(
+        self, due: list[tuple[bytes, float]], now_ms: int, *, dry_run: bool = False, republish_before: int | str = ""
+    ) -> list[Recovery]:
+        """Run the reap script on each (key, index score) and move each key to its next deadline."""
         if not due:
-            return 0, []
-        replies = self._pipelined("reap", [self._reap_call(member.decode(), dry_run=dry_run) for member, _ in due])
+            return []
+        calls = [self._reap_call(m.decode(), dry_run=dry_run, republish_before=republish_before) for m, _ in due]
+        replies = self._pipelined("reap", calls)
         recoveries: list[Recovery] = []
         reindex: list[object] = []
         longest_gap = min(self.lease_ms, self.dispatch_timeout_ms)
@@ -294,7 +318,22 @@ class Gate:
             self._call("reindex", [DEADLINE_INDEX], reindex)
         for r in recoveries:
             logger.debug("reap key=%r ticket=%s action=%s dry_run=%s", r.key, r.ticket, r.action, dry_run)
-        return len(due), recoveries
+        return recoveries
+
+    def republish_soon(self, key: str, ticket: int, dispatch: int, *, delay_seconds: float) -> bool:
+        """The message of a granted ticket failed to publish: the reaper publishes it after ``delay_seconds``.
+
+        False if the ticket is no longer granted with that dispatch (it started, ended, or moved on).
+        """
+        delay_ms = seconds_to_ms(delay_seconds)
+        [(code,)] = self._pipelined(
+            "republish_soon",
+            [([KeyNames(key).holders], [ticket, dispatch, delay_ms])],
+            index=key,
+            index_within_ms=delay_ms,
+        )
+        logger.debug("republish_soon key=%r ticket=%s code=%s", key, ticket, Code(code).name)
+        return code == Code.OK
 
     def release(self, key: str, ticket: int) -> list[Recovery]:
         """Recover ``ticket``'s holder now, as the reaper does when its deadline passes.
@@ -306,9 +345,12 @@ class Gate:
         [reply] = self._pipelined("reap", [self._reap_call(key, release=ticket)], index=key)
         return self._recoveries(key, reply)
 
-    def _reap_call(self, key: str, *, dry_run: bool = False, release: int | str = "") -> tuple[list[str], list]:
+    def _reap_call(
+        self, key: str, *, dry_run: bool = False, release: int | str = "", republish_before: int | str = ""
+    ) -> tuple[list[str], list]:
         names = KeyNames(key)
         args = [self.dispatch_timeout_ms, self.idle_horizon_ms, int(dry_run), self.outcome_grace_ms, release]
+        args.append(republish_before)
         return [*names.all(), names.outcomes], args
 
     @staticmethod

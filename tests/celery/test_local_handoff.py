@@ -11,7 +11,7 @@ from celery import current_app
 from celery.states import FAILURE
 
 from testproject.demo.tasks import failing_step, flaky_step, plain_step, step, timed_step
-from testproject.servers import Worker
+from testproject.servers import QUIET_WORKER_ARGS, Worker
 from tests.helpers import check_history, read_history, wait_for_records, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.workers]
@@ -58,7 +58,9 @@ def own_worker(redis_server, django_db_setup):
 
     def start(*args: str) -> tuple[Worker, str]:
         queue = f"own-{uuid.uuid4().hex[:6]}"
-        worker = Worker(queue, Path(os.environ["TESTPROJECT_DATA_DIR"]) / "logs", queues=queue, args=args)
+        worker = Worker(
+            queue, Path(os.environ["TESTPROJECT_DATA_DIR"]) / "logs", queues=queue, args=(*QUIET_WORKER_ARGS, *args)
+        )
         started.append(worker)
         return worker.start(), queue
 

@@ -16,6 +16,9 @@
   ARGV[4] grace of an outcome before the reaper writes it, ms
   ARGV[5] ticket to recover now whatever its deadline ('' = none): an operator
           releasing a stuck holder
+  ARGV[6] server ms: also publish again every granted ticket whose dispatch
+          deadline is at or before it ('' = none): grants whose message a
+          broker connection lost may have stranded
 
   Returns {next_deadline_ms, action1, ticket1, dispatch1, attempts1, message1, action2, ...}
     next_deadline_ms  earliest deadline left among the key's holders, -1 if none
@@ -31,6 +34,7 @@ local horizon = tonumber(ARGV[2])
 local dry_run = ARGV[3] == '1'
 local grace = tonumber(ARGV[4])
 local release = ARGV[5]
+local republish_before = tonumber(ARGV[6]) or -1
 
 local now = now_ms()
 local out = {-1}
@@ -38,7 +42,8 @@ local freed = false
 local holders = redis.call('HGETALL', holders_key)
 for i = 1, #holders, 2 do
   local ticket, holder = holders[i], decode_holder(holders[i + 1])
-  if holder.deadline <= now or ticket == release then
+  if holder.deadline <= now or ticket == release
+      or (holder.state == 'g' and holder.deadline <= republish_before) then
     local message = redis.call('HGET', messages_key, ticket)
     local action
     if holder.state == 'g' then

@@ -1,4 +1,4 @@
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from django_keyed_queue.recovery import reap
 
@@ -16,4 +16,6 @@ class Command(BaseCommand):
             report = reap(dry_run=dry_run)
         for r in report.recoveries:
             self.stdout.write(f"{'would ' if dry_run else ''}{r.action} key={r.key!r} ticket={r.ticket}")
+        if report.unpublished:
+            raise CommandError(report.summary())
         self.stdout.write(("dry run: " if dry_run else "") + report.summary())

@@ -23,6 +23,8 @@ class Command(BaseCommand):
             self.stdout.write(f"skipped key={key!r}: it is live in Redis")
         for task_id in report.unrecoverable:
             self.stderr.write(f"cannot restore task {task_id}: its record has no stored message")
+        for task_id in report.unpublished:
+            self.stderr.write(f"task {task_id} was granted but the broker refused it; the reaper publishes it again")
         self.stdout.write(("dry run: " if dry_run else "") + report.summary())
-        if report.unrecoverable:
+        if report.unrecoverable or report.unpublished:
             raise SystemExit(1)

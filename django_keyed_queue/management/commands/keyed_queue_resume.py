@@ -1,3 +1,5 @@
+from django.core.management.base import CommandError
+
 from django_keyed_queue.recovery import resume
 
 from ._key import KeyCommand
@@ -7,4 +9,7 @@ class Command(KeyCommand):
     help = "Resume a paused key and dispatch what waits, up to its limit."
 
     def act(self, key: str) -> str:
-        return f"resumed {key!r}: {resume(key)} dispatched"
+        dispatched = resume(key)
+        if dispatched.failed:
+            raise CommandError(f"resumed {key!r}: {dispatched}")
+        return f"resumed {key!r}: {dispatched}"

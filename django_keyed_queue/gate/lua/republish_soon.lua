@@ -1,0 +1,35 @@
+--[[
+  A granted ticket's message could not be published (the broker refused it):
+  bring its dispatch deadline forward so the reaper publishes it again soon,
+  instead of after the whole dispatch timeout.
+
+  KEYS[1] holders
+  ARGV[1] ticket
+  ARGV[2] dispatch generation of the message that failed
+  ARGV[3] delay before the reaper publishes it again, ms
+
+  Returns {code}
+    code 0 OK            its deadline is at most the delay away
+    code 2 NOT_GRANTED   the ticket is not granted with that dispatch (it started, ended or moved on)
+]]
+--- @include "common"
+
+local holders_key = KEYS[1]
+local ticket = ARGV[1]
+local dispatch = tonumber(ARGV[2])
+local delay = tonumber(ARGV[3])
+
+local raw = redis.call('HGET', holders_key, ticket)
+if not raw then
+  return {2}
+end
+local holder = decode_holder(raw)
+if holder.state ~= 'g' or holder.dispatch ~= dispatch then
+  return {2}
+end
+local deadline = now_ms() + delay
+if deadline < holder.deadline then
+  holder.deadline = deadline
+  redis.call('HSET', holders_key, ticket, encode_holder(holder))
+end
+return {0}

@@ -1,0 +1,47 @@
+"""The user's project tier: a project made as a user makes one, its own redis-server for broker and gate."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from testproject.servers import RedisServer, free_port
+
+from .project import UserProject
+
+#: Redis as a user runs it for a broker: every write on disk before it is acknowledged.
+PERSISTENT = ("--appendonly", "yes", "--appendfsync", "always")
+#: The lease the tier's projects set: short enough that recoveries happen within a test.
+LEASE_SECONDS = 3
+
+
+@pytest.fixture
+def workdir(request) -> Path:
+    """Kept with the run's artifacts: the project's worker logs and the Redis log."""
+    return Path(os.environ["TESTPROJECT_DATA_DIR"]) / "userproject" / request.node.name[:80]
+
+
+@pytest.fixture
+def user_redis(workdir):
+    server = RedisServer(f"redis://127.0.0.1:{free_port()}", workdir / "redis")
+    server.start(*PERSISTENT)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def make_project(workdir, user_redis):
+    """Builds the project with the install section's settings, plus ``settings`` a test adds."""
+    made: list[UserProject] = []
+
+    def make(**settings) -> UserProject:
+        settings = {"KEYED_QUEUE_LEASE_SECONDS": LEASE_SECONDS, **settings}
+        project = UserProject(workdir / "mysite", user_redis.url, settings)
+        made.append(project.build())
+        return project
+
+    yield make
+    for project in made:
+        project.stop()

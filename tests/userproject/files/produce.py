@@ -1,0 +1,40 @@
+"""Submit TASKS steps round-robin over KEYS keys, one every INTERVAL seconds.
+
+    python produce.py TASK TASKS KEYS INTERVAL SECONDS
+
+A submission refused while Redis is away is tried again. Prints one JSON line per
+accepted task: {"key", "n", "id"}.
+"""
+
+import json
+import os
+import sys
+import time
+
+import django
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mysite.settings")
+
+
+def main(task_name: str, tasks: int, keys: int, interval: float, seconds: float) -> None:
+    django.setup()
+    from kombu.exceptions import OperationalError
+    from shop import tasks as shop_tasks
+
+    from django_keyed_queue import GateUnavailable
+
+    task = getattr(shop_tasks, task_name)
+    for i in range(tasks):
+        key, n = f"acct:{i % keys}", i // keys
+        while True:
+            try:
+                result = task.delay(key, n, seconds)
+                break
+            except (GateUnavailable, OperationalError):
+                time.sleep(0.1)
+        print(json.dumps({"key": key, "n": n, "id": result.id}), flush=True)
+        time.sleep(interval)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]))

@@ -1,0 +1,40 @@
+"""The user project's tasks: each run appends its start and end to a history file.
+
+Lines appended with O_APPEND by any process land whole and in the order they were
+written, so the file orders starts and ends across workers without comparing clocks.
+"""
+
+import json
+import os
+import time
+
+from celery import shared_task
+from django.conf import settings
+
+from django_keyed_queue import keyed_serial_task
+
+
+def log(event: str, key: str, n: int, task_id: str) -> None:
+    line = json.dumps({"event": event, "key": key, "n": n, "id": task_id, "pid": os.getpid(), "t": time.time()})
+    fd = os.open(settings.BASE_DIR / "history.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def logged(task_id: str, key: str, n: int, seconds: float) -> int:
+    log("start", key, n, task_id)
+    time.sleep(seconds)
+    log("end", key, n, task_id)
+    return n
+
+
+@keyed_serial_task(key="{key}", bind=True)
+def step(self, key: str, n: int, seconds: float = 0.0) -> int:
+    return logged(self.request.id, key, n, seconds)
+
+
+@shared_task(bind=True)
+def plain_step(self, key: str, n: int, seconds: float = 0.0) -> int:
+    return logged(self.request.id, key, n, seconds)

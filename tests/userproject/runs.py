@@ -1,0 +1,58 @@
+"""Checks over a run in the user's project: nothing lost, nothing run twice, order kept, keys resumed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections import Counter
+
+from tests.helpers import check_history, wait_until
+
+from .project import UserProject
+
+
+def accepted_by(producer: subprocess.Popen, timeout: float = 120) -> list[dict]:
+    """The producer's accepted submissions, once it is done: {"key", "n", "id"} in submission order."""
+    out, _ = producer.communicate(timeout=timeout)
+    assert producer.returncode == 0, "the producer failed: see its stderr above"
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def check_run(project: UserProject, accepted: list[dict], *, timeout: float = 60) -> list[dict]:
+    """Wait for every accepted task to end, then check the history and the records; returns the history."""
+    ids = {a["id"] for a in accepted}
+
+    def all_ended():
+        ended = {e["id"] for e in project.history() if e["event"] == "end"}
+        return ids <= ended
+
+    wait_until(all_ended, timeout, 0.2, f"{len(ids)} accepted tasks to run")
+    events = [e for e in project.history() if e["id"] in ids]
+    runs = Counter(e["id"] for e in events if e["event"] == "start")
+    assert [task_id for task_id, count in runs.items() if count > 1] == [], "a task ran twice"
+    order: dict[str, list[int]] = {}
+    for a in accepted:  # one producer: its submissions of a key took tickets in this order
+        order.setdefault(a["key"], []).append(a["n"])
+    assert check_history(events, accepted=order) == order, "every accepted task ran, in the gate's order"
+
+    def recorded():
+        rows = project.rows()
+        return all(rows.get(task_id, {}).get("status") == "succeeded" for task_id in ids)
+
+    wait_until(recorded, 10, 0.2, "every record to say succeeded")
+    return events
+
+
+def resume_delays(events: list[dict], since: float) -> dict[str, float]:
+    """For each key, seconds from ``since`` to its first start after it."""
+    first: dict[str, float] = {}
+    for e in events:
+        if e["event"] == "start" and e["t"] >= since and e["key"] not in first:
+            first[e["key"]] = e["t"] - since
+    return first
+
+
+def assert_workers_survived(project: UserProject) -> None:
+    for worker in project.workers:
+        assert worker.process is not None and worker.process.poll() is None, f"worker {worker.name} exited"
+        assert "Unrecoverable error" not in worker.log(), f"worker {worker.name} hit an unrecoverable error"

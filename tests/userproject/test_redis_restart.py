@@ -1,0 +1,69 @@
+"""The one Redis holding the broker and the gate restarts, or cuts its clients, under running keyed tasks.
+
+Workers must live through it as plain Celery's do, no accepted task may be lost
+or run twice or out of order, and every key resumes within the lease plus the
+reaper period (and a few seconds), not after the dispatch timeout.
+"""
+
+import time
+
+import pytest
+import redis
+
+from .conftest import LEASE_SECONDS, PERSISTENT
+from .runs import accepted_by, assert_workers_survived, check_run, resume_delays
+
+pytestmark = pytest.mark.workers
+
+#: The reaper's period in the project (the default) and the seconds allowed on top.
+REAP_INTERVAL_SECONDS = 5
+RESUME_BOUND_SECONDS = LEASE_SECONDS + REAP_INTERVAL_SECONDS + 4
+
+#: 144 tasks of 120 ms over 12 keys, one submitted every 20 ms.
+TASKS, KEYS, INTERVAL, SECONDS = 144, 12, 0.02, 0.12
+
+RECOMMENDED = {"CELERY_WORKER_PREFETCH_MULTIPLIER": 1, "CELERY_TASK_ACKS_LATE": True}
+
+
+def wait_for_starts(project, count: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while sum(e["event"] == "start" for e in project.history()) < count:
+        assert time.monotonic() < deadline, f"fewer than {count} tasks started in {timeout}s"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("celery_settings", [{}, RECOMMENDED], ids=["celery-defaults", "recommended"])
+def test_a_redis_killed_and_restarted_mid_run_loses_nothing(make_project, user_redis, celery_settings):
+    project = make_project(**celery_settings)
+    project.worker("a")
+    project.worker("b")
+    producer = project.produce("step", TASKS, KEYS, INTERVAL, SECONDS)
+    wait_for_starts(project, 30)
+    user_redis.process.kill()
+    user_redis.process.wait()
+    time.sleep(1)
+    user_redis.start(*PERSISTENT)
+    back_at = time.time()
+
+    events = check_run(project, accepted_by(producer))
+    assert_workers_survived(project)
+    delays = resume_delays(events, back_at)
+    assert sorted(delays) == sorted({f"acct:{k}" for k in range(KEYS)}), "every key ran again after the restart"
+    assert max(delays.values()) <= RESUME_BOUND_SECONDS, delays
+
+
+def test_connections_cut_by_redis_mid_run_lose_nothing(make_project, user_redis):
+    project = make_project()
+    project.worker("a")
+    project.worker("b")
+    producer = project.produce("step", TASKS, KEYS, INTERVAL, SECONDS)
+    wait_for_starts(project, 30)
+    with redis.Redis.from_url(user_redis.url) as admin:
+        cut = admin.client_kill_filter(_type="normal", skipme=True) + admin.client_kill_filter(_type="pubsub")
+    cut_at = time.time()
+    assert cut > 0
+
+    events = check_run(project, accepted_by(producer))
+    assert_workers_survived(project)
+    delays = resume_delays(events, cut_at)
+    assert max(delays.values()) <= RESUME_BOUND_SECONDS, delays
