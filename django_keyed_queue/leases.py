@@ -8,7 +8,7 @@ import threading
 import time
 
 from .conf import settings
-from .connection import get_gate
+from .connection import TRANSIENT, get_gate
 from .gate import Lease
 
 logger = logging.getLogger(__name__)
@@ -59,6 +59,8 @@ class LeaseKeeper:
             time.sleep(settings.LEASE_SECONDS / 3)
             try:
                 self.renew_now()
+            except TRANSIENT as exc:
+                logger.warning("renewing keyed queue leases failed: Redis unreachable (%s); trying again", exc)
             except Exception:
                 logger.exception("renewing keyed queue leases failed")
 

@@ -1,0 +1,70 @@
+"""Operator commands run from the project's ``manage.py``, where Celery has imported no task module.
+
+Each one that publishes a stored message must really publish it (by name), and
+say so only when the broker took it.
+"""
+
+import time
+
+import pytest
+import redis
+
+from .runs import accepted_by, check_run
+
+pytestmark = pytest.mark.workers
+
+
+def test_resume_dispatches_what_waits(make_project):
+    project = make_project()
+    project.worker("a")
+    assert project.manage("keyed_queue_pause", "acct:0").returncode == 0
+    accepted = accepted_by(project.produce("step", 3, 1, 0, 0.05))
+    time.sleep(0.5)
+    assert project.history() == [], "a paused key dispatches nothing"
+
+    resumed = project.manage("keyed_queue_resume", "acct:0")
+    assert resumed.stdout.strip() == "resumed 'acct:0': 1 dispatched"
+    check_run(project, accepted, timeout=15)
+
+
+def test_a_refused_publish_is_reported_and_published_again(make_project, user_redis):
+    project = make_project()
+    project.worker("a")
+    project.manage("keyed_queue_pause", "acct:0")
+    accepted = accepted_by(project.produce("step", 2, 1, 0, 0.05))
+    with redis.Redis.from_url(user_redis.url) as admin:
+        admin.execute_command("ACL", "SETUSER", "default", "-lpush")  # the broker refuses every publish
+        try:
+            resumed = project.manage("keyed_queue_resume", "acct:0", check=False)
+        finally:
+            admin.execute_command("ACL", "SETUSER", "default", "+lpush")
+    assert resumed.returncode == 1
+    assert "0 of 1 dispatched; the broker refused 1" in resumed.stderr
+    assert "dispatched" not in resumed.stdout
+    check_run(project, accepted, timeout=20)  # the worker's reaper publishes it again
+
+
+def test_reap_publishes_a_lost_message_again(make_project, user_redis):
+    project = make_project(KEYED_QUEUE_WORKER_REAPER=False, KEYED_QUEUE_DISPATCH_TIMEOUT_SECONDS=2)
+    accepted = accepted_by(project.produce("step", 2, 1, 0, 0.05))
+    with redis.Redis.from_url(f"{user_redis.url}/0") as broker:
+        assert broker.delete("celery") == 1, "the granted task's message is lost before any worker reads it"
+    project.worker("a")
+    time.sleep(2.5)  # past the dispatch timeout
+
+    reaped = project.manage("keyed_queue_reap")
+    assert "republish key='acct:0' ticket=1" in reaped.stdout
+    check_run(project, accepted, timeout=15)
+
+
+def test_rebuild_after_redis_lost_everything(make_project, user_redis):
+    project = make_project()
+    accepted = accepted_by(project.produce("step", 6, 2, 0, 0.05))
+    with redis.Redis.from_url(user_redis.url) as admin:
+        admin.flushall()
+
+    rebuilt = project.manage("keyed_queue_rebuild")
+    assert "restored 3 tasks of key='acct:0'" in rebuilt.stdout
+    assert "restored 3 tasks of key='acct:1'" in rebuilt.stdout
+    project.worker("a")
+    check_run(project, accepted, timeout=20)
