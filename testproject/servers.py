@@ -11,6 +11,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -73,6 +75,21 @@ class RedisServer:
         if self.process and self.process.poll() is None:
             self.process.terminate()
             self.process.wait(10)
+
+
+#: Redis as it runs under a broker in production: every write on disk before it is acknowledged.
+AOF_ALWAYS = ("--appendonly", "yes", "--appendfsync", "always")
+
+
+@contextmanager
+def persistent_redis(directory: Path) -> Iterator[RedisServer]:
+    """A redis-server on a free port whose data outlives a kill; restart it with ``start(*AOF_ALWAYS)``."""
+    server = RedisServer(f"redis://127.0.0.1:{free_port()}", directory)
+    server.start(*AOF_ALWAYS)
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 class PostgresServer:

@@ -10,27 +10,23 @@ import pytest
 import redis
 
 from testproject.demo.history import HISTORY
-from testproject.servers import ROOT, RedisServer, free_port
+from testproject.servers import AOF_ALWAYS, ROOT, persistent_redis
 from tests.helpers import check_history, wait_for_records
 
 from .conftest import timing_env
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.workers]
 
-PERSISTENT = ("--appendonly", "yes", "--appendfsync", "always")
-
 
 @pytest.fixture
-def persistent_redis(tmp_path):
-    server = RedisServer(f"redis://127.0.0.1:{free_port()}", tmp_path / "redis")
-    server.start(*PERSISTENT)
-    yield server
-    server.stop()
+def restartable_redis(tmp_path):
+    with persistent_redis(tmp_path / "redis") as server:
+        yield server
 
 
-def test_redis_restart_mid_run_loses_nothing(chaos, persistent_redis):
+def test_redis_restart_mid_run_loses_nothing(chaos, restartable_redis):
     # Workers and the producer run on this Redis (gate and broker); the test reads the records.
-    env = {"TESTPROJECT_REDIS_URL": persistent_redis.url}
+    env = {"TESTPROJECT_REDIS_URL": restartable_redis.url}
     chaos.start(2, env=env)
     producer = subprocess.Popen(
         [sys.executable, "-m", "tests.chaos.produce", chaos.queue, "60", "6", "0.05"],
@@ -40,9 +36,9 @@ def test_redis_restart_mid_run_loses_nothing(chaos, persistent_redis):
         text=True,
     )
     time.sleep(1.2)
-    persistent_redis.stop()
+    restartable_redis.stop()
     time.sleep(0.5)
-    persistent_redis.start(*PERSISTENT)
+    restartable_redis.start(*AOF_ALWAYS)
     out, _ = producer.communicate(timeout=120)
     assert producer.returncode == 0
     accepted = [json.loads(line) for line in out.splitlines()]
@@ -51,7 +47,7 @@ def test_redis_restart_mid_run_loses_nothing(chaos, persistent_redis):
     records = wait_for_records((a["id"] for a in accepted), timeout=90)
     failed = {r.key: (r.ticket, r.attempts, r.error) for r in records.values() if r.status != "succeeded"}
     assert not failed
-    history = redis.Redis.from_url(f"{persistent_redis.url}/3")
+    history = redis.Redis.from_url(f"{restartable_redis.url}/3")
     events = [json.loads(raw) for raw in history.lrange(HISTORY, 0, -1)]
     by_ticket = sorted(accepted, key=lambda a: (a["key"], records[a["id"]].ticket))
     order = {}

@@ -7,12 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from testproject.servers import RedisServer, free_port
+from testproject.servers import persistent_redis
 
 from .project import UserProject
 
-#: Redis as a user runs it for a broker: every write on disk before it is acknowledged.
-PERSISTENT = ("--appendonly", "yes", "--appendfsync", "always")
 #: The lease the tier's projects set: short enough that recoveries happen within a test.
 LEASE_SECONDS = 3
 
@@ -25,10 +23,8 @@ def workdir(request) -> Path:
 
 @pytest.fixture
 def user_redis(workdir):
-    server = RedisServer(f"redis://127.0.0.1:{free_port()}", workdir / "redis")
-    server.start(*PERSISTENT)
-    yield server
-    server.stop()
+    with persistent_redis(workdir / "redis") as server:
+        yield server
 
 
 @pytest.fixture

@@ -10,7 +10,9 @@ import time
 import pytest
 import redis
 
-from .conftest import LEASE_SECONDS, PERSISTENT
+from testproject.servers import AOF_ALWAYS
+
+from .conftest import LEASE_SECONDS
 from .runs import accepted_by, assert_workers_survived, check_run, resume_delays
 
 pytestmark = pytest.mark.workers
@@ -42,7 +44,7 @@ def test_a_redis_killed_and_restarted_mid_run_loses_nothing(make_project, user_r
     user_redis.process.kill()
     user_redis.process.wait()
     time.sleep(1)
-    user_redis.start(*PERSISTENT)
+    user_redis.start(*AOF_ALWAYS)
     back_at = time.time()
 
     events = check_run(project, accepted_by(producer))
