@@ -349,9 +349,8 @@ class Gate:
         self, key: str, *, dry_run: bool = False, release: int | str = "", republish_before: int | str = ""
     ) -> tuple[list[str], list]:
         names = KeyNames(key)
-        args = [self.dispatch_timeout_ms, self.idle_horizon_ms, int(dry_run), self.outcome_grace_ms, release]
-        args.append(republish_before)
-        return [*names.all(), names.outcomes], args
+        args = [self.dispatch_timeout_ms, self.idle_horizon_ms, int(dry_run), self.outcome_grace_ms]
+        return [*names.all(), names.outcomes], [*args, release, republish_before]
 
     @staticmethod
     def _recoveries(key: str, reply: list) -> list[Recovery]:
