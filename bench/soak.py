@@ -11,10 +11,13 @@ terminal, then checks exclusion, order, one successful end per task, the records
 - kill-pool     SIGKILL a pool process running a lingering task;
 - kill-worker   SIGKILL a whole worker (its process group) with a lingering task, then start a replacement;
 - stall         SIGSTOP a pool process running a lingering task past its lease, then SIGCONT;
-- lost-message  delete granted task messages sitting in the broker queue.
+- lost-message  delete granted task messages sitting in the broker queue;
+- redis-restart SIGKILL the redis-server, wait 1 s, start it again on its port and directory (opt-in: with it
+                the broker, the gate and the history share that one redis-server, with every write fsynced).
 
 Recovery time: from the fault to the next start on the victim's key (lost message: from the deletion to the
-start of that task). Exits 1 on any violation. See docs/soak.md.
+start of that task; redis-restart: "resume", from Redis answering again to the next start of each key that had
+tasks waiting). Exits 1 on any violation. See docs/soak.md.
 """
 
 from __future__ import annotations
@@ -34,9 +37,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import Cluster  # noqa: E402
+from harness import Cluster  # noqa: E402 (harness puts the repo root on sys.path)
 from soak_checks import (  # noqa: E402
     BOUNDS,
+    DEFAULT_FAULTS,
     FAULTS,
     TIMINGS,
     Record,
@@ -49,6 +53,8 @@ from soak_checks import (  # noqa: E402
     print_summary,
     round_line,
 )
+
+from testproject.servers import AOF_ALWAYS  # noqa: E402
 
 WORKERS, CONCURRENCY = 3, 2
 
@@ -69,6 +75,7 @@ class Victim:
 class Fault:
     kind: str
     t: float = 0.0  # time.time() of the fault
+    back: float = 0.0  # redis-restart: time.time() when Redis answered again
     index: int = 0  # history length at the fault: later events happened after it
     #: The runs a kill or stall hit, or the tasks whose message was deleted.
     victims: list[Victim] = field(default_factory=list)
@@ -292,6 +299,30 @@ class Soak:
         fault.notes.append(f"{len(queued)} granted messages were queued, {len(fault.victims)} deleted")
         return fault
 
+    def redis_restart(self, tasks, start) -> Fault:
+        """SIGKILL the one redis-server (broker, gate, history), wait 1 s, start it again on its port and dir.
+
+        The victims are the keys with tasks not yet started at the kill: each must start again.
+        """
+        fault = Fault("redis-restart")
+        server = self.cluster.servers[0]
+        events = self.refresh()
+        started = {(e["key"], e["n"]) for e in events[start:] if e["event"] == "start"}
+        waiting = sorted(t for t in tasks if t not in started)
+        fault.index, fault.t = len(events), time.time()
+        server.process.kill()
+        server.process.wait(10)
+        time.sleep(1.0)
+        server.start(*AOF_ALWAYS)
+        fault.back = time.time()
+        for key in sorted({k for k, _ in waiting}):
+            n = min(n for k, n in waiting if k == key)
+            fault.victims.append(Victim(key, n, f"{key}#{n}"))
+        fault.notes.append(
+            f"down {fault.back - fault.t:.1f} s; {len(waiting)} tasks of {len(fault.victims)} keys waiting"
+        )
+        return fault
+
     # -- rounds ---------------------------------------------------------------
 
     def plan(self, index: int) -> list[tuple[str, int, float]]:
@@ -347,6 +378,9 @@ class Soak:
 
     def measure_recoveries(self, fault: Fault, events: list[dict], start: int, verdict: Verdict) -> None:
         """Fault to the next start on each victim's key (lost message: to the start of that task)."""
+        if fault.kind == "redis-restart":
+            self.measure_resumes(fault, events, verdict)
+            return
         runs, _ = pair_runs(events, {v.key for v in fault.victims}, start)
         for victim in fault.victims:
             hit = [r for r in runs if (r.key, r.n, r.pid, r.attempt) == (victim.key, victim.n, victim.pid, 1)]
@@ -366,6 +400,19 @@ class Soak:
                 owner = self.owner(after["pid"])
                 where = f"pid {after['pid']}" + (f" on {owner.name}" if owner else "")
                 fault.notes.append(f"{victim.key} late: {fault.recoveries[-1]:.2f} s, restarted in {where}")
+
+    def measure_resumes(self, fault: Fault, events: list[dict], verdict: Verdict) -> None:
+        """Redis back to the first start, after the kill, of each key that had tasks waiting."""
+        starts = [e for e in events[fault.index :] if e["event"] == "start" and e["t"] > fault.t]
+        for victim in fault.victims:
+            after = next((e for e in starts if e["key"] == victim.key), None)
+            if after is None:
+                verdict.violations.append(f"[G3 no recovery] redis-restart: no start on {victim.key} after the restart")
+                continue
+            # A start logged between the kill and the restart would be at most a few ms early: count it as 0.
+            fault.recoveries.append(max(0.0, after["t"] - fault.back))
+            if fault.recoveries[-1] > BOUNDS[fault.kind]:
+                fault.notes.append(f"{victim.key} late: {fault.recoveries[-1]:.2f} s")
 
     def wait_for_records(self, tasks: list[Task]) -> tuple[dict[str, Record], list[str]]:
         from django_keyed_queue.models import KeyedTask
@@ -422,7 +469,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keys", type=int, default=12, help="fresh keys per round")
     parser.add_argument("--tasks-per-round", type=int, default=36)
     parser.add_argument("--seed", type=int, help="fixes the plan, the fault schedule and the victims (not timing)")
-    parser.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated subset of {','.join(FAULTS)}")
+    parser.add_argument(
+        "--faults",
+        default=",".join(DEFAULT_FAULTS),
+        help=f"comma-separated subset of {','.join(FAULTS)} (default: all but redis-restart)",
+    )
     parser.add_argument("--timeout", type=float, default=30, help="seconds a round's records may take to be terminal")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (worker logs, database)")
     args = parser.parse_args(argv)
@@ -436,6 +487,9 @@ def main(argv: list[str] | None = None) -> int:
 
     began = time.monotonic()
     cluster = Cluster(0, CONCURRENCY, keep=args.keep)
+    restarts = "redis-restart" in kinds
+    if restarts:  # the gate moves into the broker's redis-server (db 0), as in a project with one Redis
+        os.environ["TESTPROJECT_GATE_REDIS_URL"] = f"{cluster.broker_url}/0"
     # This process submits: its gate must use the workers' timings, so set them before django.setup().
     os.environ.update({f"KEYED_QUEUE_{name}": str(value) for name, value in TIMINGS.items()})
     results: list[RoundResult] = []
@@ -443,13 +497,17 @@ def main(argv: list[str] | None = None) -> int:
     failed = True
     try:
         cluster.start()
+        if restarts:  # Cluster starts it without persistence; nothing is in it yet and no worker runs
+            cluster.servers[0].stop()
+            cluster.servers[0].start(*AOF_ALWAYS)
         soak = Soak(cluster, args, rng.randrange(1_000_000))
         for _ in range(WORKERS):
             soak.start_worker()
         print(
             f"{WORKERS} workers x prefork {CONCURRENCY}, {os.cpu_count()} CPUs, lease {TIMINGS['LEASE_SECONDS']} s, "
             f"dispatch timeout {TIMINGS['DISPATCH_TIMEOUT_SECONDS']} s, reaper every "
-            f"{TIMINGS['REAP_INTERVAL_SECONDS']} s; seed {seed}; {revision()}; setup {time.monotonic() - began:.1f} s",
+            f"{TIMINGS['REAP_INTERVAL_SECONDS']} s; seed {seed}; {revision()}; setup {time.monotonic() - began:.1f} s"
+            + ("; one persistent redis-server for broker, gate and history" if restarts else ""),
             flush=True,
         )
         for index, kind in enumerate(schedule, 1):
@@ -471,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
                     out.writelines(json.dumps(e) + "\n" for e in events)
         log_lines = log_problems(cluster.workers)
         cluster.stop(failed=failed)
-    violations = print_summary(results, log_lines, time.monotonic() - began, seed)
+    violations = print_summary(results, log_lines, time.monotonic() - began, seed, kinds)
     return 1 if violations else 0
 
 
