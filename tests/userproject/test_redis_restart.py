@@ -10,7 +10,7 @@ import time
 import pytest
 import redis
 
-from testproject.servers import AOF_ALWAYS
+from testproject.servers import AOF_ALWAYS, persistent_redis
 
 from .conftest import LEASE_SECONDS
 from .runs import accepted_by, assert_workers_survived, check_run, resume_delays
@@ -34,17 +34,16 @@ def wait_for_starts(project, count: int, timeout: float = 30) -> None:
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("celery_settings", [{}, RECOMMENDED], ids=["celery-defaults", "recommended"])
-def test_a_redis_killed_and_restarted_mid_run_loses_nothing(make_project, user_redis, celery_settings):
-    project = make_project(**celery_settings)
+def run_through_a_restart(project, server) -> None:
+    """Two workers, a producer, ``server`` SIGKILLed mid-run and started again 1 s later; then the checks."""
     project.worker("a")
     project.worker("b")
     producer = project.produce("step", TASKS, KEYS, INTERVAL, SECONDS)
     wait_for_starts(project, 30)
-    user_redis.process.kill()
-    user_redis.process.wait()
+    server.process.kill()
+    server.process.wait()
     time.sleep(1)
-    user_redis.start(*AOF_ALWAYS)
+    server.start(*AOF_ALWAYS)
     back_at = time.time()
 
     events = check_run(project, accepted_by(producer))
@@ -52,6 +51,18 @@ def test_a_redis_killed_and_restarted_mid_run_loses_nothing(make_project, user_r
     delays = resume_delays(events, back_at)
     assert sorted(delays) == sorted({f"acct:{k}" for k in range(KEYS)}), "every key ran again after the restart"
     assert max(delays.values()) <= RESUME_BOUND_SECONDS, delays
+
+
+@pytest.mark.parametrize("celery_settings", [{}, RECOMMENDED], ids=["celery-defaults", "recommended"])
+def test_a_redis_killed_and_restarted_mid_run_loses_nothing(make_project, user_redis, celery_settings):
+    run_through_a_restart(make_project(**celery_settings), user_redis)
+
+
+def test_the_broker_s_redis_restarting_beside_a_gate_redis_of_its_own_loses_nothing(make_project, user_redis, workdir):
+    with persistent_redis(workdir / "gate-redis") as gate_redis:
+        project = make_project(KEYED_QUEUE_REDIS_URL=f"{gate_redis.url}/0")
+        run_through_a_restart(project, user_redis)
+        project.stop()  # before the gate's Redis stops
 
 
 def test_connections_cut_by_redis_mid_run_lose_nothing(make_project, user_redis):
