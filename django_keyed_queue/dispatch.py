@@ -9,15 +9,19 @@ task, the reaper, a management command, the admin.
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from django.utils import timezone
 
 from . import records
 from .connection import get_gate
+from .exceptions import MessageRefused
 from .gate import Grant, Recovery
 from .messages import TaskMessage, ticket_header
+from .statuses import Status
 
 logger = logging.getLogger(__name__)
 
@@ -42,14 +46,62 @@ def send(app, message: TaskMessage, key: str, ticket: int, dispatch: int, *, tas
     )
 
 
-def publish(app, grant: Grant | Recovery) -> str | None:
-    """Publish a granted ticket's stored message; its task id, or None if the broker refused it.
+class Published(enum.Enum):
+    SENT = "sent"
+    #: The broker refused it: the reaper publishes it again.
+    BROKER_REFUSED = "broker refused"
+    #: Its stored message is not one the app accepts: the task failed, its key moved on.
+    MESSAGE_REFUSED = "message refused"
 
-    A refused message is published again by the reaper within
-    ``REPUBLISH_DELAY_SECONDS`` (or, if Redis is unreachable too, the
-    dispatch timeout).
+
+@dataclass
+class Dispatched:
+    """What publishing some grants did."""
+
+    published: int = 0
+    #: Refused by the broker: the reaper publishes them again.
+    failed: int = 0
+    #: Stored messages the app does not accept: those tasks failed.
+    refused: int = 0
+
+    def add(self, outcome: Published) -> None:
+        if outcome is Published.SENT:
+            self.published += 1
+        elif outcome is Published.BROKER_REFUSED:
+            self.failed += 1
+        else:
+            self.refused += 1
+
+    def __str__(self) -> str:
+        text = f"{self.published} dispatched"
+        if self.failed:
+            text = (
+                f"{self.published} of {self.published + self.failed} dispatched; the broker refused {self.failed} "
+                f"(see the log), which the reaper publishes again within seconds"
+            )
+        if self.refused:
+            text += f"; {self.refused} failed: their stored message is not one the app accepts (see the log)"
+        return text
+
+
+def publish(app, grant: Grant | Recovery, *, then: list[Grant] | None = None) -> Published:
+    """Publish a granted ticket's stored message.
+
+    A message the broker refuses is published again by the reaper within
+    ``REPUBLISH_DELAY_SECONDS`` (or, if Redis is unreachable too, the dispatch
+    timeout). A stored message the app does not accept is never decoded: its
+    task fails and its key moves on; the tickets granted in its place are
+    appended to ``then``, or published now.
     """
-    message = TaskMessage.decode(grant.message)
+    try:
+        message = TaskMessage.decode(grant.message, app.conf.accept_content)
+    except MessageRefused as refused:
+        granted = _fail_refused(grant, refused)
+        if then is None:
+            publish_grants(app, granted)
+        else:
+            then.extend(granted)
+        return Published.MESSAGE_REFUSED
     try:
         # On the gate's behalf: not a child of whatever task this process runs now.
         send(app, message, grant.key, grant.ticket, grant.dispatch, add_to_parent=False)
@@ -65,21 +117,28 @@ def publish(app, grant: Grant | Recovery) -> str | None:
             get_gate().republish_soon(grant.key, grant.ticket, grant.dispatch, delay_seconds=REPUBLISH_DELAY_SECONDS)
         except Exception:
             logger.warning("could not bring the republish of key=%r ticket=%s forward", grant.key, grant.ticket)
-        return None
-    return message.task_id
+        return Published.BROKER_REFUSED
+    return Published.SENT
 
 
-def publish_grants(app, grants: Iterable[Grant | Recovery]) -> list[Grant | Recovery]:
-    """Publish the messages of tickets the gate just granted and record them dispatched.
-
-    Returns the grants whose publish failed (the reaper publishes them again).
-    """
-    failed = []
-    for grant in grants:
+def publish_grants(app, grants: Iterable[Grant | Recovery]) -> Dispatched:
+    """Publish the messages of tickets the gate just granted and record them dispatched."""
+    done = Dispatched()
+    pending = list(grants)
+    while pending:
+        grant = pending.pop(0)
         dispatched_at = timezone.now()
-        task_id = publish(app, grant)
-        if task_id is None:
-            failed.append(grant)
-        else:
-            records.record_dispatched(task_id, dispatched_at)
-    return failed
+        outcome = publish(app, grant, then=pending)
+        if outcome is Published.SENT:
+            records.record_dispatched(TaskMessage.peek(grant.message)[1], dispatched_at)
+        done.add(outcome)
+    return done
+
+
+def _fail_refused(grant: Grant | Recovery, refused: MessageRefused) -> list[Grant]:
+    """Withdraw a ticket whose stored message is refused and fail its task; the tickets granted in its place."""
+    logger.error("keyed queue key=%r ticket=%s: %s; the task fails", grant.key, grant.ticket, refused)
+    withdrawn = get_gate().cancel(grant.key, grant.ticket)
+    if refused.task_id != "?":
+        records.settle(refused.task_id, Status.FAILED, finished_at=timezone.now(), error=str(refused))
+    return withdrawn.granted

@@ -19,3 +19,11 @@ class GateUnavailable(KeyedQueueError):
 
 class ActionRefused(KeyedQueueError):
     """An operator's action does not apply to the task or key as it is now; nothing was changed."""
+
+
+class MessageRefused(KeyedQueueError):
+    """A stored task message is not one the app accepts (``accept_content``) or is malformed; nothing was decoded."""
+
+    def __init__(self, task_name: str, task_id: str, reason: str) -> None:
+        super().__init__(f"the stored message of {task_name}[{task_id}] is refused: {reason}")
+        self.task_name, self.task_id, self.reason = task_name, task_id, reason

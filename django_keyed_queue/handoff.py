@@ -36,6 +36,7 @@ from kombu.utils.encoding import safe_repr, safe_str
 from . import records
 from .conf import settings
 from .dispatch import publish_grants
+from .exceptions import MessageRefused
 from .gate import Grant
 from .messages import TaskMessage, ticket_header
 
@@ -93,7 +94,10 @@ def keep(app, finished_request, grants: list[Grant]) -> list[Grant]:
         return grants
     if any(finished_request.timelimit or ()):
         return grants  # the pool's timer of the message being run would cover the kept run too
-    message = TaskMessage.decode(grants[0].message)
+    try:
+        message = TaskMessage.decode(grants[0].message, app.conf.accept_content)
+    except MessageRefused:
+        return grants  # publishing refuses it too, and fails its task
     request = local_request(app, message, grants[0], finished_request.hostname)
     if request is None:
         return grants

@@ -7,14 +7,15 @@ also how unserializable arguments are refused before anything is written.
 from __future__ import annotations
 
 import base64
+import binascii
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
-from kombu.exceptions import EncodeError
-from kombu.serialization import dumps, loads
+from kombu.exceptions import DecodeError, EncodeError
+from kombu.serialization import dumps, loads, prepare_accept_content
 
-from .exceptions import InvalidArguments
+from .exceptions import InvalidArguments, MessageRefused
 
 #: Message header carrying a granted ticket: {"key", "ticket", "dispatch"}.
 HEADER = "keyed_queue"
@@ -51,19 +52,38 @@ class TaskMessage:
         return json.dumps(envelope, separators=(",", ":")).encode()
 
     @classmethod
-    def decode(cls, raw: bytes) -> TaskMessage:
-        envelope = json.loads(raw)
-        content_type = envelope["content_type"]
-        payload: dict[str, Any] = loads(
-            base64.b64decode(envelope["body"]), content_type, envelope["encoding"], accept={content_type}
-        )
-        return cls(
-            task_name=envelope["task"],
-            task_id=envelope["id"],
-            args=tuple(payload["args"]),
-            kwargs=payload["kwargs"],
-            options=payload["options"],
-        )
+    def decode(cls, raw: bytes, accept: Iterable[str]) -> TaskMessage:
+        """The message stored as ``raw``, if its body is in a format of ``accept`` (the app's ``accept_content``).
+
+        What Redis or the database holds may have been written by someone else:
+        a body in any other format (pickle, when the app does not accept it) is
+        never decoded, and a malformed one is refused too (``MessageRefused``).
+        """
+        task_name, task_id, envelope = cls.peek(raw)
+        content_type = envelope.get("content_type")
+        if content_type not in prepare_accept_content(set(accept)):
+            raise MessageRefused(task_name, task_id, f"its content type {content_type!r} is not in accept_content")
+        try:
+            body = base64.b64decode(envelope["body"], validate=True)
+            payload = loads(body, content_type, envelope.get("encoding"), accept={content_type})
+            message = cls(task_name, task_id, tuple(payload["args"]), payload["kwargs"], payload["options"])
+        except (DecodeError, binascii.Error, KeyError, TypeError, ValueError) as exc:
+            raise MessageRefused(task_name, task_id, f"it is malformed: {exc!r}") from exc
+        if not (isinstance(message.kwargs, dict) and isinstance(message.options, dict)):
+            raise MessageRefused(task_name, task_id, "its kwargs and options must be mappings")
+        return message
+
+    @staticmethod
+    def peek(raw: bytes) -> tuple[str, str, dict]:
+        """The task name and id of a stored message, and its envelope (JSON), without decoding its body."""
+        try:
+            envelope = json.loads(raw)
+            task_name, task_id = envelope["task"], envelope["id"]
+        except (ValueError, TypeError, KeyError) as exc:
+            raise MessageRefused("?", "?", f"its envelope is malformed: {exc!r}") from exc
+        if not (isinstance(task_name, str) and isinstance(task_id, str)):
+            raise MessageRefused(str(task_name), str(task_id), "its task name and id must be text")
+        return task_name, task_id, envelope
 
 
 def ticket_header(key: str, ticket: int, dispatch: int) -> dict:

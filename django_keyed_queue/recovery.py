@@ -19,8 +19,8 @@ from django.utils import timezone
 
 from . import records
 from .connection import get_gate
-from .dispatch import publish, publish_grants
-from .exceptions import ActionRefused
+from .dispatch import Dispatched, Published, publish, publish_grants
+from .exceptions import ActionRefused, MessageRefused
 from .gate import Code, Recovery
 from .messages import TaskMessage
 from .statuses import TERMINAL_STATUSES, Status
@@ -90,7 +90,7 @@ def _act(app, recovery: Recovery, reason: str = "") -> bool:
         records.write(end)
         get_gate().forget_outcomes([(recovery.key, end.task_id)])
         return True
-    task_id = TaskMessage.decode(recovery.message).task_id if recovery.message else None
+    task_id = TaskMessage.peek(recovery.message)[1] if recovery.message else None
     if task_id is None:  # a holder without a message: nothing to publish or record
         logger.error("keyed queue holder without a message key=%r ticket=%s", recovery.key, recovery.ticket)
         return True
@@ -102,9 +102,9 @@ def _act(app, recovery: Recovery, reason: str = "") -> bool:
     if recovery.action == "redispatch":
         records.settle(task_id, Status.DISPATCHED, dispatched_at=now, error=f"{lost}; dispatched again")
     published = publish(app, recovery)
-    if published and recovery.action != "redispatch":
+    if published is Published.SENT and recovery.action != "redispatch":
         records.record_dispatched(task_id, now)
-    return published is not None
+    return published is not Published.BROKER_REFUSED
 
 
 @dataclass
@@ -157,10 +157,11 @@ def rebuild(*, dry_run: bool = False, app=None) -> RebuildReport:
             status__in=TERMINAL_STATUSES
         ).update(status=Status.WAITING, error="rebuilt after the gate's Redis was lost")
         for grant in rebuilt.granted:
-            task_id = publish(app, grant)
-            if task_id is None:
-                report.unpublished.append(TaskMessage.decode(grant.message).task_id)
-            else:
+            task_id = TaskMessage.peek(grant.message)[1]
+            published = publish(app, grant)
+            if published is Published.BROKER_REFUSED:
+                report.unpublished.append(task_id)
+            elif published is Published.SENT:
                 records.settle(task_id, Status.DISPATCHED, dispatched_at=timezone.now())
     logger.info("keyed queue rebuild %s%s", "(dry run) " if dry_run else "", report.summary())
     return report
@@ -172,32 +173,14 @@ def pause(key: str, *, by: str = "an operator") -> None:
     logger.info("keyed queue key %r paused by %s", key, by)
 
 
-@dataclass
-class Dispatched:
-    """What an operator's action granted: how many went to the broker, how many it refused."""
-
-    published: int = 0
-    failed: int = 0
-
-    def __str__(self) -> str:
-        if not self.failed:
-            return f"{self.published} dispatched"
-        return (
-            f"{self.published} of {self.published + self.failed} dispatched; the broker refused {self.failed} "
-            f"(see the log), which the reaper publishes again within seconds"
-        )
-
-
 def resume(key: str, *, by: str = "an operator", app=None) -> Dispatched:
     """Resume a key and dispatch what it had waiting, up to its limit.
 
     A grant the broker refused is published again by the reaper.
     """
-    granted = get_gate().resume(key)
-    failed = len(publish_grants(app or current_app, granted))
+    done = publish_grants(app or current_app, get_gate().resume(key))
     records.recorder.flush()
-    done = Dispatched(published=len(granted) - failed, failed=failed)
-    logger.info("keyed queue key %r resumed by %s, %d dispatched, %d failed", key, by, done.published, failed)
+    logger.info("keyed queue key %r resumed by %s: %s", key, by, done)
     return done
 
 
@@ -272,7 +255,11 @@ def retry(task_id: str, *, by: str = "an operator", app=None) -> str:
         raise ActionRefused(f"task {task_id} is {row.status}: only a failed task can be retried")
     if not row.message:
         raise ActionRefused(f"task {task_id} has no stored message to submit again")
-    message = TaskMessage.decode(row.message.encode())
+    try:
+        message = TaskMessage.decode(row.message.encode(), app.conf.accept_content)
+    except MessageRefused as refused:
+        logger.error("keyed queue task %s key=%r not retried: %s", task_id, row.key, refused)
+        raise ActionRefused(str(refused)) from None
     task = registered_task(app, message.task_name)
     if not isinstance(task, KeyedSerialTask):
         raise ActionRefused(f"{message.task_name} is not a keyed task registered in this project")

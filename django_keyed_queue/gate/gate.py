@@ -160,8 +160,10 @@ class Gate:
         logger.debug("retry key=%r ticket=%s code=%s dispatch=%s", key, ticket, Code(code).name, dispatch)
         return int(dispatch) if code == Code.OK else None
 
-    def cancel(self, key: str, ticket: int, *, limit: int = 1, forget: bool = False) -> FinishResult:
+    def cancel(self, key: str, ticket: int, *, limit: int | None = None, forget: bool = False) -> FinishResult:
         """Withdraw a ticket that has not started; returns tickets granted in its place.
+
+        ``limit`` None: the key's own, as its submissions set it.
 
         ``forget=True`` is for a submission that failed before anyone saw its
         ticket: the ticket number is given back when it was the last one taken.
@@ -170,7 +172,7 @@ class Gate:
             "cancel",
             key,
             KeyNames(key).all(),
-            [ticket, limit, self.dispatch_timeout_ms, self.idle_horizon_ms, int(forget)],
+            [ticket, "" if limit is None else limit, self.dispatch_timeout_ms, self.idle_horizon_ms, int(forget)],
         )
         result = FinishResult(Code(reply[0]), self._grants(key, reply[1:]))
         logger.debug("cancel key=%r ticket=%s code=%s", key, ticket, result.code.name)

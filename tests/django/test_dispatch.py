@@ -7,7 +7,7 @@ from celery import current_app
 
 from django_keyed_queue import keyed_serial_task
 from django_keyed_queue.connection import get_gate
-from django_keyed_queue.dispatch import publish
+from django_keyed_queue.dispatch import Published, publish
 from django_keyed_queue.gate import Grant, KeyNames
 from django_keyed_queue.messages import HEADER, TaskMessage
 from testproject.demo.tasks import step
@@ -22,7 +22,7 @@ def test_a_grant_is_published_by_name_in_a_process_without_its_task(gate_redis, 
     assert message.task_name not in current_app.tasks
     grant = Grant("k", 3, 2, message.encode("json"))
 
-    assert publish(current_app, grant) == "t-1"
+    assert publish(current_app, grant) is Published.SENT
     sent = json.loads(broker.lindex(QUEUE, 0))
     assert (sent["headers"]["task"], sent["headers"]["id"]) == ("shop.tasks.not_imported_here", "t-1")
     assert sent["headers"][HEADER] == {"key": "k", "ticket": 3, "dispatch": 2}
@@ -35,7 +35,7 @@ def test_the_stored_message_carries_the_task_s_own_options(gate_redis, broker):
 
     step.apply_async(("r", 0), queue=QUEUE)  # holds the key: the next one is parked with its message
     routed_step.apply_async(("r", 1), queue=QUEUE, headers={"tenant": "acme"})
-    stored = TaskMessage.decode(gate_redis.hget(KeyNames("r").messages, 2))
+    stored = TaskMessage.decode(gate_redis.hget(KeyNames("r").messages, 2), ["json"])
     assert {name: stored.options.get(name) for name in ("queue", "headers", "time_limit", "soft_time_limit")} == {
         "queue": QUEUE,
         "headers": {"tenant": "acme"},

@@ -4,7 +4,7 @@
 
   KEYS[1] meta      KEYS[2] queue      KEYS[3] messages      KEYS[4] holders
   ARGV[1] ticket
-  ARGV[2] limit (slots per key)
+  ARGV[2] limit (slots per key); '' = the key's own, kept at submission
   ARGV[3] dispatch timeout, ms
   ARGV[4] idle horizon, ms
   ARGV[5] forget (1 = the submission of this ticket failed before anyone saw it: give
@@ -19,7 +19,7 @@
 
 local meta_key, queue_key, messages_key, holders_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local ticket = ARGV[1]
-local limit = tonumber(ARGV[2])
+local limit = tonumber(ARGV[2]) or tonumber(redis.call('HGET', meta_key, 'limit') or '1')
 local dispatch_timeout = tonumber(ARGV[3])
 local horizon = tonumber(ARGV[4])
 local forget = ARGV[5] == '1'

@@ -10,6 +10,6 @@ class Command(KeyCommand):
 
     def act(self, key: str) -> str:
         dispatched = resume(key)
-        if dispatched.failed:
+        if dispatched.failed or dispatched.refused:
             raise CommandError(f"resumed {key!r}: {dispatched}")
         return f"resumed {key!r}: {dispatched}"
