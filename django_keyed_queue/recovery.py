@@ -188,29 +188,31 @@ def resume(key: str, *, by: str = "an operator", app=None) -> Dispatched:
 KILLED_RUN_GRACE_SECONDS = 2.0
 
 
-def end_killed_run(task_id: str, *, status: str, reason: str, header: dict | None = None) -> bool:
+def end_killed_run(task_id: str, header: dict | None, *, status: str, reason: str) -> bool:
     """Celery is killing a running task's process on purpose (revoked with terminate, hard time limit).
 
-    The run is not dispatched again, as it would be after a lost lease: it is
-    fenced now, its record ends with ``status`` and ``reason``, and the reaper
-    frees its slot once the process had ``KILLED_RUN_GRACE_SECONDS`` to die.
-    ``header`` is the ticket header of the killed run's message; without it the
-    ticket is read from the record. False if the run is not found running (it
-    ended meanwhile); nothing changes then.
+    ``header`` is the ticket header of the killed run's message: it names the
+    attempt (its ticket and dispatch; one dispatch starts at most one attempt).
+    That attempt, and no other, is not dispatched again as it would be after a
+    lost lease: it is fenced now, its record ends with ``status`` and
+    ``reason``, and the reaper frees its slot once the process had
+    ``KILLED_RUN_GRACE_SECONDS`` to die. False, with nothing changed, when no
+    attempt is named (a delayed task that took its ticket on arrival: its lease
+    runs out instead) or the named one no longer runs (it ended, or a recovery
+    replaced it).
     """
-    from .models import KeyedTask
-
-    if header is not None:
-        key, ticket, dispatch = header["key"], int(header["ticket"]), int(header["dispatch"])
-    else:
-        row = KeyedTask.objects.filter(task_id=task_id).values_list("key", "ticket").first()
-        if row is None or row[1] is None:
-            return False  # a delayed task whose ticket is not recorded yet: its lease runs out instead
-        (key, ticket), dispatch = row, None
-    if not get_gate().give_up(key, ticket, grace_seconds=KILLED_RUN_GRACE_SECONDS, dispatch=dispatch):
+    if header is None:
+        logger.info("keyed queue task %s was killed (%s); its message names no attempt to end", task_id, reason)
+        return False
+    key, ticket, dispatch = header["key"], int(header["ticket"]), int(header["dispatch"])
+    if not get_gate().give_up(key, ticket, dispatch, grace_seconds=KILLED_RUN_GRACE_SECONDS):
+        logger.info(
+            "keyed queue task %s key=%r ticket=%s dispatch=%s was killed (%s) after it stopped holding its key",
+            task_id, key, ticket, dispatch, reason,
+        )  # fmt: skip
         return False
     records.settle(task_id, status, finished_at=timezone.now(), error=reason)
-    logger.info("keyed queue task %s key=%r ticket=%s ended: %s", task_id, key, ticket, reason)
+    logger.info("keyed queue task %s key=%r ticket=%s dispatch=%s ended: %s", task_id, key, ticket, dispatch, reason)
     return True
 
 

@@ -5,10 +5,8 @@ from __future__ import annotations
 import logging
 import signal
 
-from celery.exceptions import TimeLimitExceeded
 from celery.signals import (
     beat_init,
-    task_failure,
     task_postrun,
     task_revoked,
     worker_init,
@@ -71,9 +69,9 @@ def _end_revoked(
                 return  # e.g. SIGUSR1: the task sees an exception and ends its run itself
             end_killed_run(
                 request.id,
+                getattr(request, HEADER, None),
                 status=Status.CANCELLED,
                 reason=f"revoked by Celery, its process terminated ({signal.Signals(signum).name})",
-                header=getattr(request, HEADER, None),
             )
             return
         cancel(request.id, by="Celery: it expired" if expired else "Celery: it was revoked", app=sender.app)
@@ -81,21 +79,6 @@ def _end_revoked(
         logger.info("keyed task %s was dropped by Celery: %s", request.id, exc)
     except Exception:
         logger.exception("keyed task %s was dropped by Celery; its ticket is kept until the reaper acts", request.id)
-
-
-@task_failure.connect
-def _end_timed_out(sender=None, task_id: str = "", exception=None, **_: object) -> None:
-    """A keyed task hit its hard time limit: Celery failed it and kills its process; it is not run again."""
-    from .recovery import end_killed_run
-    from .statuses import Status
-    from .task import KeyedSerialTask
-
-    if not isinstance(sender, KeyedSerialTask) or not isinstance(exception, TimeLimitExceeded):
-        return
-    try:
-        end_killed_run(task_id, status=Status.FAILED, reason=f"hard time limit exceeded ({exception})")
-    except Exception:
-        logger.exception("keyed task %s hit its hard time limit; its ticket is kept until the reaper acts", task_id)
 
 
 @worker_process_shutdown.connect

@@ -49,6 +49,8 @@ class KeyedSerialTask(Task):
     #: A duplicate submission (same task, same arguments) within the idempotency
     #: window returns the original task instead of running again.
     idempotent: bool = False
+    #: The worker's request: ends the attempt its hard time limit kills, and only that one.
+    Request = "django_keyed_queue.request:KeyedRequest"
 
     # -- submission -------------------------------------------------------
 

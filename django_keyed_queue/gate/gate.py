@@ -178,14 +178,15 @@ class Gate:
         logger.debug("cancel key=%r ticket=%s code=%s", key, ticket, result.code.name)
         return result
 
-    def give_up(self, key: str, ticket: int, *, grace_seconds: float, dispatch: int | None = None) -> bool:
-        """Give up a running ticket whose process is being killed: fenced now, failed by the reaper
-        without a recovery once ``grace_seconds`` have passed. False if it does not run (it ended)."""
+    def give_up(self, key: str, ticket: int, dispatch: int, *, grace_seconds: float) -> bool:
+        """Give up the attempt of ``ticket`` started by the message of ``dispatch``, whose process is
+        being killed: fenced now, failed by the reaper without a recovery once ``grace_seconds`` have
+        passed. False if that attempt does not run (it ended, or another dispatch replaced it)."""
         names = KeyNames(key)
         grace_ms = seconds_to_ms(grace_seconds)
         [(code, _)] = self._pipelined(
             "give_up",
-            [([names.meta, names.holders], [ticket, grace_ms, "" if dispatch is None else dispatch])],
+            [([names.meta, names.holders], [ticket, grace_ms, dispatch])],
             index=key,
             index_within_ms=grace_ms,
         )

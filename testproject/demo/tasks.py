@@ -118,3 +118,13 @@ def charge(order_id: int, amount: str, currency: str = "EUR") -> str:
     history.log("start", f"order:{order_id}", 0)
     history.log("end", f"order:{order_id}", 0)
     return f"charged {amount} {currency} for order {order_id}"
+
+
+@keyed_serial_task(key="{key}", bind=True, time_limit=6)
+def time_limited_step(self, key: str, n: int, seconds: float = 0.0) -> int:
+    """Runs ``seconds`` on every attempt, under a hard time limit of 6 s; its end says whether it held its key."""
+    attempt = self.request.keyed_attempts
+    history.log("start", key, n, attempt=attempt)
+    time.sleep(seconds)
+    history.log("end", key, n, attempt=attempt, holds=self.holds_key())
+    return n

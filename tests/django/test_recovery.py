@@ -6,12 +6,12 @@ import signal
 
 import pytest
 from celery.app.task import Context
-from celery.exceptions import TimeLimitExceeded
-from celery.signals import task_failure, task_revoked
+from celery.signals import task_revoked
 from django.core.management import call_command
 
 from django_keyed_queue.gate import Gate, KeyNames
 from django_keyed_queue.models import KeyedTask
+from django_keyed_queue.recovery import end_killed_run
 from django_keyed_queue.task import HEADER
 from testproject.demo.tasks import step
 from tests.helpers import wait_until
@@ -94,9 +94,16 @@ def test_a_run_sent_a_signal_it_survives_is_left_to_end_itself(gate_redis, broke
     assert KeyedTask.objects.get(task_id=result.id).status == "dispatched"
 
 
-def test_a_hard_time_limit_gives_the_run_up_from_its_record(gate_redis, broker):
-    result, _ = start_a_task(gate_redis, broker)
-    task_failure.send(sender=step, task_id=result.id, exception=TimeLimitExceeded(1.0), args=(), kwargs={})
+def test_a_kill_ends_only_the_attempt_its_message_names(gate_redis, broker):
+    result, request = start_a_task(gate_redis, broker)
+    before = gate_redis.hgetall(KeyNames("k").holders)
+    replaced = {**getattr(request, HEADER), "dispatch": 2}  # a message the run did not start from
+    assert not end_killed_run(result.id, replaced, status="failed", reason="hard time limit exceeded (1s)")
+    assert not end_killed_run(result.id, None, status="failed", reason="hard time limit exceeded (1s)")
+    assert gate_redis.hgetall(KeyNames("k").holders) == before, "no attempt named: nothing ended"
+    assert KeyedTask.objects.get(task_id=result.id).status == "dispatched"
+
+    assert end_killed_run(result.id, getattr(request, HEADER), status="failed", reason="hard time limit exceeded")
     row = KeyedTask.objects.get(task_id=result.id)
     assert row.status == "failed" and "hard time limit exceeded" in row.error
     assert Gate(gate_redis).inspect("k")["holders"][1]["max_lost"] == 0

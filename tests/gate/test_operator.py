@@ -95,7 +95,7 @@ def test_a_given_up_run_is_fenced_now_and_failed_without_recovery_after_the_grac
     gate = make_gate(lease_seconds=30)
     ticket, token = running(gate, "k", max_lost=3)
     parked = gate.submit("k", b"next")
-    assert gate.give_up("k", ticket, grace_seconds=0.5, dispatch=1)
+    assert gate.give_up("k", ticket, 1, grace_seconds=0.5)
     assert not gate.holds(Lease("k", ticket, token)), "fenced at once: the killed run's writes are refused"
     assert not gate.finish("k", ticket, token).ok
     assert gate.reap()[1] == [], "the slot stays held through the grace: the next task must not overlap"
@@ -108,8 +108,8 @@ def test_giving_up_a_ticket_that_does_not_run_changes_nothing(gate, gate_redis):
     ticket, token = running(gate, "k")
     granted = gate.submit("other", b"m")
     before = {name: gate_redis.hgetall(KeyNames(name).holders) for name in ("k", "other")}
-    assert not gate.give_up("k", ticket, grace_seconds=1, dispatch=2), "another dispatch than the killed run's"
-    assert not gate.give_up("other", granted.ticket, grace_seconds=1), "granted, not started"
-    assert not gate.give_up("k", 999, grace_seconds=1)
+    assert not gate.give_up("k", ticket, 2, grace_seconds=1), "another dispatch than the killed run's"
+    assert not gate.give_up("other", granted.ticket, 1, grace_seconds=1), "granted, not started"
+    assert not gate.give_up("k", 999, 1, grace_seconds=1)
     assert {name: gate_redis.hgetall(KeyNames(name).holders) for name in ("k", "other")} == before
     assert gate.holds(Lease("k", ticket, token))

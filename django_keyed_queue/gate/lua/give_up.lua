@@ -8,20 +8,21 @@
   KEYS[1] meta      KEYS[2] holders
   ARGV[1] ticket
   ARGV[2] grace, ms
-  ARGV[3] dispatch generation of the killed run ('' = whichever runs)
+  ARGV[3] dispatch generation of the killed run: only that attempt is given up
 
   Returns {code, deadline_ms}
     code 0 OK           fenced; the reaper fails the ticket at deadline_ms
-    code 2 NOT_GRANTED  the ticket does not run (it ended, or another dispatch of it is pending)
+    code 2 NOT_GRANTED  that attempt does not run (it ended, or was replaced by another dispatch)
 ]]
 --- @include "common"
 
 local meta_key, holders_key = KEYS[1], KEYS[2]
 local ticket = ARGV[1]
 local grace = tonumber(ARGV[2])
+local dispatch = tonumber(ARGV[3])
 
 local holder = running_holder(holders_key, ticket)
-if not holder or (ARGV[3] ~= '' and holder.dispatch ~= tonumber(ARGV[3])) then
+if not holder or holder.dispatch ~= dispatch then
   return {2, 0}
 end
 
