@@ -24,7 +24,7 @@ from . import handoff, idempotency, records
 from .connection import TRANSIENT, get_gate, outlast_restart
 from .dispatch import publish_grants, send
 from .exceptions import GateUnavailable, InvalidArguments, InvalidKey
-from .gate import MAX_KEY_LENGTH, Lease, NotSent, SubmitResult
+from .gate import MAX_KEY_LENGTH, Code, Lease, NotSent, SubmitResult
 from .leases import keeper
 from .messages import HEADER, TaskMessage, portable_options
 from .statuses import Status
@@ -245,7 +245,7 @@ class KeyedSerialTask(Task):
         if request.called_directly or request.is_eager:
             return self.run(*args, **kwargs)
         header = getattr(request, HEADER, None)
-        lease, attempts = self._join(args, kwargs) if header is None else self._start(header)
+        lease, attempts = self._join(args, kwargs) if header is None else self._start(header, args, kwargs)
         request.keyed_lease, request.keyed_attempts, request.keyed_retried = lease, attempts, False
         now = timezone.now()
         records.record(
@@ -290,14 +290,28 @@ class KeyedSerialTask(Task):
         gate = get_gate()
         return outlast_restart(lambda: gate.holds(lease))[0]
 
-    def _start(self, header: dict) -> tuple[Lease, int]:
+    def _start(self, header: dict, args: tuple, kwargs: dict) -> tuple[Lease, int]:
         key, ticket = header["key"], int(header["ticket"])
+        if self.key_for(args, kwargs) != key:
+            # A header copied onto other arguments: never let it take another key's ticket.
+            logger.warning(
+                "refusing message of %s[%s]: its header names key=%r ticket=%s, its arguments another key",
+                self.name,
+                self.request.id,
+                key,
+                ticket,
+            )
+            raise Ignore()
         gate = get_gate()
         started, _ = outlast_restart(
-            lambda: gate.start(key, ticket, int(header["dispatch"]), max_lost=self.max_recoveries)
+            lambda: gate.start(
+                key, ticket, int(header["dispatch"]), max_lost=self.max_recoveries, task_id=self.request.id
+            )
         )
         if not started.ok:
-            logger.info(
+            # A duplicate is routine; a message that is not the ticket's own is not.
+            log = logger.warning if started.code is Code.FOREIGN_MESSAGE else logger.info
+            log(
                 "dropping message of %s[%s] key=%r ticket=%s: %s",
                 self.name,
                 self.request.id,

@@ -108,16 +108,21 @@ class Gate:
         logger.debug("submit key=%r ticket=%s granted=%s", key, result.ticket, result.granted)
         return result
 
-    def start(self, key: str, ticket: int, dispatch: int, *, max_lost: int = 0) -> StartResult:
+    def start(self, key: str, ticket: int, dispatch: int, *, max_lost: int = 0, task_id: str = "") -> StartResult:
         """Check the message of dispatch ``dispatch`` may run ``ticket`` and start its lease.
 
+        With ``task_id``, the message must also be the ticket's own: the one
+        stored with it has that task id (``Code.FOREIGN_MESSAGE`` if not).
         If the lease expires, the reaper re-dispatches the ticket ``max_lost``
         times; the next time it fails the ticket and frees its slot.
         """
         names = KeyNames(key)
         # Indexed too: this process's lease may be shorter than the one the granting process assumed.
         code, token, attempts, deadline = self._call_and_index(
-            "start", key, [names.meta, names.holders], [ticket, dispatch, self.lease_ms, max_lost]
+            "start",
+            key,
+            [names.meta, names.holders, names.messages],
+            [ticket, dispatch, self.lease_ms, max_lost, task_id],
         )
         result = StartResult(Code(code), int(token), int(attempts), int(deadline))
         logger.debug("start key=%r ticket=%s code=%s", key, ticket, result.code.name)

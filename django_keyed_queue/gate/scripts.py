@@ -26,6 +26,7 @@ class Code(enum.IntEnum):
     RUNNING = 6
     DUPLICATE = 7
     EXISTS = 8
+    FOREIGN_MESSAGE = 9
 
 
 def _read(path: str) -> str:

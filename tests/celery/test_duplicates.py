@@ -37,3 +37,26 @@ def test_duplicate_of_a_delayed_message_joins_once(workers, gate_redis):
     after = step.delay("late", 1)
     wait_for_records([after.id])
     assert starts_of("late") == [0, 1]
+
+
+@pytest.mark.parametrize("forged_args", [("forge", 99), ("another-key", 1)], ids=["other-task-id", "other-key"])
+def test_a_message_with_a_copied_header_cannot_take_the_ticket(workers, gate_redis, forged_args):
+    # The real message waits on a queue no worker reads, its ticket granted and not started.
+    real = step.apply_async(("forge", 1), queue="keyed-queue-tests-unconsumed")
+    forged = step._publish("forge", 1, 1, forged_args, {}, {"task_id": f"forged-{forged_args[0]}", "queue": "celery"})
+    wait_until(
+        lambda: any(f"{forged.id}] received" in w.log() for w in workers), timeout=20, message="the forged message"
+    )
+    wait_until(
+        lambda: (
+            any(f"refusing message of {step.name}[{forged.id}]" in w.log() for w in workers)
+            or any(f"[{forged.id}] key='forge' ticket=1: FOREIGN_MESSAGE" in w.log() for w in workers)
+        ),
+        timeout=20,
+        message="the forged message to be refused",
+    )
+    assert starts_of("forge") == [] and starts_of("another-key") == []
+    # The real one still runs.
+    step._publish("forge", 1, 1, ("forge", 1), {}, {"task_id": real.id, "queue": "celery"})
+    wait_for_records([real.id])
+    assert starts_of("forge") == [1]

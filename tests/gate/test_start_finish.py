@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from django_keyed_queue.gate import Code, Grant, KeyNames
 
 from ._support import message_of, redis_names
@@ -253,3 +255,12 @@ def test_fencing_tokens_are_per_key(gate):
 
     assert (a1.token, a2.token, b1.token) == (1, 2, 1)
     assert gate.finish("b", b1.ticket, a2.token).code is Code.STALE_TOKEN
+
+
+def test_only_the_ticket_s_own_message_may_start_it(gate):
+    ticket = gate.submit("k", json.dumps({"task": "t", "id": "own-id"}).encode()).ticket
+    other = gate.submit("other", b"not json").ticket
+    assert gate.start("k", ticket, 1, task_id="copied-header").code is Code.FOREIGN_MESSAGE
+    assert gate.start("other", other, 1, task_id="any").code is Code.FOREIGN_MESSAGE, "an unreadable stored message"
+    assert gate.inspect("k")["holders"][ticket]["state"] == "granted", "a refused start changes nothing"
+    assert gate.start("k", ticket, 1, task_id="own-id").ok

@@ -2,31 +2,42 @@
   A worker is about to run a ticket: check that this message may start it,
   then start its lease on the server's clock and hand out a fencing token.
 
-  KEYS[1] meta      KEYS[2] holders
+  KEYS[1] meta      KEYS[2] holders      KEYS[3] messages
   ARGV[1] ticket
   ARGV[2] dispatch generation carried by the message
   ARGV[3] lease, ms
   ARGV[4] lost leases to re-dispatch before failing the ticket (the task's policy)
+  ARGV[5] task id of the message ('' = not checked): it must be the id of the
+          message stored with the ticket, so a message that copied another's
+          header cannot take its ticket
 
   Returns {code, token, attempts, lease_deadline_ms}
     code 0 OK               started
     code 2 NOT_GRANTED      the ticket holds no slot (finished, cancelled or still parked)
     code 3 ALREADY_STARTED  a message of this ticket already started it
     code 4 STALE_DISPATCH   the message is from an older dispatch (superseded by a retry)
+    code 9 FOREIGN_MESSAGE  the message is not the ticket's own (another task id)
 ]]
 --- @include "common"
 
-local meta_key, holders_key = KEYS[1], KEYS[2]
+local meta_key, holders_key, messages_key = KEYS[1], KEYS[2], KEYS[3]
 local ticket = ARGV[1]
 local dispatch = tonumber(ARGV[2])
 local lease = tonumber(ARGV[3])
 local max_lost = tonumber(ARGV[4])
+local task_id = ARGV[5]
 
 local raw = redis.call('HGET', holders_key, ticket)
 if not raw then
   return {2, 0, 0, 0}
 end
 local holder = decode_holder(raw)
+if task_id ~= '' then
+  local ok, stored = pcall(cjson.decode, redis.call('HGET', messages_key, ticket) or '')
+  if not ok or type(stored) ~= 'table' or stored.id ~= task_id then
+    return {9, 0, holder.attempts, 0}
+  end
+end
 if holder.dispatch ~= dispatch then
   return {4, 0, holder.attempts, 0}
 end
