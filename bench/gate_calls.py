@@ -12,6 +12,7 @@ The PING line is the floor of any round trip on this machine. See docs/benchmark
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -20,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import Cluster, cpu_seconds  # noqa: E402
 
-MESSAGE = b"m" * 250  # about the size of a stored task message with three short arguments
+# About the size of a stored task message with three short arguments; start checks its task id.
+MESSAGE = json.dumps({"task": "shop.tasks.step", "id": "0" * 36, "body": "m" * 160}).encode()
 OUTCOME = b"o" * 200  # about the size of a run's outcome record
 
 
@@ -42,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         tokens: dict[str, int] = {}  # key -> the token its start returned, for its finish
 
         def start(key: str) -> None:
-            tokens[key] = gate.start(key, 1, 0).token
+            tokens[key] = gate.start(key, 1, 0, task_id="0" * 36).token
 
         kinds = {
             "PING": lambda key: gate.client.ping(),
