@@ -35,7 +35,8 @@ def test_a_key_is_idle_after_its_last_finish(gate, gate_redis):
     _assert_idle(gate_redis, "k")
     state = gate.inspect("k")
     assert HORIZON_MS / 1000 - 1 < state["idle_expires_in"] <= HORIZON_MS / 1000
-    assert (state["last_ticket"], state["last_token"]) == (2, 2), "the counters outlive the work"
+    assert (state["last_ticket"], state["last_token"]) == (2, started.token), "the counters outlive the work"
+    assert started.token == first.token + 1
 
 
 def test_a_key_is_idle_after_its_last_cancel(gate, gate_redis):
@@ -137,9 +138,9 @@ def test_an_idle_key_is_gone_after_a_tiny_horizon(make_gate, gate_redis):
     assert 0 < gate_redis.pttl(KeyNames("k").meta) <= 200
 
     wait_until(lambda: not redis_names(gate_redis), timeout=5, message="the idle key to expire")
-    # Everything is gone, counters included: the key starts over.
+    # Everything is gone, counters included: tickets start over, fencing tokens in a new epoch above the old.
     again = gate.submit("k", b"m3", start=True, join_id="task-1")
-    assert (again.ticket, again.token) == (1, 1)
+    assert again.ticket == 1 and again.token > started.token
 
 
 def test_a_busy_key_outlives_a_tiny_horizon(make_gate, gate_redis):

@@ -103,7 +103,7 @@ def test_keys_that_look_alike_escaped_are_separate_queues(gate, gate_redis):
     lookalikes = ["a{b", "a%7Bb", "a%257Bb", "a}b", "a%7Db"]
     results = {key: gate.submit(key, key.encode(), start=True) for key in lookalikes}
 
-    assert all(r.granted and (r.ticket, r.token) == (1, 1) for r in results.values())
+    assert all(r.granted and r.ticket == 1 and r.token > 0 for r in results.values())
     names = redis_names(gate_redis)
     assert len(names) == 3 * len(lookalikes)  # meta, messages and holders of each
     assert {key_from_redis_name(name) for name in names} == set(lookalikes)

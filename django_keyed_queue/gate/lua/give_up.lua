@@ -26,7 +26,7 @@ if not holder or holder.dispatch ~= dispatch then
   return {2, 0}
 end
 
-holder.token = redis.call('HINCRBY', meta_key, 'fence', 1)
+holder.token = next_token(meta_key)
 holder.max_lost = holder.lost
 holder.deadline = math.min(holder.deadline, now_ms() + grace)
 redis.call('HSET', holders_key, ticket, encode_holder(holder))

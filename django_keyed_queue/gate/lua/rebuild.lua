@@ -21,8 +21,8 @@ if redis.call('EXISTS', meta_key, queue_key, messages_key, holders_key) > 0 then
 end
 local limit = tonumber(ARGV[2])
 local now = now_ms()
--- Tokens handed out before the loss are unknown: start above any counter, on the clock.
-redis.call('HSET', meta_key, 'seq', ARGV[1], 'fence', now, 'limit', limit)
+-- Tokens handed out before the loss are unknown: a new epoch starts above them all.
+redis.call('HSET', meta_key, 'seq', ARGV[1], 'fence', epoch_base(), 'limit', limit)
 for i = 4, #ARGV, 2 do
   redis.call('RPUSH', queue_key, ARGV[i])
   redis.call('HSET', messages_key, ARGV[i], ARGV[i + 1])

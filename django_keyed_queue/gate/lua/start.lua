@@ -47,7 +47,7 @@ end
 
 local deadline = now_ms() + lease
 holder.state = 'r'
-holder.token = redis.call('HINCRBY', meta_key, 'fence', 1)
+holder.token = next_token(meta_key)
 holder.deadline = deadline
 holder.attempts = holder.attempts + 1
 holder.max_lost = max_lost

@@ -75,7 +75,7 @@ if not free then
 end
 
 if lease > 0 then
-  local token = redis.call('HINCRBY', meta_key, 'fence', 1)
+  local token = next_token(meta_key)
   redis.call('HSET', holders_key, ticket, encode_holder(new_holder('r', token, now + lease, 1, max_lost)))
   return {0, ticket, token, now + lease}
 end

@@ -17,6 +17,22 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- The first fencing token of a key's epoch: an epoch starts when the key has no
+-- counter (new, rebuilt, or expired after the idle horizon), and its tokens start
+-- above every token of every earlier epoch, from the server clock in steps of a
+-- thousand a millisecond. Below 2^53 (exact in Lua's numbers) for centuries.
+local function epoch_base()
+  return now_ms() * 1000
+end
+
+-- The key's next fencing token.
+local function next_token(meta_key)
+  if redis.call('HEXISTS', meta_key, 'fence') == 0 then
+    redis.call('HSET', meta_key, 'fence', epoch_base())
+  end
+  return redis.call('HINCRBY', meta_key, 'fence', 1)
+end
+
 local function decode_holder(raw)
   local state, dispatch, token, deadline, attempts, lost, max_lost =
     string.match(raw, '^(%a)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)$')
