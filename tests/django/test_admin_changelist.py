@@ -158,3 +158,10 @@ def test_past_either_end_the_links_lead_back_to_the_rows(admin_client):
     assert ids == newest[:PER_PAGE] and "newer" not in links
     ids, links, _ = open_page(admin_client, f"?cursor={newest[0] + 100}")
     assert ids == newest[:PER_PAGE] and "newer" in links
+
+
+@pytest.mark.parametrize(
+    "query", ["?message__contains=secret", "?message__regex=s.cret", "?arguments__icontains=secret", "?worker=w1"]
+)
+def test_lookups_outside_the_allow_list_are_refused(admin_client, query):
+    assert admin_client.get(url(query)).status_code == 400
