@@ -27,6 +27,10 @@ SETTLE_SECONDS = 5.0
 def explicit_fingerprint(task_name: str, key: str) -> str:
     if not isinstance(key, str) or not key:
         raise InvalidArguments(f"{task_name}: idempotency_key must be a non-empty str, got {key!r}")
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidArguments(f"{task_name}: idempotency_key {key!r} is not valid text: {exc}") from exc
     return _sha256(json.dumps(["key", task_name, key], ensure_ascii=False))
 
 

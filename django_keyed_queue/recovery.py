@@ -21,7 +21,7 @@ from . import records
 from .connection import get_gate
 from .dispatch import Dispatched, Published, publish, publish_grants
 from .exceptions import ActionRefused, MessageRefused
-from .gate import Code, Recovery
+from .gate import MAX_KEY_LENGTH, Code, Recovery
 from .messages import TaskMessage
 from .statuses import TERMINAL_STATUSES, Status
 
@@ -167,18 +167,29 @@ def rebuild(*, dry_run: bool = False, app=None) -> RebuildReport:
     return report
 
 
+def checked_key(key: str) -> str:
+    """An operator's key as the gate accepts it: 1 to ``MAX_KEY_LENGTH`` characters, else ActionRefused."""
+    if not isinstance(key, str) or not 1 <= len(key) <= MAX_KEY_LENGTH:
+        raise ActionRefused(f"a key is 1 to {MAX_KEY_LENGTH} characters, got {key!r}")
+    return key
+
+
 def pause(key: str, *, by: str = "an operator") -> None:
     """Pause a key: nothing new is dispatched; submissions still queue in order."""
-    get_gate().pause(key)
+    get_gate().pause(checked_key(key))
     logger.info("keyed queue key %r paused by %s", key, by)
 
 
 def resume(key: str, *, by: str = "an operator", app=None) -> Dispatched:
     """Resume a key and dispatch what it had waiting, up to its limit.
 
-    A grant the broker refused is published again by the reaper.
+    A grant the broker refused is published again by the reaper. A key
+    that is not paused is refused, and nothing is written for it.
     """
-    done = publish_grants(app or current_app, get_gate().resume(key))
+    gate = get_gate()
+    if not gate.is_paused(key):
+        raise ActionRefused(f"key {checked_key(key)!r} is not paused")
+    done = publish_grants(app or current_app, gate.resume(key))
     records.recorder.flush()
     logger.info("keyed queue key %r resumed by %s: %s", key, by, done)
     return done
@@ -285,7 +296,7 @@ def release(key: str, ticket: int, *, by: str = "an operator", app=None) -> list
     its recoveries; a holder whose message was lost has it published again.
     """
     app = app or current_app
-    recoveries = get_gate().release(key, ticket)
+    recoveries = get_gate().release(checked_key(key), ticket)
     if not any(r.ticket == ticket for r in recoveries):
         raise ActionRefused(f"ticket {ticket} of key {key!r} holds no slot: it finished or was recovered")
     for recovery in recoveries:

@@ -17,7 +17,7 @@ import redis
 from celery import Task
 from celery.exceptions import Ignore, Retry
 from celery.utils import uuid
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from . import handoff, idempotency, records
@@ -168,9 +168,11 @@ class KeyedSerialTask(Task):
                 dispatched_at=timezone.now() if submitted.granted else None,
                 **row,
             )
-        except BaseException:
+        except BaseException as exc:
             # Nobody saw the ticket: its number can be given back.
             self._withdraw(key, submitted.ticket, forget=True)
+            if isinstance(exc, IntegrityError):
+                raise InvalidArguments(f"{self.name}: task_id {task_id!r} is already used by another task") from exc
             raise
         if not submitted.granted:
             return self.AsyncResult(task_id)

@@ -234,6 +234,10 @@ class Gate:
         logger.debug("resume key=%r", key)
         return self._grants(key, reply[1:])
 
+    def is_paused(self, key: str) -> bool:
+        """Whether :meth:`pause` paused ``key`` and :meth:`resume` did not resume it since."""
+        return bool(self.client.sismember(PAUSED_KEYS, key))
+
     def paused_keys(self) -> list[str]:
         """The keys paused by :meth:`pause` and not resumed since."""
         return sorted(member.decode() for member in self.client.smembers(PAUSED_KEYS))

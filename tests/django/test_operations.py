@@ -61,3 +61,18 @@ def test_commands_report_an_unreachable_redis(settings, command):
     settings.KEYED_QUEUE_REDIS_URL = "redis://127.0.0.1:1/0"
     with pytest.raises(CommandError, match="the keyed queue's Redis is unreachable"):
         call_command(*command, stdout=io.StringIO())
+
+
+@pytest.mark.parametrize(
+    "command, error",
+    [
+        (("keyed_queue_resume", "never-paused"), "key 'never-paused' is not paused"),
+        (("keyed_queue_status", "--key", "unknown"), "no keyed task has the key 'unknown'"),
+        (("keyed_queue_status", "--key", ""), "a key is 1 to 200 characters"),
+        (("keyed_queue_pause", "k" * 201), "a key is 1 to 200 characters"),
+    ],
+)
+def test_an_unknown_or_bad_key_is_an_error_and_writes_nothing(gate_redis, command, error):
+    with pytest.raises(CommandError, match=error):
+        run(*command)
+    assert gate_redis.dbsize() == 0

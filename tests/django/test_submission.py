@@ -4,7 +4,6 @@ import json
 
 import pytest
 import redis
-from django.db import IntegrityError
 from django.test import override_settings
 from kombu import Connection
 from kombu.exceptions import OperationalError
@@ -182,8 +181,14 @@ def test_eager_mode_runs_the_task_without_the_gate(gate_redis, settings):
 
 def test_reusing_a_task_id_fails_and_withdraws_the_new_ticket(gate_redis, broker):
     step.apply_async(("a", 1), queue=QUEUE, task_id="same-id")
-    with pytest.raises(IntegrityError):
+    with pytest.raises(InvalidArguments, match="task_id 'same-id' is already used by another task"):
         step.apply_async(("a", 2), queue=QUEUE, task_id="same-id")
     assert KeyedTask.objects.get(task_id="same-id").ticket == 1
     assert gate_redis.hkeys(KeyNames("a").messages) == [b"1"]
     assert broker.llen(QUEUE) == 1
+
+
+def test_an_idempotency_key_that_is_not_text_fails_and_writes_nothing(gate_redis, broker):
+    with pytest.raises(InvalidArguments, match="idempotency_key '\\\\ud800' is not valid text"):
+        step.apply_async(("a", 1), queue=QUEUE, idempotency_key="\ud800")
+    nothing_left(gate_redis, broker)

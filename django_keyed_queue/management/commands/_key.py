@@ -6,16 +6,19 @@ from contextlib import contextmanager
 import redis
 from django.core.management.base import BaseCommand, CommandError
 
+from django_keyed_queue.exceptions import ActionRefused
 from django_keyed_queue.gate import MAX_KEY_LENGTH
 
 
 @contextmanager
 def gate_reachable() -> Iterator[None]:
-    """A Redis error becomes a one-line CommandError (exit status 1), not a traceback."""
+    """A Redis error, or an action that does not apply, becomes a one-line CommandError (exit status 1)."""
     try:
         yield
     except redis.RedisError as exc:
         raise CommandError(f"the keyed queue's Redis is unreachable: {exc}") from exc
+    except ActionRefused as exc:
+        raise CommandError(str(exc)) from exc
 
 
 class KeyCommand(BaseCommand):

@@ -1,9 +1,10 @@
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from django.db.models import Count, Min
 from django.utils import timezone
 
 from django_keyed_queue.connection import get_gate
 from django_keyed_queue.models import KeyedTask
+from django_keyed_queue.recovery import checked_key
 
 from ._key import gate_reachable
 
@@ -15,6 +16,9 @@ class Command(BaseCommand):
         parser.add_argument("--key", help="one logical key, e.g. account:7")
 
     def handle(self, *args, key: str | None = None, **options):
+        if key is not None:
+            with gate_reachable():
+                checked_key(key)
         rows = KeyedTask.objects.active() if key is None else KeyedTask.objects.for_key(key).active()
         counts = dict(rows.values_list("status").annotate(n=Count("id")).values_list("status", "n"))
         oldest = rows.filter(status="waiting").aggregate(at=Min("enqueued_at"))["at"]
@@ -25,6 +29,8 @@ class Command(BaseCommand):
             state = get_gate().inspect(key) if key else None
             get_gate().client.ping()
         self.stdout.write("redis: reachable")
+        if state is not None and not state["last_ticket"] and not KeyedTask.objects.for_key(key).exists():
+            raise CommandError(f"no keyed task has the key {key!r}, and the gate holds nothing of it")
         if state is not None:
             self.stdout.write(
                 f"key {key!r}: {'paused' if state['paused'] else 'active'}, last ticket {state['last_ticket']}"
