@@ -90,10 +90,13 @@ def _act(app, recovery: Recovery, reason: str = "") -> bool:
         records.write(end)
         get_gate().forget_outcomes([(recovery.key, end.task_id)])
         return True
-    task_id = TaskMessage.peek(recovery.message)[1] if recovery.message else None
-    if task_id is None:  # a holder without a message: nothing to publish or record
+    if not recovery.message:  # a holder without a message: nothing to publish or record
         logger.error("keyed queue holder without a message key=%r ticket=%s", recovery.key, recovery.ticket)
         return True
+    try:
+        task_id = TaskMessage.peek(recovery.message)[1]
+    except MessageRefused:
+        return publish(app, recovery) is not Published.BROKER_REFUSED  # which refuses it and fails its ticket
     now = timezone.now()
     lost = reason or f"its worker was lost: the lease of attempt {recovery.attempts} expired"
     if recovery.action == "fail":
@@ -156,8 +159,9 @@ def rebuild(*, dry_run: bool = False, app=None) -> RebuildReport:
         KeyedTask.objects.filter(task_id__in=[r.task_id for r in rows if r.message]).exclude(
             status__in=TERMINAL_STATUSES
         ).update(status=Status.WAITING, error="rebuilt after the gate's Redis was lost")
+        task_ids = {r.ticket: r.task_id for r in rows}
         for grant in rebuilt.granted:
-            task_id = TaskMessage.peek(grant.message)[1]
+            task_id = task_ids[grant.ticket]
             published = publish(app, grant)
             if published is Published.BROKER_REFUSED:
                 report.unpublished.append(task_id)
