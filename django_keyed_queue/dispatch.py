@@ -84,8 +84,8 @@ class Dispatched:
         return text
 
 
-def publish(app, grant: Grant | Recovery, *, then: list[Grant] | None = None) -> Published:
-    """Publish a granted ticket's stored message.
+def publish(app, grant: Grant | Recovery, *, record: bool = True, then: list[Grant] | None = None) -> Published:
+    """Publish a granted ticket's stored message and, with ``record``, record its task dispatched.
 
     A message the broker refuses is published again by the reaper within
     ``REPUBLISH_DELAY_SECONDS`` (or, if Redis is unreachable too, the dispatch
@@ -102,6 +102,7 @@ def publish(app, grant: Grant | Recovery, *, then: list[Grant] | None = None) ->
         else:
             then.extend(granted)
         return Published.MESSAGE_REFUSED
+    dispatched_at = timezone.now()
     try:
         # On the gate's behalf: not a child of whatever task this process runs now.
         send(app, message, grant.key, grant.ticket, grant.dispatch, add_to_parent=False)
@@ -118,6 +119,8 @@ def publish(app, grant: Grant | Recovery, *, then: list[Grant] | None = None) ->
         except Exception:
             logger.warning("could not bring the republish of key=%r ticket=%s forward", grant.key, grant.ticket)
         return Published.BROKER_REFUSED
+    if record:
+        records.record_dispatched(message.task_id, dispatched_at)
     return Published.SENT
 
 
@@ -126,12 +129,7 @@ def publish_grants(app, grants: Iterable[Grant | Recovery]) -> Dispatched:
     done = Dispatched()
     pending = list(grants)
     while pending:
-        grant = pending.pop(0)
-        dispatched_at = timezone.now()
-        outcome = publish(app, grant, then=pending)
-        if outcome is Published.SENT:
-            records.record_dispatched(TaskMessage.peek(grant.message)[1], dispatched_at)
-        done.add(outcome)
+        done.add(publish(app, pending.pop(0), then=pending))
     return done
 
 

@@ -104,10 +104,8 @@ def _act(app, recovery: Recovery, reason: str = "") -> bool:
         return True
     if recovery.action == "redispatch":
         records.settle(task_id, Status.DISPATCHED, dispatched_at=now, error=f"{lost}; dispatched again")
-    published = publish(app, recovery)
-    if published is Published.SENT and recovery.action != "redispatch":
-        records.record_dispatched(task_id, now)
-    return published is not Published.BROKER_REFUSED
+    # A redispatch's record was settled above; any other publish records its dispatch.
+    return publish(app, recovery, record=recovery.action != "redispatch") is not Published.BROKER_REFUSED
 
 
 @dataclass
@@ -162,7 +160,7 @@ def rebuild(*, dry_run: bool = False, app=None) -> RebuildReport:
         task_ids = {r.ticket: r.task_id for r in rows}
         for grant in rebuilt.granted:
             task_id = task_ids[grant.ticket]
-            published = publish(app, grant)
+            published = publish(app, grant, record=False)
             if published is Published.BROKER_REFUSED:
                 report.unpublished.append(task_id)
             elif published is Published.SENT:

@@ -7,7 +7,7 @@ import redis
 from django.core.management.base import BaseCommand, CommandError
 
 from django_keyed_queue.exceptions import ActionRefused
-from django_keyed_queue.gate import MAX_KEY_LENGTH
+from django_keyed_queue.recovery import checked_key
 
 
 @contextmanager
@@ -26,10 +26,8 @@ class KeyCommand(BaseCommand):
         parser.add_argument("key", help="the logical key, e.g. account:7")
 
     def handle(self, *args, key: str, **options):
-        if not key or len(key) > MAX_KEY_LENGTH:
-            raise CommandError(f"a key is 1 to {MAX_KEY_LENGTH} characters, got {key!r}")
         with gate_reachable():
-            self.stdout.write(self.act(key))
+            self.stdout.write(self.act(checked_key(key)))
 
     def act(self, key: str) -> str:
         raise NotImplementedError
