@@ -4,6 +4,9 @@ Each one that publishes a stored message must really publish it (by name), and
 say so only when the broker took it.
 """
 
+import base64
+import json
+import pickle
 import time
 
 import pytest
@@ -68,3 +71,32 @@ def test_rebuild_after_redis_lost_everything(make_project, user_redis):
     assert "restored 3 tasks of key='acct:1'" in rebuilt.stdout
     project.worker("a")
     check_run(project, accepted, timeout=20)
+
+
+class CreatesAFile:
+    """Unpickling it creates a file (``open(path, "w")``): proof that something decoded it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_resume_never_unpickles_a_parked_message_rewritten_in_redis(make_project, user_redis, tmp_path):
+    project = make_project()
+    project.worker("a")
+    project.manage("keyed_queue_pause", "acct:0")
+    first, second = accepted_by(project.produce("step", 2, 1, 0, 0.05))
+    body = pickle.dumps({"args": [], "kwargs": {}, "options": {}, "x": CreatesAFile(str(tmp_path / "ran"))})
+    forged = {"task": "shop.tasks.step", "id": first["id"], "content_type": "application/x-python-serialize"}
+    forged.update(encoding="binary", body=base64.b64encode(body).decode())
+    with redis.Redis.from_url(f"{user_redis.url}/0") as gate:
+        gate.hset("keyed_queue:{acct:0}:messages", 1, json.dumps(forged))
+
+    resumed = project.manage("keyed_queue_resume", "acct:0", check=False)
+    assert resumed.returncode == 1 and "1 failed: their stored message is not one the app accepts" in resumed.stderr
+    assert not (tmp_path / "ran").exists(), "the payload was never unpickled"
+    check_run(project, [second], timeout=15)  # the key moved on to the next task
+    row = project.rows()[first["id"]]
+    assert row["status"] == "failed" and "not in accept_content" in row["error"]
