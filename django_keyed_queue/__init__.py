@@ -2,7 +2,7 @@
 
 from typing import TYPE_CHECKING, Any
 
-from .exceptions import GateUnavailable, InvalidArguments, InvalidKey, KeyedQueueError
+from .exceptions import GateUnavailable, IdempotencyConflict, InvalidArguments, InvalidKey, KeyedQueueError
 
 if TYPE_CHECKING:
     from .decorators import keyed_serial_task
@@ -10,6 +10,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GateUnavailable",
+    "IdempotencyConflict",
     "InvalidArguments",
     "InvalidKey",
     "KeyedQueueError",

@@ -119,6 +119,8 @@ class CursorChangeList(ChangeList):
             return queryset
         if self.root_queryset.filter(task_id=term).exists():
             return queryset.filter(task_id=term)
+        if query != term and self.root_queryset.filter(key=query).exists():
+            return queryset.filter(key=query)  # a key that itself begins or ends with spaces
         return queryset.filter(key=term)
 
     def get_ordering(self, request, queryset):

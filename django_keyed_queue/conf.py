@@ -32,6 +32,9 @@ DEFAULTS: dict[str, Any] = {
     "LOCAL_HANDOFF_SECONDS": 0.25,
     # A duplicate submission within this window returns the original task.
     "IDEMPOTENCY_TTL_SECONDS": 86400.0,
+    # An explicit idempotency key reused with other arguments raises IdempotencyConflict;
+    # False returns the original task, as for a duplicate.
+    "IDEMPOTENCY_CHECK_ARGUMENTS": True,
     # The health view answers anyone, not only staff (for a load balancer's probe).
     "HEALTH_PUBLIC": False,
     # Dotted path or callable (task_name, args, kwargs) -> (args, kwargs) applied

@@ -13,6 +13,10 @@ class InvalidArguments(KeyedQueueError, TypeError):
     """The arguments do not fit the task's signature or cannot be serialized."""
 
 
+class IdempotencyConflict(InvalidArguments):
+    """An explicit idempotency key was used before with other arguments; nothing was submitted."""
+
+
 class GateUnavailable(KeyedQueueError):
     """The gate's Redis could not be reached; nothing was submitted."""
 

@@ -2,7 +2,8 @@
 
 A key is claimed with one INSERT on a unique fingerprint, so concurrent
 submitters in any number of processes agree on one winner. A submission that
-fails after claiming gives its key back.
+fails after claiming gives its key back. An explicit key reused with other
+arguments is an error, as Stripe's are: the caller reused a key by mistake.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from django.utils import timezone
 from kombu.utils.json import dumps as kombu_json
 
 from .conf import settings
-from .exceptions import InvalidArguments
+from .exceptions import IdempotencyConflict, InvalidArguments
 from .models import IdempotencyKey, KeyedTask
 
 #: How long a duplicate waits for the original submission to be written or given up.
@@ -32,6 +33,14 @@ def explicit_fingerprint(task_name: str, key: str) -> str:
     except UnicodeEncodeError as exc:
         raise InvalidArguments(f"{task_name}: idempotency_key {key!r} is not valid text: {exc}") from exc
     return _sha256(json.dumps(["key", task_name, key], ensure_ascii=False))
+
+
+def arguments_digest(task_name: str, arguments: dict) -> str:
+    """What an explicit key's claim remembers of its arguments; '' (not compared) if not JSON-encodable."""
+    try:
+        return arguments_fingerprint(task_name, arguments)
+    except InvalidArguments:
+        return ""
 
 
 def arguments_fingerprint(task_name: str, arguments: dict) -> str:
@@ -53,8 +62,12 @@ def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def claim(fingerprint: str, task_name: str, task_id: str) -> str | None:
-    """Claim ``fingerprint`` for ``task_id``; None if claimed, else the original task's id."""
+def claim(fingerprint: str, task_name: str, task_id: str, *, key: str | None = None, arguments: str = "") -> str | None:
+    """Claim ``fingerprint`` for ``task_id``; None if claimed, else the original task's id.
+
+    ``key`` and ``arguments`` (a digest) are given for an explicit key: a claim made with other
+    arguments raises IdempotencyConflict unless ``KEYED_QUEUE_IDEMPOTENCY_CHECK_ARGUMENTS`` is off.
+    """
     deadline = time.monotonic() + SETTLE_SECONDS
     while True:
         now = timezone.now()
@@ -64,6 +77,7 @@ def claim(fingerprint: str, task_name: str, task_id: str) -> str | None:
                     fingerprint=fingerprint,
                     task_id=task_id,
                     task_name=task_name,
+                    arguments=arguments,
                     created_at=now,
                     expires_at=now + timedelta(seconds=settings.IDEMPOTENCY_TTL_SECONDS),
                 )
@@ -78,12 +92,21 @@ def claim(fingerprint: str, task_name: str, task_id: str) -> str | None:
         if original.expires_at <= now:
             IdempotencyKey.objects.filter(pk=original.pk, expires_at__lte=now).delete()
             continue
+        if key is not None and _differ(original.arguments, arguments) and settings.IDEMPOTENCY_CHECK_ARGUMENTS:
+            raise IdempotencyConflict(
+                f"{task_name}: idempotency_key {key!r} was used by task {original.task_id} with other "
+                f"arguments; a new request needs a new key"
+            )
         # The original may still be on its way: its record is written right after its claim.
         if KeyedTask.objects.filter(task_id=original.task_id).exists() or time.monotonic() > deadline:
             return original.task_id
         if connection.in_atomic_block:
             return original.task_id  # waiting inside a transaction would not see it commit
         time.sleep(0.02)
+
+
+def _differ(stored: str, given: str) -> bool:
+    return bool(stored and given) and stored != given
 
 
 def release(fingerprint: str, task_id: str) -> None:

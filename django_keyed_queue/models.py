@@ -65,6 +65,8 @@ class IdempotencyKey(models.Model):
     fingerprint = models.CharField(_("fingerprint"), max_length=64, unique=True)
     task_id = models.CharField(_("task id"), max_length=255)
     task_name = models.CharField(_("task name"), max_length=255)
+    #: SHA-256 of the arguments an explicit key was claimed with ('' when not compared).
+    arguments = models.CharField(_("arguments digest"), max_length=64, blank=True, default="")
     created_at = models.DateTimeField(_("created at"))
     expires_at = models.DateTimeField(_("expires at"), db_index=True)
 

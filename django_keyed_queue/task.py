@@ -110,13 +110,17 @@ class KeyedSerialTask(Task):
         message = TaskMessage(self.name, task_id, args, kwargs, stored).encode(
             options.get("serializer") or self.serializer
         )
-        fingerprint = None
+        fingerprint, claimed_with = None, {}
         if idempotency_key is not None:
             fingerprint = idempotency.explicit_fingerprint(self.name, idempotency_key)
+            claimed_with = {
+                "key": idempotency_key,
+                "arguments": idempotency.arguments_digest(self.name, bound.arguments),
+            }
         elif self.idempotent:
             fingerprint = idempotency.arguments_fingerprint(self.name, bound.arguments)
         if fingerprint is not None:
-            original = idempotency.claim(fingerprint, self.name, task_id)
+            original = idempotency.claim(fingerprint, self.name, task_id, **claimed_with)
             if original is not None:
                 logger.debug("duplicate of %s[%s] key=%r: returning the original", self.name, original, key)
                 return self.AsyncResult(original)

@@ -105,6 +105,13 @@ def test_search_matches_a_whole_key_exactly_through_its_index(admin_client):
     assert not [q for q in captured.captured_queries if "LIKE" in q["sql"] or "UPPER" in q["sql"]]
 
 
+def test_search_finds_a_key_that_begins_with_a_space(admin_client):
+    seed_tasks(10)
+    leading = KeyedTask.objects.create(task_id="t-lead", task_name=TASK_NAMES[0], key=" account:3", enqueued_at=now())
+    assert open_page(admin_client, "?q=%20account:3")[0] == [leading.pk]
+    assert leading.pk not in open_page(admin_client, "?q=account:3")[0]
+
+
 def test_a_page_is_one_select_of_a_page_and_a_row_with_nothing_counted(admin_client):
     seed_tasks(PER_PAGE * 3)
     _, links, _ = open_page(admin_client)  # the session and the user are loaded once

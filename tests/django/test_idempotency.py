@@ -10,7 +10,7 @@ from django.db import connections
 from django.test import override_settings
 from django.utils import timezone
 
-from django_keyed_queue import GateUnavailable, InvalidArguments
+from django_keyed_queue import GateUnavailable, IdempotencyConflict, InvalidArguments
 from django_keyed_queue.idempotency import arguments_fingerprint
 from django_keyed_queue.models import IdempotencyKey, KeyedTask
 from testproject.demo.tasks import charge, step
@@ -28,6 +28,21 @@ def test_an_explicit_key_returns_the_original_task(gate_redis, broker):
     assert KeyedTask.objects.count() == 2 and broker.llen(QUEUE) == 1  # the other one is parked
     key = IdempotencyKey.objects.get(task_id=first.id)
     assert key.task_name == step.name and key.expires_at - key.created_at == timedelta(days=1)
+
+
+def test_an_explicit_key_reused_with_other_arguments_is_refused(gate_redis, broker):
+    first = step.apply_async(("k", 1), queue=QUEUE, idempotency_key="charge-7")
+    assert step.apply_async(
+        kwargs={"duration": 0.0, "n": 1, "key": "k"}, queue=QUEUE, idempotency_key="charge-7"
+    ).id == (first.id), "the same arguments, spelled otherwise, are the same request"
+    with pytest.raises(
+        IdempotencyConflict, match=rf"idempotency_key 'charge-7' was used by task {first.id} with other arguments"
+    ):
+        step.apply_async(("k", 2), queue=QUEUE, idempotency_key="charge-7")
+    assert KeyedTask.objects.count() == 1 and IdempotencyKey.objects.count() == 1 and broker.llen(QUEUE) == 1
+
+    with override_settings(KEYED_QUEUE_IDEMPOTENCY_CHECK_ARGUMENTS=False):
+        assert step.apply_async(("k", 2), queue=QUEUE, idempotency_key="charge-7").id == first.id
 
 
 def test_an_idempotent_task_fingerprints_its_arguments(gate_redis, broker):

@@ -2,6 +2,8 @@
 
 import io
 import json
+import logging
+import sys
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -44,6 +46,29 @@ def test_a_paused_key_dispatches_nothing_new_and_resume_dispatches_in_order(gate
     gate.resume("k")
     assert published_tickets(broker) == [1] and gate.inspect("k")["holders"].keys() == {2}
     assert len(results) == 3
+
+
+def test_a_command_prints_its_result_once_and_the_audit_log_still_gets_it(gate_redis, capsys):
+    logger = logging.getLogger("django_keyed_queue")
+    console, log_file = logging.StreamHandler(sys.stderr), logging.StreamHandler(io.StringIO())
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(console)
+    logger.addHandler(log_file)
+    try:
+        call_command("keyed_queue_pause", "k")
+        call_command("keyed_queue_rebuild")
+    finally:
+        logger.removeHandler(console)
+        logger.removeHandler(log_file)
+        logger.setLevel(level)
+    out, err = capsys.readouterr()
+    assert (
+        out == "paused 'k'\nrestored 0 tasks over 0 keys; skipped 0 live keys; 0 tasks without a stored message\n"
+        and err == ""
+    ), (out, err)
+    assert "key 'k' paused by" in log_file.stream.getvalue()
+    assert "keyed queue rebuild" in log_file.stream.getvalue()
 
 
 def test_bad_keys_fail_with_a_clear_error():

@@ -20,7 +20,8 @@ pytestmark = pytest.mark.workers
 def test_resume_dispatches_what_waits(make_project):
     project = make_project()
     project.worker("a")
-    assert project.manage("keyed_queue_pause", "acct:0").returncode == 0
+    paused = project.manage("keyed_queue_pause", "acct:0")
+    assert (paused.stdout, paused.stderr) == ("paused 'acct:0'\n", ""), "said once"
     accepted = accepted_by(project.produce("step", 3, 1, 0, 0.05))
     time.sleep(0.5)
     assert project.history() == [], "a paused key dispatches nothing"
@@ -67,8 +68,12 @@ def test_rebuild_after_redis_lost_everything(make_project, user_redis):
         admin.flushall()
 
     rebuilt = project.manage("keyed_queue_rebuild")
-    assert "restored 3 tasks of key='acct:0'" in rebuilt.stdout
-    assert "restored 3 tasks of key='acct:1'" in rebuilt.stdout
+    assert rebuilt.stdout.splitlines() == [
+        "restored 3 tasks of key='acct:0'",
+        "restored 3 tasks of key='acct:1'",
+        "restored 6 tasks over 2 keys; skipped 0 live keys; 0 tasks without a stored message",
+    ]
+    assert rebuilt.stderr == ""
     project.worker("a")
     check_run(project, accepted, timeout=20)
 

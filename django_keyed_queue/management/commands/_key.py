@@ -1,5 +1,7 @@
 """What the keyed queue's commands share: one key argument, and a clear error when Redis is down."""
 
+import logging
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -9,16 +11,45 @@ from django.core.management.base import BaseCommand, CommandError
 from django_keyed_queue.exceptions import ActionRefused
 from django_keyed_queue.recovery import checked_key
 
+#: Where the operator's actions are logged (at INFO) for the audit trail.
+AUDIT_LOGGER = "django_keyed_queue.recovery"
+
 
 @contextmanager
 def gate_reachable() -> Iterator[None]:
-    """A Redis error, or an action that does not apply, becomes a one-line CommandError (exit status 1)."""
+    """A Redis error, or an action that does not apply, becomes a one-line CommandError (exit status 1).
+
+    The command prints its own result, so the action's INFO audit record is kept off the terminal;
+    the project's other handlers (files, syslog) still receive it.
+    """
+    consoles = _console_handlers(logging.getLogger(AUDIT_LOGGER))
+    for handler in consoles:
+        handler.addFilter(_said_by_the_command)
     try:
         yield
     except redis.RedisError as exc:
         raise CommandError(f"the keyed queue's Redis is unreachable: {exc}") from exc
     except ActionRefused as exc:
         raise CommandError(str(exc)) from exc
+    finally:
+        for handler in consoles:
+            handler.removeFilter(_said_by_the_command)
+
+
+def _said_by_the_command(record: logging.LogRecord) -> bool:
+    return not (record.name == AUDIT_LOGGER and record.levelno <= logging.INFO)
+
+
+def _console_handlers(logger: logging.Logger | None) -> list[logging.Handler]:
+    found = []
+    while logger is not None:
+        found += [
+            h
+            for h in logger.handlers
+            if isinstance(h, logging.StreamHandler) and getattr(h, "stream", None) in (sys.stdout, sys.stderr)
+        ]
+        logger = logger.parent if logger.propagate else None
+    return found
 
 
 class KeyCommand(BaseCommand):
