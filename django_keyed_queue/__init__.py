@@ -2,7 +2,14 @@
 
 from typing import TYPE_CHECKING, Any
 
-from .exceptions import GateUnavailable, IdempotencyConflict, InvalidArguments, InvalidKey, KeyedQueueError
+from .exceptions import (
+    GateUnavailable,
+    IdempotencyConflict,
+    InvalidArguments,
+    InvalidKey,
+    KeyedQueueError,
+    KeyQueueFull,
+)
 
 if TYPE_CHECKING:
     from .decorators import keyed_serial_task
@@ -14,6 +21,7 @@ __all__ = [
     "InvalidArguments",
     "InvalidKey",
     "KeyedQueueError",
+    "KeyQueueFull",
     "KeyedSerialTask",
     "keyed_serial_task",
 ]

@@ -51,6 +51,14 @@ def check_settings(app_configs=None, **kwargs) -> list:
                 id="keyed_queue.E003",
             )
         )
+    for name in ("MAX_WAITING", "MAX_MESSAGE_BYTES"):
+        value = getattr(settings, name)
+        if value is not None and not (_is_number(value) and value == int(value) and value > 0):
+            problems.append(
+                Error(
+                    f"KEYED_QUEUE_{name} must be a positive whole number or None, got {value!r}.", id="keyed_queue.E004"
+                )
+            )
     return problems
 
 

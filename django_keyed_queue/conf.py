@@ -35,6 +35,10 @@ DEFAULTS: dict[str, Any] = {
     # An explicit idempotency key reused with other arguments raises IdempotencyConflict;
     # False returns the original task, as for a duplicate.
     "IDEMPOTENCY_CHECK_ARGUMENTS": True,
+    # Most tasks that may wait behind one key (a task's max_waiting overrides it); None: no limit.
+    "MAX_WAITING": None,
+    # Largest task message accepted at submission, in bytes; None: no limit.
+    "MAX_MESSAGE_BYTES": 1024 * 1024,
     # The health view answers anyone, not only staff (for a load balancer's probe).
     "HEALTH_PUBLIC": False,
     # Dotted path or callable (task_name, args, kwargs) -> (args, kwargs) applied

@@ -17,6 +17,10 @@ class IdempotencyConflict(InvalidArguments):
     """An explicit idempotency key was used before with other arguments; nothing was submitted."""
 
 
+class KeyQueueFull(KeyedQueueError):
+    """The key has as many tasks waiting as its ``max_waiting`` allows; nothing was submitted."""
+
+
 class GateUnavailable(KeyedQueueError):
     """The gate's Redis could not be reached; nothing was submitted."""
 

@@ -53,7 +53,8 @@ class KeyState:
 def live_keys(*, limit: int = 100, key: str | None = None) -> tuple[list[KeyState], bool]:
     """The keys with unfinished tasks or paused, most blocked first; and whether more were left out.
 
-    Two database queries and one Redis round trip whatever the number of keys shown.
+    Two database queries and two Redis round trips whatever the number of keys shown, each
+    bounded: at most ``limit`` paused keys, and a key's waiting tasks are counted, not read.
     """
     active = KeyedTask.objects.active()
     if key is not None:
@@ -66,9 +67,13 @@ def live_keys(*, limit: int = 100, key: str | None = None) -> tuple[list[KeyStat
     found = {row["key"]: row["oldest"] for row in per_key[: limit + 1]}
     more = len(found) > limit
     gate = get_gate()
-    paused = [k for k in gate.paused_keys() if key is None or k == key]
+    if key is None:
+        paused = gate.paused_keys(limit=limit)
+        more = more or len(paused) == limit
+    else:
+        paused = [key] if gate.is_paused(key) else []
     keys = list(dict.fromkeys([*list(found)[:limit], *paused]))
-    snapshots = gate.inspect_many(keys)
+    snapshots = gate.inspect_many(keys, waiting_shown=0)
     held = Q(pk__in=[])
     for snapshot in snapshots:
         if snapshot["holders"]:
@@ -81,6 +86,6 @@ def live_keys(*, limit: int = 100, key: str | None = None) -> tuple[list[KeyStat
             Holder(ticket, h["state"], h["deadline_in"], h["attempts"], tasks.get((k, ticket)))
             for ticket, h in sorted(snapshot["holders"].items())
         ]
-        states.append(KeyState(k, snapshot["paused"], len(snapshot["waiting"]), found.get(k), holders))
+        states.append(KeyState(k, snapshot["paused"], snapshot["depth"], found.get(k), holders))
     states.sort(key=KeyState.blocked_order)
     return states, more

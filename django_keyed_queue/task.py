@@ -21,10 +21,11 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from . import handoff, idempotency, records
+from .conf import settings
 from .connection import TRANSIENT, get_gate, outlast_restart
 from .dispatch import publish_grants, send
-from .exceptions import GateUnavailable, InvalidArguments, InvalidKey
-from .gate import MAX_KEY_LENGTH, Code, Lease, NotSent, SubmitResult
+from .exceptions import GateUnavailable, InvalidArguments, InvalidKey, KeyQueueFull
+from .gate import MAX_KEY_LENGTH, Code, Lease, NotSent, QueueFull, SubmitResult
 from .leases import keeper
 from .messages import HEADER, TaskMessage, portable_options
 from .statuses import Status
@@ -49,6 +50,9 @@ class KeyedSerialTask(Task):
     #: A duplicate submission (same task, same arguments) within the idempotency
     #: window returns the original task instead of running again.
     idempotent: bool = False
+    #: Most tasks that may wait behind one key; a submission past it raises KeyQueueFull.
+    #: None: ``KEYED_QUEUE_MAX_WAITING`` (no limit unless set).
+    max_waiting: int | None = None
     #: The worker's request: ends the attempt its hard time limit kills, and only that one.
     Request = "django_keyed_queue.request:KeyedRequest"
 
@@ -110,6 +114,12 @@ class KeyedSerialTask(Task):
         message = TaskMessage(self.name, task_id, args, kwargs, stored).encode(
             options.get("serializer") or self.serializer
         )
+        limit = settings.MAX_MESSAGE_BYTES
+        if limit and len(message) > limit:
+            raise InvalidArguments(
+                f"{self.name}: the task message is {len(message)} bytes, over KEYED_QUEUE_MAX_MESSAGE_BYTES "
+                f"({limit}); pass a reference to large data instead of the data"
+            )
         fingerprint, claimed_with = None, {}
         if idempotency_key is not None:
             fingerprint = idempotency.explicit_fingerprint(self.name, idempotency_key)
@@ -161,7 +171,12 @@ class KeyedSerialTask(Task):
             return self.AsyncResult(task_id)
 
         try:
-            submitted = self._take_ticket(key, message)
+            submitted = self._take_ticket(key, task_id, message)
+        except QueueFull as full:
+            raise KeyQueueFull(
+                f"{self.name}: key {key!r} has {full.waiting} tasks waiting, the most it may have "
+                f"(max_waiting={self._max_waiting}); nothing was submitted"
+            ) from full
         except redis.RedisError as exc:
             raise GateUnavailable(f"{self.name}: the keyed queue's Redis is unreachable: {exc}") from exc
         assert submitted is not None  # only joins can be duplicates
@@ -196,19 +211,26 @@ class KeyedSerialTask(Task):
             records.forget_submission(task_id)
             raise
 
-    def _take_ticket(self, key: str, message: bytes) -> SubmitResult | None:
+    @property
+    def _max_waiting(self) -> int:
+        limit = self.max_waiting if self.max_waiting is not None else settings.MAX_WAITING
+        return limit or 0
+
+    def _take_ticket(self, key: str, task_id: str, message: bytes) -> SubmitResult | None:
         gate = get_gate()
+        submit = partial(
+            gate.submit, key, message, limit=self.serial_limit, task_id=task_id, max_waiting=self._max_waiting
+        )
         try:
-            return gate.submit(key, message, limit=self.serial_limit)
+            return submit()
         except NotSent:
             raise  # Redis is down: nothing was taken, fail at once
         except TRANSIENT:
             # The connection broke after the call was sent: the ticket may be taken, its reply
             # lost. Ask again for a while; the gate returns the ticket this message holds.
             logger.warning("submitting to key=%r lost its reply; asking the gate again", key)
-        retried = partial(gate.submit, key, message, limit=self.serial_limit, retried=True)
         try:
-            return outlast_restart(retried, seconds=SUBMIT_RETRY_SECONDS)[0]
+            return outlast_restart(partial(submit, retried=True), seconds=SUBMIT_RETRY_SECONDS)[0]
         except redis.RedisError as exc:
             raise GateUnavailable(
                 f"{self.name}: the keyed queue's Redis went away during the submission, which may have "

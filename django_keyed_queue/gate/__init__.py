@@ -2,7 +2,7 @@
 
 from .gate import Gate, NotSent
 from .keys import DEADLINE_INDEX, MAX_KEY_LENGTH, PAUSED_KEYS, KeyNames
-from .results import FinishResult, Grant, Lease, Recovery, StartResult, SubmitResult
+from .results import FinishResult, Grant, Lease, QueueFull, Recovery, StartResult, SubmitResult
 from .scripts import Code
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "Recovery",
     "KeyNames",
     "NotSent",
+    "QueueFull",
     "StartResult",
     "SubmitResult",
 ]

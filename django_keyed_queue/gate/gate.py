@@ -10,10 +10,13 @@ import redis
 from redis.exceptions import NoScriptError, ResponseError
 
 from .keys import DEADLINE_INDEX, PAUSED_KEYS, KeyNames
-from .results import FinishResult, Grant, Lease, Recovery, StartResult, SubmitResult
+from .results import FinishResult, Grant, Lease, QueueFull, Recovery, StartResult, SubmitResult
 from .scripts import SCRIPT_NAMES, Code, ms_to_seconds, seconds_to_ms, source
 
 logger = logging.getLogger(__name__)
+
+#: A submission retried after its reply was lost finds its ticket for at least this long.
+RECENT_SUBMISSION_SECONDS = 30.0
 
 
 class NotSent(redis.ConnectionError):
@@ -74,7 +77,9 @@ class Gate:
         start: bool = False,
         join_id: str = "",
         max_lost: int = 0,
+        task_id: str = "",
         retried: bool = False,
+        max_waiting: int = 0,
     ) -> SubmitResult | None:
         """Take the next ticket of ``key`` and store ``message`` with it.
 
@@ -82,14 +87,17 @@ class Gate:
         ``max_lost`` as for :meth:`start`).
         A non-empty ``join_id`` seen before within the idle horizon makes this a
         duplicate: nothing changes and None is returned.
-        ``retried=True`` after a call whose reply was lost: a ticket that already
-        holds exactly ``message`` is returned as it stands, none is taken.
+        ``retried=True`` after a call whose reply was lost: the ticket ``task_id``
+        took, if it still holds exactly ``message``, is returned as it stands and
+        none is taken (found for at least ``RECENT_SUBMISSION_SECONDS``).
+        ``max_waiting`` > 0: raises QueueFull, taking nothing, when this ticket
+        would wait behind that many others.
         """
         names = KeyNames(key)
         code, ticket, token, _ = self._call_and_index(
             "submit",
             key,
-            [*names.all(), names.joined],
+            [*names.all(), names.joined, names.recent, names.recent_older],
             [
                 message,
                 limit,
@@ -99,11 +107,16 @@ class Gate:
                 self.idle_horizon_ms,
                 max_lost,
                 "1" if retried else "",
+                task_id,
+                max_waiting,
+                seconds_to_ms(RECENT_SUBMISSION_SECONDS),
             ],
         )
         if code == Code.DUPLICATE:
             logger.debug("submit key=%r join_id=%s duplicate", key, join_id)
             return None
+        if code == Code.QUEUE_FULL:
+            raise QueueFull(key, int(ticket))
         result = SubmitResult(ticket=int(ticket), granted=code == Code.OK, token=int(token))
         logger.debug("submit key=%r ticket=%s granted=%s", key, result.ticket, result.granted)
         return result
@@ -173,10 +186,11 @@ class Gate:
         ``forget=True`` is for a submission that failed before anyone saw its
         ticket: the ticket number is given back when it was the last one taken.
         """
+        names = KeyNames(key)
         reply = self._call_and_index(
             "cancel",
             key,
-            KeyNames(key).all(),
+            [*names.all(), names.recent, names.recent_older],
             [ticket, "" if limit is None else limit, self.dispatch_timeout_ms, self.idle_horizon_ms, int(forget)],
         )
         result = FinishResult(Code(reply[0]), self._grants(key, reply[1:]))
@@ -238,9 +252,16 @@ class Gate:
         """Whether :meth:`pause` paused ``key`` and :meth:`resume` did not resume it since."""
         return bool(self.client.sismember(PAUSED_KEYS, key))
 
-    def paused_keys(self) -> list[str]:
-        """The keys paused by :meth:`pause` and not resumed since."""
-        return sorted(member.decode() for member in self.client.smembers(PAUSED_KEYS))
+    def paused_keys(self, *, limit: int | None = None) -> list[str]:
+        """The keys paused by :meth:`pause` and not resumed since; at most ``limit`` of them, read in steps."""
+        if limit is None:
+            return sorted(member.decode() for member in self.client.smembers(PAUSED_KEYS))
+        found: list[str] = []
+        for member in self.client.sscan_iter(PAUSED_KEYS, count=min(limit, 1000)):
+            found.append(member.decode())
+            if len(found) == limit:
+                break
+        return sorted(found)
 
     def refuse_join(self, key: str, task_id: str, *, due_in_seconds: float = 0.0) -> bool:
         """Make sure the delayed task ``task_id`` never joins ``key``'s queue.
@@ -424,17 +445,24 @@ class Gate:
         seconds, micros = self.client.time()
         return seconds * 1000 + micros // 1000
 
-    def inspect(self, key: str) -> dict:
+    def inspect(self, key: str, *, waiting_shown: int | None = None) -> dict:
         """A read-only snapshot of one key (several reads in one pipelined round trip)."""
-        return self.inspect_many([key])[0]
+        return self.inspect_many([key], waiting_shown=waiting_shown)[0]
 
-    def inspect_many(self, keys: Sequence[str]) -> list[dict]:
-        """Snapshots of many keys, in one pipelined round trip."""
+    def inspect_many(self, keys: Sequence[str], *, waiting_shown: int | None = None) -> list[dict]:
+        """Snapshots of many keys, in one pipelined round trip.
+
+        ``waiting`` lists the oldest ``waiting_shown`` waiting tickets (all with None);
+        ``depth`` counts them all. Holders are at most the key's limit.
+        """
+        # LRANGE's end is inclusive and -1 is the last element: (1, 0) is the empty range.
+        shown = (0, -1) if waiting_shown is None else (0, waiting_shown - 1) if waiting_shown else (1, 0)
         pipe = self.client.pipeline(transaction=False)
         for key in keys:
             names = KeyNames(key)
             pipe.hgetall(names.meta)
-            pipe.lrange(names.queue, 0, -1)
+            pipe.lrange(names.queue, *shown)
+            pipe.llen(names.queue)
             pipe.hgetall(names.holders)
             pipe.hlen(names.messages)
             pipe.pttl(names.meta)
@@ -443,7 +471,7 @@ class Gate:
         now_ms = secs * 1000 + micros // 1000
         snapshots = []
         for i, key in enumerate(keys):
-            meta, queue, holders, messages, ttl_ms = replies[5 * i : 5 * i + 5]
+            meta, queue, depth, holders, messages, ttl_ms = replies[6 * i : 6 * i + 6]
             snapshots.append(
                 {
                     "key": key,
@@ -451,6 +479,7 @@ class Gate:
                     "last_token": int(meta.get(b"fence", 0)),
                     "paused": b"paused" in meta,
                     "waiting": [int(t) for t in queue],
+                    "depth": depth,
                     "holders": {int(t): _decode_holder(raw, now_ms) for t, raw in holders.items()},
                     "messages": messages,
                     "idle_expires_in": ms_to_seconds(ttl_ms) if ttl_ms >= 0 else None,

@@ -87,6 +87,16 @@ class KeyNames:
         """ZSET of task ids that joined the queue on arrival, scored by time (duplicate guard)."""
         return f"{self.base}:joined"
 
+    @property
+    def recent(self) -> str:
+        """HASH task id -> ticket of the key's latest submissions (a retried submit's lookup)."""
+        return f"{self.base}:recent"
+
+    @property
+    def recent_older(self) -> str:
+        """The generation of :attr:`recent` before the current one."""
+        return f"{self.base}:recent:older"
+
     def all(self) -> list[str]:
         return [self.meta, self.queue, self.messages, self.holders]
 

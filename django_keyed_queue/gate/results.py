@@ -17,6 +17,14 @@ class Grant:
     message: bytes
 
 
+class QueueFull(Exception):
+    """The key already has ``waiting`` tickets waiting, the most allowed; nothing was taken."""
+
+    def __init__(self, key: str, waiting: int) -> None:
+        super().__init__(f"key {key!r} has {waiting} tasks waiting")
+        self.key, self.waiting = key, waiting
+
+
 @dataclass(frozen=True)
 class SubmitResult:
     ticket: int

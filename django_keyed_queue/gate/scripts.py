@@ -27,6 +27,7 @@ class Code(enum.IntEnum):
     DUPLICATE = 7
     EXISTS = 8
     FOREIGN_MESSAGE = 9
+    QUEUE_FULL = 10
 
 
 def _read(path: str) -> str:

@@ -71,6 +71,14 @@ def test_a_command_prints_its_result_once_and_the_audit_log_still_gets_it(gate_r
     assert "keyed queue rebuild" in log_file.stream.getvalue()
 
 
+def test_status_of_a_deep_key_lists_its_oldest_waiting_tickets_and_counts_the_rest(gate_redis, broker):
+    run("keyed_queue_pause", "k")
+    for n in range(25):
+        step.apply_async(("k", n), queue=QUEUE)
+    status = run("keyed_queue_status", "--key", "k")
+    assert f"waiting tickets: {list(range(1, 21))} and 5 more" in status
+
+
 def test_bad_keys_fail_with_a_clear_error():
     with pytest.raises(CommandError, match="a key is 1 to 200 characters"):
         call_command("keyed_queue_pause", "")

@@ -36,5 +36,15 @@ def test_local_handoff_may_be_off_but_not_negative():
         assert [p.id for p in check_settings()] == ["keyed_queue.E003"]
 
 
+@pytest.mark.parametrize("name", ["KEYED_QUEUE_MAX_WAITING", "KEYED_QUEUE_MAX_MESSAGE_BYTES"])
+def test_bounds_are_positive_whole_numbers_or_none(name):
+    for good in (None, 1, 10_000):
+        with override_settings(**{name: good}):
+            assert check_settings() == []
+    for bad in (0, -1, 2.5, "100", True):
+        with override_settings(**{name: bad}):
+            assert [p.id for p in check_settings()] == ["keyed_queue.E004"], bad
+
+
 def test_the_project_checks_clean():
     assert check_settings() == []

@@ -8,9 +8,9 @@ from django.test import override_settings
 from kombu import Connection
 from kombu.exceptions import OperationalError
 
-from django_keyed_queue import GateUnavailable, InvalidArguments, InvalidKey, keyed_serial_task
+from django_keyed_queue import GateUnavailable, InvalidArguments, InvalidKey, KeyQueueFull, keyed_serial_task
 from django_keyed_queue.gate import DEADLINE_INDEX, MAX_KEY_LENGTH, Gate, KeyNames
-from django_keyed_queue.models import KeyedTask
+from django_keyed_queue.models import IdempotencyKey, KeyedTask
 from django_keyed_queue.task import HEADER
 from testproject.demo.tasks import step, write_file
 
@@ -150,10 +150,12 @@ def test_failed_publish_withdraws_the_ticket_and_the_row(gate_redis, broker):
     assert KeyedTask.objects.count() == 0
     assert broker.llen(QUEUE) == 0
     # Only the counters stay (idle, with the horizon's TTL): the number is not reused, since
-    # the failed publish might have reached the broker after all.
+    # the failed publish might have reached the broker after all. So does the task id's entry
+    # in the index of recent submissions, which expires on its own.
     # (The deadline index may still name the key: the reaper drops it when it finds the key idle.)
-    assert set(gate_redis.keys("*")) - {DEADLINE_INDEX.encode()} == {KeyNames("a").meta.encode()}
-    assert gate_redis.pttl(KeyNames("a").meta) > 0
+    names = KeyNames("a")
+    assert set(gate_redis.keys("*")) - {DEADLINE_INDEX.encode()} == {names.meta.encode(), names.recent.encode()}
+    assert gate_redis.pttl(names.meta) > 0 and 0 < gate_redis.pttl(names.recent) <= 60_000
     follower = step.apply_async(("a", 2), queue=QUEUE)
     assert KeyedTask.objects.get(task_id=follower.id).status == "dispatched"
     assert KeyedTask.objects.get(task_id=follower.id).ticket == 2
@@ -192,3 +194,30 @@ def test_an_idempotency_key_that_is_not_text_fails_and_writes_nothing(gate_redis
     with pytest.raises(InvalidArguments, match="idempotency_key '\\\\ud800' is not valid text"):
         step.apply_async(("a", 1), queue=QUEUE, idempotency_key="\ud800")
     nothing_left(gate_redis, broker)
+
+
+def test_a_key_at_its_depth_limit_refuses_the_next_task_and_writes_nothing(gate_redis, broker, monkeypatch):
+    with override_settings(KEYED_QUEUE_MAX_WAITING=2):
+        accepted = [step.apply_async(("a", n), queue=QUEUE) for n in range(3)]  # one granted, two waiting
+        before = gate_redis.hgetall(KeyNames("a").meta)
+        with pytest.raises(KeyQueueFull, match=r"key 'a' has 2 tasks waiting, the most it may have \(max_waiting=2\)"):
+            step.apply_async(("a", 3), queue=QUEUE, idempotency_key="full")
+        assert gate_redis.hgetall(KeyNames("a").meta) == before, "no ticket taken"
+        assert KeyedTask.objects.count() == 3 and broker.llen(QUEUE) == 1
+        assert not IdempotencyKey.objects.exists(), "the idempotency key was given back"
+        assert step.apply_async(("b", 0), queue=QUEUE).status == "PENDING", "other keys are not limited"
+        monkeypatch.setattr(step, "max_waiting", 3)  # a task's own limit overrides the setting
+        step.apply_async(("a", 3), queue=QUEUE)
+    assert len(accepted) == 3 and gate_redis.llen(KeyNames("a").queue) == 3
+
+
+@pytest.mark.parametrize("options", [{}, {"countdown": 60}, {"idempotency_key": "big"}])
+def test_a_message_over_the_size_limit_is_refused_and_writes_nothing(gate_redis, broker, options):
+    with override_settings(KEYED_QUEUE_MAX_MESSAGE_BYTES=500):
+        with pytest.raises(
+            InvalidArguments, match=r"the task message is \d+ bytes, over KEYED_QUEUE_MAX_MESSAGE_BYTES \(500\)"
+        ):
+            step.apply_async(("a", "x" * 1000), queue=QUEUE, **options)
+        nothing_left(gate_redis, broker)
+        assert not IdempotencyKey.objects.exists()
+        step.apply_async(("a", "x" * 100), queue=QUEUE, **options)  # a smaller one fits

@@ -91,6 +91,24 @@ def test_inspect_many_reads_each_key(gate):
     assert gate.inspect_many([]) == []
 
 
+def test_inspect_reads_only_the_waiting_tickets_it_shows(gate, gate_redis):
+    gate.pause("deep")
+    for n in range(1000):
+        gate.submit("deep", b"m")
+    shown, counted, everything = (gate.inspect("deep", waiting_shown=n) for n in (5, 0, None))
+    assert (shown["waiting"], shown["depth"]) == ([1, 2, 3, 4, 5], 1000)
+    assert (counted["waiting"], counted["depth"]) == ([], 1000)
+    assert everything["waiting"] == list(range(1, 1001))
+
+
+def test_paused_keys_are_read_in_bounded_steps(gate, gate_redis):
+    for n in range(50):
+        gate.pause(f"k{n:02}")
+    some = gate.paused_keys(limit=10)
+    assert len(some) == 10 and set(some) <= set(gate.paused_keys())
+    assert gate.paused_keys(limit=100) == gate.paused_keys() == [f"k{n:02}" for n in range(50)]
+
+
 def test_a_given_up_run_is_fenced_now_and_failed_without_recovery_after_the_grace(make_gate, gate_redis):
     gate = make_gate(lease_seconds=30)
     ticket, token = running(gate, "k", max_lost=3)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import redis
 
-from django_keyed_queue.gate import Code, Gate, KeyNames, NotSent, SubmitResult
+from django_keyed_queue.gate import Code, Gate, KeyNames, NotSent, QueueFull, SubmitResult
 
 from ._support import message_of, redis_names
 
@@ -165,18 +167,69 @@ def test_messages_are_stored_and_handed_back_byte_for_byte(gate, gate_redis, mes
 
 
 def test_a_retried_submit_gets_the_ticket_its_message_already_holds(gate):
-    granted = gate.submit("k", b"first")
-    parked = gate.submit("k", b"second")
-    assert gate.submit("k", b"first", retried=True) == granted, "granted, as the lost reply said"
-    assert gate.submit("k", b"second", retried=True) == parked, "parked, as the lost reply said"
+    granted = gate.submit("k", b"first", task_id="t1")
+    parked = gate.submit("k", b"second", task_id="t2")
+    assert gate.submit("k", b"first", task_id="t1", retried=True) == granted, "granted, as the lost reply said"
+    assert gate.submit("k", b"second", task_id="t2", retried=True) == parked, "parked, as the lost reply said"
     assert gate.inspect("k")["last_ticket"] == 2, "no ticket was taken"
     assert gate.inspect("k")["waiting"] == [parked.ticket]
 
 
 def test_a_retried_submit_whose_first_call_never_ran_takes_a_ticket(gate):
-    gate.submit("k", b"first")
-    assert gate.submit("k", b"other", retried=True) == SubmitResult(ticket=2, granted=False, token=0)
-    assert gate.submit("fresh", b"m", retried=True) == SubmitResult(ticket=1, granted=True, token=0)
+    gate.submit("k", b"first", task_id="t1")
+    assert gate.submit("k", b"other", task_id="t2", retried=True) == SubmitResult(ticket=2, granted=False, token=0)
+    assert gate.submit("fresh", b"m", task_id="t3", retried=True) == SubmitResult(ticket=1, granted=True, token=0)
+
+
+def test_a_retried_submit_finds_its_ticket_by_task_id_not_by_scanning(gate, gate_redis):
+    gate.pause("k")
+    for n in range(300):
+        gate.submit("k", b"same message", task_id=f"t{n}")
+    found = gate.submit("k", b"same message", task_id="t200", retried=True)
+    assert found == SubmitResult(ticket=201, granted=False, token=0), (
+        "the ticket of that task id, not the first equal one"
+    )
+    given_back = gate.submit("k", b"other message", task_id="t5", retried=True)
+    assert given_back.ticket == 301, "a task id whose ticket holds another message takes a new ticket"
+
+
+def test_task_ids_are_remembered_for_two_generations_only(gate, gate_redis, monkeypatch):
+    monkeypatch.setattr("django_keyed_queue.gate.gate.RECENT_SUBMISSION_SECONDS", 0.2)
+    names = KeyNames("k")
+    gate.pause("k")
+    gate.submit("k", b"m1", task_id="t1")
+    time.sleep(0.25)
+    gate.submit("k", b"m2", task_id="t2")  # a new generation: t1 moves to the older one
+    assert gate_redis.hgetall(names.recent) == {b"t2": b"2"}
+    assert gate_redis.hgetall(names.recent_older) == {b"t1": b"1"}
+    assert gate.submit("k", b"m1", task_id="t1", retried=True).ticket == 1, "still found"
+    time.sleep(0.45)  # both generations expired on their own
+    assert not gate_redis.exists(names.recent, names.recent_older)
+    assert gate.submit("k", b"m2", task_id="t2", retried=True).ticket == 3
+    assert gate_redis.pttl(names.recent) <= 400
+
+
+def test_a_full_queue_refuses_the_submit_and_takes_nothing(gate, gate_redis):
+    running = gate.submit("k", b"m1", start=True, max_waiting=2)
+    gate.submit("k", b"m2", task_id="t2", max_waiting=2)
+    gate.submit("k", b"m3", task_id="t3", max_waiting=2)
+    before = {name: gate_redis.dump(name) for name in redis_names(gate_redis)}
+
+    with pytest.raises(QueueFull, match="key 'k' has 2 tasks waiting") as refused:
+        gate.submit("k", b"m4", task_id="t4", max_waiting=2)
+
+    assert refused.value.waiting == 2
+    assert {name: gate_redis.dump(name) for name in redis_names(gate_redis)} == before, "nothing written"
+    assert gate.submit("k", b"m4", max_waiting=3).ticket == 4, "a higher limit takes it"
+    gate.finish("k", running.ticket, running.token)
+    assert gate.submit("k", b"m5", max_waiting=3).ticket == 5, "a waiting ticket was granted: room again"
+
+
+def test_a_free_key_grants_even_with_a_tiny_depth_limit(gate):
+    assert gate.submit("k", b"m1", max_waiting=1).granted
+    assert not gate.submit("k", b"m2", max_waiting=1).granted
+    with pytest.raises(QueueFull):
+        gate.submit("k", b"m3", max_waiting=1)
 
 
 def test_a_server_that_cannot_be_reached_is_reported_as_not_sent():

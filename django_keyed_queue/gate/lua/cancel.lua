@@ -3,6 +3,7 @@
   granted one frees its slot for the next ticket. A running ticket stays.
 
   KEYS[1] meta      KEYS[2] queue      KEYS[3] messages      KEYS[4] holders
+  KEYS[5] recent    KEYS[6] recent, older generation (the task ids submit remembers)
   ARGV[1] ticket
   ARGV[2] limit (slots per key); '' = the key's own, kept at submission
   ARGV[3] dispatch timeout, ms
@@ -34,6 +35,16 @@ elseif redis.call('LREM', queue_key, 1, ticket) == 0 then
   return {2}
 end
 
+if forget then
+  local ok, stored = pcall(cjson.decode, redis.call('HGET', messages_key, ticket) or '')
+  if ok and type(stored) == 'table' and type(stored.id) == 'string' then
+    for _, remembered in ipairs({KEYS[5], KEYS[6]}) do
+      if redis.call('HGET', remembered, stored.id) == ticket then
+        redis.call('HDEL', remembered, stored.id)
+      end
+    end
+  end
+end
 redis.call('HDEL', messages_key, ticket)
 if forget and tonumber(redis.call('HGET', meta_key, 'seq')) == tonumber(ticket) then
   if redis.call('HINCRBY', meta_key, 'seq', -1) == 0

@@ -8,6 +8,8 @@
 
   KEYS[1] meta      KEYS[2] queue      KEYS[3] messages      KEYS[4] holders
   KEYS[5] joined    ZSET of join ids (task ids of delayed tasks that joined), scored by time
+  KEYS[6] recent    HASH task id -> ticket of this generation's submissions
+  KEYS[7] older     the previous generation (see ARGV[11])
   ARGV[1] message (opaque bytes)
   ARGV[2] limit (slots per key)
   ARGV[3] dispatch timeout, ms
@@ -15,13 +17,18 @@
   ARGV[5] join id ('' = none): a second submit with the same id within the horizon is refused
   ARGV[6] idle horizon, ms
   ARGV[7] lost leases to re-dispatch before failing the ticket (used when started at once)
-  ARGV[8] '1' = a retry after a lost reply: if a ticket of this key already holds exactly
-          this message, return it as it stands instead of taking another ('' = no)
+  ARGV[8] '1' = a retry after a lost reply: if the ticket this task id took still holds
+          exactly this message, return it as it stands instead of taking another ('' = no)
+  ARGV[9] task id, remembered for ARGV[8] ('' = not remembered)
+  ARGV[10] most tickets that may wait in the queue (0 = no limit); a submit that would
+          wait behind that many is refused
+  ARGV[11] generation length, ms: a task id is remembered for one to two generations
 
   Returns {code, ticket, token, deadline_ms}
-    code 0 OK         granted (token > 0 when started, deadline = lease end)
-    code 1 PARKED     waiting in the queue
-    code 7 DUPLICATE  the join id was seen before; nothing changed
+    code 0 OK          granted (token > 0 when started, deadline = lease end)
+    code 1 PARKED      waiting in the queue
+    code 7 DUPLICATE   the join id was seen before; nothing changed
+    code 10 QUEUE_FULL {10, tickets waiting}; nothing changed
 ]]
 --- @include "common"
 
@@ -35,19 +42,31 @@ local horizon = tonumber(ARGV[6])
 local max_lost = tonumber(ARGV[7])
 local now = now_ms()
 
+local task_id = ARGV[9]
+local recent_key, older_key = KEYS[6], KEYS[7]
+
 if ARGV[8] == '1' then
-  local stored = redis.call('HGETALL', messages_key)
-  for i = 1, #stored, 2 do
-    if stored[i + 1] == message then
-      local raw = redis.call('HGET', holders_key, stored[i])
-      if not raw then
-        return {1, tonumber(stored[i]), 0, 0}
-      end
-      -- Granted: by the lost call, or since by a finish that published it; then the caller
-      -- publishes it again and the start check drops the second message.
-      local holder = decode_holder(raw)
-      return {0, tonumber(stored[i]), holder.token, holder.deadline}
+  local ticket = redis.call('HGET', recent_key, task_id) or redis.call('HGET', older_key, task_id)
+  if ticket and redis.call('HGET', messages_key, ticket) == message then
+    local raw = redis.call('HGET', holders_key, ticket)
+    if not raw then
+      return {1, tonumber(ticket), 0, 0}
     end
+    -- Granted: by the lost call, or since by a finish that published it; then the caller
+    -- publishes it again and the start check drops the second message.
+    local holder = decode_holder(raw)
+    return {0, tonumber(ticket), holder.token, holder.deadline}
+  end
+end
+
+local free = redis.call('LLEN', queue_key) == 0
+  and redis.call('HLEN', holders_key) < limit
+  and redis.call('HEXISTS', meta_key, 'paused') == 0
+local max_waiting = tonumber(ARGV[10])
+if not free and max_waiting > 0 then
+  local waiting = redis.call('LLEN', queue_key)
+  if waiting >= max_waiting then
+    return {10, waiting, 0, 0}
   end
 end
 
@@ -66,9 +85,22 @@ redis.call('HSET', meta_key, 'limit', limit)
 redis.call('PERSIST', meta_key)
 redis.call('HSET', messages_key, ticket, message)
 
-local free = redis.call('LLEN', queue_key) == 0
-  and redis.call('HLEN', holders_key) < limit
-  and redis.call('HEXISTS', meta_key, 'paused') == 0
+if task_id ~= '' then
+  -- Two generations of task ids, each expiring on its own: memory follows the key's recent
+  -- submissions, not its queue, and nothing else has to forget them.
+  local generation = tonumber(ARGV[11])
+  if now - tonumber(redis.call('HGET', meta_key, 'recent_since') or '0') >= generation then
+    if redis.call('EXISTS', recent_key) == 1 then
+      redis.call('RENAME', recent_key, older_key)
+    end
+    redis.call('HSET', meta_key, 'recent_since', now)
+    redis.call('HSET', recent_key, task_id, ticket)
+    redis.call('PEXPIRE', recent_key, 2 * generation)
+  else
+    redis.call('HSET', recent_key, task_id, ticket)
+  end
+end
+
 if not free then
   redis.call('RPUSH', queue_key, ticket)
   return {1, ticket, 0, 0}

@@ -8,6 +8,9 @@ from django_keyed_queue.recovery import checked_key
 
 from ._key import gate_reachable
 
+#: How many of a key's waiting tickets are listed (all are counted).
+WAITING_SHOWN = 20
+
 
 class Command(BaseCommand):
     help = "Show the keyed queue: tasks by status, the oldest wait; with --key, that key's holders and queue."
@@ -26,7 +29,7 @@ class Command(BaseCommand):
         if oldest:
             self.stdout.write(f"oldest wait: {(timezone.now() - oldest).total_seconds():.1f}s")
         with gate_reachable():
-            state = get_gate().inspect(key) if key else None
+            state = get_gate().inspect(key, waiting_shown=WAITING_SHOWN) if key else None
             get_gate().client.ping()
         self.stdout.write("redis: reachable")
         if state is not None and not state["last_ticket"] and not KeyedTask.objects.for_key(key).exists():
@@ -40,4 +43,6 @@ class Command(BaseCommand):
                     f"  holder ticket {ticket}: {holder['state']}, attempt {holder['attempts']}, "
                     f"deadline in {holder['deadline_in']:.1f}s"
                 )
-            self.stdout.write(f"  waiting tickets: {state['waiting'] or 'none'}")
+            more = state["depth"] - len(state["waiting"])
+            shown = f"{state['waiting']}{f' and {more} more' if more else ''}" if state["waiting"] else "none"
+            self.stdout.write(f"  waiting tickets: {shown}")
