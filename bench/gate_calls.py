@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         kinds = {
             "PING": lambda key: gate.client.ping(),
             "script returning 1": lambda key: trivial(),
-            "submit (free key, granted)": lambda key: gate.submit(key, MESSAGE),
+            "submit (free key, granted)": lambda key: gate.submit(key, MESSAGE, task_id=key),
             "start": start,
             "finish (with outcome)": lambda key: gate.finish(key, 1, tokens[key], outcome=(key, OUTCOME)),
         }
