@@ -128,3 +128,13 @@ def time_limited_step(self, key: str, n: int, seconds: float = 0.0) -> int:
     time.sleep(seconds)
     history.log("end", key, n, attempt=attempt, holds=self.holds_key())
     return n
+
+
+@keyed_serial_task(key="{key}", bind=True, soft_time_limit=6)
+def soft_limited_step(self, key: str, n: int, seconds: float = 0.0) -> int:
+    """Runs ``seconds`` on every attempt, under a soft time limit of 6 s; its end says whether it held its key."""
+    attempt = self.request.keyed_attempts
+    history.log("start", key, n, attempt=attempt)
+    time.sleep(seconds)
+    history.log("end", key, n, attempt=attempt, holds=self.holds_key())
+    return n

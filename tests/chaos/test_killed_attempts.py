@@ -1,4 +1,4 @@
-"""A kill ends only the attempt it names: a stalled attempt's hard time limit leaves its replacement running."""
+"""A time limit ends only the attempt it names: a stalled attempt's hard or soft limit spares its replacement."""
 
 import os
 import signal
@@ -7,7 +7,7 @@ from contextlib import suppress
 
 import pytest
 
-from testproject.demo.tasks import time_limited_step
+from testproject.demo.tasks import soft_limited_step, time_limited_step
 from tests.helpers import check_history, read_history, wait_for_records, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.workers]
@@ -33,3 +33,49 @@ def test_the_hard_time_limit_of_a_stalled_attempt_leaves_its_replacement_holding
     assert (records[limited.id].status, records[limited.id].attempts) == ("succeeded", 2)
     assert records[after.id].status == "succeeded"
     check_history(history)  # the next task started after the replacement ended
+
+
+def _pending_signals(pid: int) -> int:
+    """Signals sent to process ``pid`` and not yet delivered, as a mask: bit ``n - 1`` is signal ``n``."""
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1], 16) for line in status if line.startswith("ShdPnd:"))
+
+
+def test_the_soft_time_limit_of_a_stalled_attempt_ends_only_that_attempt(chaos):
+    chaos.start(2)
+    # Every attempt runs 5 s under a 6 s soft limit. The first is stopped at 2 s and its lease runs out;
+    # the reaper starts attempt 2. At 6 s Celery sends attempt 1's process SIGUSR1, pending while it is stopped.
+    limited = soft_limited_step.apply_async(("sl", 0, 5.0), queue=chaos.queue)
+    after = soft_limited_step.apply_async(("sl", 1), queue=chaos.queue)
+    first = wait_until(lambda: [e for e in read_history() if e["event"] == "start"], 30, message="a start")[0]
+    time.sleep(max(0.0, first["t"] + 2 - time.time()))
+    os.kill(first["pid"], signal.SIGSTOP)
+    owner = chaos.owner_of(first["pid"])
+    run = f"{soft_limited_step.name}[{limited.id}]"
+    try:
+        wait_until(lambda: [e for e in read_history() if e.get("attempt") == 2], 30, 0.02, "attempt 2 to start")
+        usr1 = 1 << (signal.SIGUSR1 - 1)
+        wait_until(lambda: _pending_signals(first["pid"]) & usr1, 30, 0.02, "the soft time limit's SIGUSR1")
+    finally:
+        os.kill(first["pid"], signal.SIGCONT)  # attempt 1 wakes into SoftTimeLimitExceeded
+    # Celery logs the failure after the run's end went through _finish.
+    wait_until(lambda: f"{run} raised unexpected: SoftTimeLimitExceeded" in owner.log(), 10, 0.02, "attempt 1's end")
+    assert not [e for e in read_history() if e["event"] == "end" and e["n"] == 0], "attempt 1 ends while 2 runs"
+
+    wait_until(lambda: len([e for e in read_history() if e["event"] == "end"]) == 2, 30, message="two ends")
+    history = read_history()
+    # Attempt 1 raised before its end; task 1 started only after attempt 2 ended, still holding the key.
+    events = [(e["event"], e["n"], e["attempt"]) for e in history]
+    assert events == [("start", 0, 1), ("start", 0, 2), ("end", 0, 2), ("start", 1, 1), ("end", 1, 1)], events
+    ends = [(e["n"], e["attempt"], e["holds"]) for e in history if e["event"] == "end"]
+    assert ends == [(0, 2, True), (1, 1, True)], "the replacement kept its key to its end"
+    check_history(history)
+    # The record follows attempt 2: attempt 1's failure is neither its status nor its error.
+    records = wait_for_records([limited.id, after.id], timeout=30)
+    assert (records[limited.id].status, records[limited.id].attempts, records[limited.id].error) == ("succeeded", 2, "")
+    assert records[after.id].status == "succeeded"
+    # Records move only forward by attempt, so they would not show a fenced run's end written anyway:
+    # the log says that attempt 1's finish was refused by the gate.
+    log = owner.log()
+    assert f"Soft time limit (6s) exceeded for {run}" in log
+    assert f"{run} finished after losing its lease (fenced)" in log
