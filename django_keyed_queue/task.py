@@ -293,12 +293,16 @@ class KeyedSerialTask(Task):
             keeper.release(lease)
             raise
         except Exception as exc:
-            self._finish(lease, Status.FAILED, attempts, error=f"{type(exc).__name__}: {exc}")
+            if not self._finish(lease, Status.FAILED, attempts, error=f"{type(exc).__name__}: {exc}"):
+                raise Ignore() from exc  # see below
             raise
         except BaseException:
             keeper.release(lease)  # the process is going down; the lease expires and is reaped
             raise
-        self._finish(lease, Status.SUCCEEDED, attempts)
+        if not self._finish(lease, Status.SUCCEEDED, attempts):
+            # Fenced: another attempt holds the key and will store the task's result. Celery stores
+            # none for an ignored run, so a caller waiting on the result never sees this one's.
+            raise Ignore()
         return result
 
     @property
@@ -370,10 +374,11 @@ class KeyedSerialTask(Task):
             raise Ignore()
         return Lease(key, submitted.ticket, submitted.token), 1
 
-    def _finish(self, lease: Lease, status: str, attempts: int, error: str = "") -> None:
+    def _finish(self, lease: Lease, status: str, attempts: int, error: str = "") -> bool:
+        """End the run at the gate; False if this attempt no longer held its key (fenced)."""
         keeper.release(lease)
         if self.request.keyed_retried:
-            return  # self.retry() handed the slot to the retry (also with throw=False)
+            return True  # self.retry() handed the slot to the retry (also with throw=False)
         finished_at = timezone.now()
         gate = get_gate()
         # The gate keeps the run's outcome until its record is written: a kill of this process
@@ -386,13 +391,13 @@ class KeyedSerialTask(Task):
             )
         except redis.RedisError:
             logger.exception("finishing key=%r ticket=%s failed; its lease will expire", lease.key, lease.ticket)
-            return
-        if not finished.ok and retried and not gate.inspect(lease.key)["holders"].get(lease.ticket):
+            return True
+        if not finished.ok and retried and not gate.inspect(lease.key, waiting_shown=0)["holders"].get(lease.ticket):
             # The first try went through but its reply was lost: the ticket is done. Whatever it
             # granted was not published; the dispatch timeout publishes it.
             logger.warning("finish of key=%r ticket=%s was applied before Redis went away", lease.key, lease.ticket)
             records.record_end(end, lease.key)
-            return
+            return True
         if not finished.ok:
             # The lease was lost and the reaper acted: the record follows the run it dispatched.
             logger.warning(
@@ -402,9 +407,10 @@ class KeyedSerialTask(Task):
                 lease.key,
                 lease.ticket,
             )
-            return
+            return False
         records.record_end(end, lease.key)
         publish_grants(self.app, handoff.keep(self.app, self.request, finished.granted))
+        return True
 
 
 def _due_at(options: dict) -> datetime:
