@@ -41,14 +41,23 @@ def wheel(tmp_path_factory) -> Path:
     for path in REPO.iterdir():
         if path.is_file():
             shutil.copy2(path, source / path.name)
-    command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-input", "-q", "-w", str(tmp / "out")]
+    # -v shows the build backend's warnings (test_the_build_is_quiet reads them).
+    command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-input", "-v", "-w", str(tmp / "out")]
     if _can_build_without_isolation():
         command.append("--no-build-isolation")
     # Otherwise pip installs the build requirements of pyproject.toml into an isolated environment.
     built = subprocess.run([*command, str(source)], capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, f"{' '.join(command)} failed:\n{built.stdout}\n{built.stderr}"
     (wheel,) = (tmp / "out").glob("django_keyed_queue-*.whl")
+    (tmp / "build.log").write_text(built.stdout + built.stderr)
     return wheel
+
+
+def test_the_build_is_quiet(wheel):
+    """setuptools warns about every data folder it finds outside its ``packages``: none may be."""
+    log = (wheel.parent.parent / "build.log").read_text()
+    assert "Building wheel" in log, "the log is the build's"
+    assert "would be ignored" not in log and "absent from the `packages`" not in log, log
 
 
 def test_the_repository_has_the_scripts_the_gate_loads():
