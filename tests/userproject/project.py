@@ -1,16 +1,18 @@
 """A Django project made the way a user makes one, to prove the app where users run it.
 
-``django-admin startproject mysite``, ``manage.py startapp shop``, Celery's
-documented Django layout (``mysite/celery.py`` with ``config_from_object`` and
+``django-admin startproject mysite``, ``manage.py startapp shop``, then the code
+blocks of the README's install section, each into the file it names (Celery's
+documented Django layout: ``mysite/celery.py`` with ``config_from_object`` and
 ``autodiscover_tasks()``, imported from ``mysite/__init__.py``), Celery's default
 settings, one redis-server for the broker and the gate, the default SQLite
-database. Only what the README's install section asks for is added.
+database. The tier's own tasks and a test's settings are added after them.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -20,14 +22,17 @@ from pathlib import Path
 from testproject.servers import Worker
 
 FILES = Path(__file__).resolve().parent / "files"
+README = Path(__file__).resolve().parents[2] / "README.md"
+#: Where the README's install blocks point Redis; a project points them at its test server instead.
+README_REDIS = "redis://localhost:6379"
 
-CELERY_IMPORT = """
-# This will make sure the app is always imported when
-# Django starts so that shared_task will use this app.
-from .celery import app as celery_app
 
-__all__ = ("celery_app",)
-"""
+def install_blocks() -> list[tuple[str, str]]:
+    """(file, code) of each Python block of the README's install section whose first line names its file."""
+    text = README.read_text()
+    section = text[text.index("## Install in your project") :]
+    section = section[: section.index("\n### ")]  # the steps end where the first subsection starts
+    return re.findall(r"```python\n# (\S+)\n(.*?)```", section, re.DOTALL)
 
 
 class UserProject:
@@ -46,36 +51,38 @@ class UserProject:
 
     def build(self) -> UserProject:
         self.directory.mkdir(parents=True, exist_ok=True)
-        django_admin = [sys.executable, "-m", "django"]
-        self._run([*django_admin, "startproject", "mysite", "."])
+        self.run([sys.executable, "-m", "django", "startproject", "mysite", "."])
         self.manage("startapp", "shop")
-        package = self.directory / "mysite"
-        shutil.copy(FILES / "celery.py", package / "celery.py")
-        with open(package / "__init__.py", "a") as init:
-            init.write(CELERY_IMPORT)
-        shutil.copy(FILES / "tasks.py", self.directory / "shop" / "tasks.py")
+        for name, code in install_blocks():
+            path = self.directory / name
+            written = path.read_text() if path.exists() else ""  # by startproject or startapp
+            path.write_text(written + ("\n" if written else "") + code.replace(README_REDIS, self.redis_url))
+        with open(self.directory / "shop" / "tasks.py", "a") as tasks:
+            tasks.write("\n" + (FILES / "tasks.py").read_text())
         shutil.copy(FILES / "produce.py", self.directory / "produce.py")
-        added = {
-            "CELERY_BROKER_URL": f"{self.redis_url}/0",
-            "KEYED_QUEUE_REDIS_URL": f"{self.redis_url}/0",
-            **self.settings,
-        }
-        with open(package / "settings.py", "a") as settings:
-            settings.write('\nINSTALLED_APPS += ["django_keyed_queue", "shop"]\n')
-            settings.writelines(f"{name} = {value!r}\n" for name, value in added.items())
+        with open(self.directory / "mysite" / "settings.py", "a") as settings:
+            settings.writelines(f"{name} = {value!r}\n" for name, value in self.settings.items())
         self.manage("migrate", "--verbosity", "0")
         return self
 
-    def _run(self, command: list[str], check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+    def run(
+        self, command: list[str], check: bool = True, timeout: float = 120, env: dict | None = None
+    ) -> subprocess.CompletedProcess:
+        """``command`` in the project's directory and environment (plus ``env``)."""
         done = subprocess.run(
-            command, cwd=self.directory, env=self.env, capture_output=True, text=True, timeout=timeout
+            command,
+            cwd=self.directory,
+            env={**self.env, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
         if check and done.returncode != 0:
             raise AssertionError(f"{' '.join(command[1:])} exited {done.returncode}:\n{done.stdout}{done.stderr}")
         return done
 
     def manage(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        return self._run([sys.executable, "manage.py", *args], check=check)
+        return self.run([sys.executable, "manage.py", *args], check=check)
 
     def worker(self, name: str, concurrency: int = 2) -> Worker:
         """A worker started as Celery's docs say: ``celery -A mysite worker -l INFO``, named for the host."""
