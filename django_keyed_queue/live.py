@@ -5,13 +5,16 @@ The live keys page in the admin shows this; the most blocked keys come first.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.db.models import Count, F, Min, Q
 from django.utils import timezone
 
+from .conf import settings
 from .connection import get_gate
+from .gate import Gate
 from .models import KeyedTask
 from .statuses import Status
 
@@ -29,6 +32,32 @@ class Holder:
         return self.lease_left < 0
 
 
+def stuck_after_seconds() -> float:
+    """How long past its deadline a holder is stuck: by then the reaper (every REAP_INTERVAL) should have acted."""
+    return 2 * settings.REAP_INTERVAL_SECONDS
+
+
+def is_stuck(*, holders_due_in: Iterable[float], paused: bool, depth: int) -> bool:
+    """The one definition of a stuck key; the live keys page and the health view both use it.
+
+    Nothing will move the key on its own: a holder's deadline (its lease end, or its dispatch
+    deadline) passed more than two reaper periods ago, or the key is paused with tasks waiting.
+    """
+    return any(due < -stuck_after_seconds() for due in holders_due_in) or (paused and depth > 0)
+
+
+def stuck_keys(gate: Gate, *, limit: int = 1000) -> set[str]:
+    """The stuck keys: the deadline index's overdue keys and the paused keys (at most ``limit`` of each), checked."""
+    candidates = {*gate.overdue_keys(stuck_after_seconds(), limit=limit), *gate.paused_keys(limit=limit)}
+    return {
+        s["key"]
+        for s in gate.inspect_many(sorted(candidates), waiting_shown=0)
+        if is_stuck(
+            holders_due_in=(h["deadline_in"] for h in s["holders"].values()), paused=s["paused"], depth=s["depth"]
+        )
+    }
+
+
 @dataclass
 class KeyState:
     key: str
@@ -43,8 +72,7 @@ class KeyState:
 
     @property
     def stuck(self) -> bool:
-        """Nothing will move on its own soon: a holder is overdue, or it is paused with tasks waiting."""
-        return any(h.overdue for h in self.holders) or (self.paused and self.depth > 0)
+        return is_stuck(holders_due_in=(h.lease_left for h in self.holders), paused=self.paused, depth=self.depth)
 
     def blocked_order(self) -> tuple:
         return (not self.stuck, -self.waited_seconds, -self.depth, self.key)

@@ -9,11 +9,12 @@ from django.utils import timezone
 
 from .conf import settings
 from .connection import get_gate
+from .live import stuck_keys
 from .models import KeyedTask
 
 
 def health(request: HttpRequest) -> JsonResponse:
-    """Queue depth, oldest wait, keys overdue for the reaper, Redis reachable. No task arguments.
+    """Queue depth, oldest wait, stuck keys (as the live keys page says), Redis reachable. No task arguments.
 
     Staff only unless ``KEYED_QUEUE_HEALTH_PUBLIC``; 503 when Redis does not answer.
     """
@@ -31,7 +32,7 @@ def _report(request: HttpRequest) -> JsonResponse:
         "oldest_wait_seconds": round((timezone.now() - oldest).total_seconds(), 3) if oldest else 0.0,
     }
     try:
-        report["stuck_keys"] = get_gate().overdue(2 * settings.REAP_INTERVAL_SECONDS)
+        report["stuck_keys"] = len(stuck_keys(get_gate()))
         report["redis_reachable"] = True
     except Exception:
         report["stuck_keys"], report["redis_reachable"] = None, False

@@ -228,9 +228,10 @@ class Gate:
             outcome.update({lease: bool(ok) for lease, ok in zip(held, reply, strict=True)})
         return outcome
 
-    def overdue(self, seconds: float) -> int:
-        """How many keys have needed the reaper for longer than ``seconds`` (none, while it runs)."""
-        return self.client.zcount(DEADLINE_INDEX, "-inf", self._server_time_ms() - seconds_to_ms(seconds))
+    def overdue_keys(self, seconds: float, *, limit: int = 1000) -> list[str]:
+        """Keys that have needed the reaper for longer than ``seconds`` (none, while it runs); at most ``limit``."""
+        due = self._server_time_ms() - seconds_to_ms(seconds)
+        return [m.decode() for m in self.client.zrangebyscore(DEADLINE_INDEX, "-inf", due, start=0, num=limit)]
 
     def pause(self, key: str) -> None:
         """Grant nothing more on ``key``: running tasks finish, submissions queue in order."""

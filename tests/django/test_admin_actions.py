@@ -202,6 +202,7 @@ def test_the_live_page_needs_the_view_permission(client, gate_redis):
 
 def test_the_live_page_puts_stuck_keys_first(gate_redis, broker, as_user, settings):
     settings.KEYED_QUEUE_LEASE_SECONDS = 0.05
+    settings.KEYED_QUEUE_REAP_INTERVAL_SECONDS = 0.01  # stuck once overdue for the reaper by 0.02 s
     reset_gate()
     try:
         for key in ("waits-long", "overdue", "quiet"):

@@ -1,9 +1,13 @@
 """The health view: staff only, no task arguments, 503 when Redis is away."""
 
+import time
+
 import pytest
 from django.contrib.auth import get_user_model
 from django.test import override_settings
+from django.urls import reverse
 
+from django_keyed_queue.connection import get_gate, reset_gate
 from django_keyed_queue.gate import DEADLINE_INDEX
 from testproject.demo.tasks import step
 
@@ -19,16 +23,43 @@ def staff_client(client):
     return client
 
 
-def test_staff_see_depth_and_stuck_keys_without_arguments(staff_client, gate_redis, broker):
+@pytest.fixture
+def overdue_holder(settings):
+    """Key "overdue": its holder's lease ended long enough ago (two reaper periods) that it is stuck."""
+    settings.KEYED_QUEUE_LEASE_SECONDS = 0.05
+    settings.KEYED_QUEUE_REAP_INTERVAL_SECONDS = 0.01
+    reset_gate()
+    try:
+        step.apply_async(("overdue", 1), queue=QUEUE)
+        assert get_gate().start("overdue", 1, 1).ok  # nobody renews it, no reaper runs
+        time.sleep(0.1)
+        yield "overdue"
+    finally:
+        reset_gate()
+
+
+def test_staff_see_depth_and_stuck_keys_without_arguments(staff_client, gate_redis, broker, overdue_holder):
     step.apply_async(("k", "secret-argument"), queue=QUEUE)
     step.apply_async(("k", "another"), queue=QUEUE)
-    gate_redis.zadd(DEADLINE_INDEX, {"forgotten": 0})  # a key the reaper should have visited long ago
     response = staff_client.get(URL)
     assert response.status_code == 200
     body = response.json()
     assert body["queue_depth"] == 1 and body["redis_reachable"] is True and body["stuck_keys"] == 1
     assert body["oldest_wait_seconds"] >= 0
     assert b"secret" not in response.content
+
+
+def test_stuck_keys_are_the_live_pages_stuck_keys(staff_client, gate_redis, broker, overdue_holder):
+    get_gate().pause("paused-busy")
+    step.apply_async(("paused-busy", 1), queue=QUEUE)  # waits behind the pause: stuck
+    get_gate().pause("paused-idle")  # nothing waits: not stuck
+    step.apply_async(("free", 1), queue=QUEUE)  # granted just now, its dispatch deadline far: not stuck
+    gate_redis.zadd(DEADLINE_INDEX, {"free": 0})  # even if the index says to look at it now
+    keys = ("overdue", "paused-busy", "paused-idle", "free")
+    assert staff_client.get(URL).json()["stuck_keys"] == 2
+    staff_client.force_login(get_user_model().objects.create_superuser("root"))
+    page = staff_client.get(reverse("admin:keyed_queue_keys")).content.decode()
+    assert {k for k in keys if f'class="live-key stuck" data-key="{k}"' in page} == {"overdue", "paused-busy"}
 
 
 def test_anonymous_users_are_sent_to_log_in_unless_it_is_public(client, gate_redis):
