@@ -14,8 +14,9 @@ from django.conf import settings
 from django_keyed_queue import keyed_serial_task
 
 
-def log(event: str, key: str, n: int, task_id: str) -> None:
-    line = json.dumps({"event": event, "key": key, "n": n, "id": task_id, "pid": os.getpid(), "t": time.time()})
+def log(event: str, key: str, n: int, task_id: str, **extra: object) -> None:
+    entry = {"event": event, "key": key, "n": n, "id": task_id, "pid": os.getpid(), "t": time.time(), **extra}
+    line = json.dumps(entry)
     fd = os.open(settings.BASE_DIR / "history.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, (line + "\n").encode())
@@ -38,3 +39,22 @@ def step(self, key: str, n: int, seconds: float = 0.0) -> int:
 @shared_task(bind=True)
 def plain_step(self, key: str, n: int, seconds: float = 0.0) -> int:
     return logged(self.request.id, key, n, seconds)
+
+
+@keyed_serial_task(key="{key}", bind=True, time_limit=9)
+def time_limited_step(self, key: str, n: int, seconds: float = 0.0) -> int:
+    """Runs ``seconds`` on every attempt under a hard time limit of 9 s; its end says whether it held its key."""
+    attempt = self.request.keyed_attempts
+    log("start", key, n, self.request.id, attempt=attempt)
+    time.sleep(seconds)
+    log("end", key, n, self.request.id, attempt=attempt, holds=self.holds_key())
+    return n
+
+
+@keyed_serial_task(key="{key}", bind=True)
+def fenced_step(self, key: str, n: int, seconds: float = 0.0) -> int:
+    """Logs its fencing token, the number a user stores with a write to refuse older writers."""
+    log("start", key, n, self.request.id, token=self.keyed_lease.token)
+    time.sleep(seconds)
+    log("end", key, n, self.request.id)
+    return n
