@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime, timedelta
 
 import redis
 from django.contrib import admin, messages
@@ -18,6 +19,8 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponseBadRequest, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 from django.views.decorators.http import require_POST
 
@@ -48,13 +51,71 @@ PERMISSIONS = {
 }
 
 
+#: The task page's fields, in order; times to the millisecond (see ``_at_ms``).
+DETAIL_FIELDS = (
+    *("task_id", "task_name", "key", "ticket", "status", "attempts", "worker", "arguments"),
+    *("enqueued", "due", "dispatched", "started", "heartbeat", "finished", "waited", "ran", "error"),
+)
+
+
+def _at(value: datetime | None, *, ms: bool = False) -> str | None:
+    """A moment in the current time zone to the second (or the millisecond): tasks of a key often
+    run within one minute, which Django's default format would show as one time."""
+    if value is None:
+        return None
+    local = timezone.localtime(value)
+    return local.strftime("%Y-%m-%d %H:%M:%S") + (f".{local.microsecond // 1000:03d}" if ms else "")
+
+
+def _took(span: timedelta | None) -> str | None:
+    if span is None:
+        return None
+    seconds = span.total_seconds()
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, seconds = divmod(round(seconds), 60)
+    return f"{minutes} min {seconds} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"
+
+
+def _at_ms(field: str, label: str) -> Callable:
+    return admin.display(description=label)(lambda self, task: _at(getattr(task, field), ms=True))
+
+
 @admin.register(KeyedTask)
 class KeyedTaskAdmin(admin.ModelAdmin):
-    list_display = ("task_id", "task_name", "key", "ticket", "status", "attempts", "enqueued_at", "finished_at")
+    list_display = ("short_id", "task_name", "key", "ticket", "status", "attempts", "enqueued_at_s", "waited", "ran")
     list_filter = ("status", TaskNameFilter)
     search_fields = ("=key", "=task_id")
-    readonly_fields = [f.name for f in KeyedTask._meta.fields if f.name != "message"]
+    fields = DETAIL_FIELDS
+    readonly_fields = DETAIL_FIELDS
     exclude = ("message",)
+
+    @admin.display(description=_("task id"))
+    def short_id(self, task: KeyedTask) -> str:
+        """The first 8 characters (a task id is 36): the full id on hover and on the task's page."""
+        return format_html('<span title="{}">{}</span>', task.task_id, task.task_id[:8])
+
+    @admin.display(description=_("enqueued at"))
+    def enqueued_at_s(self, task: KeyedTask) -> str | None:
+        return _at(task.enqueued_at)
+
+    @admin.display(description=_("waited"))
+    def waited(self, task: KeyedTask) -> str | None:
+        """From submission (or from its due time) until it started: the wait for its key."""
+        return _took(task.waited)
+
+    @admin.display(description=_("ran"))
+    def ran(self, task: KeyedTask) -> str | None:
+        return _took(task.ran)
+
+    enqueued = _at_ms("enqueued_at", _("enqueued at"))
+    due = _at_ms("due_at", _("due at"))
+    dispatched = _at_ms("dispatched_at", _("dispatched at"))
+    started = _at_ms("started_at", _("started at"))
+    heartbeat = _at_ms("heartbeat_at", _("heartbeat at"))
+    finished = _at_ms("finished_at", _("finished at"))
     show_full_result_count = False
     actions = ["cancel_tasks", "retry_tasks", "release_holders", "pause_keys", "resume_keys"]
 

@@ -21,7 +21,8 @@ _MAX_ID = 2**63 - 1  # a bigint; a larger value would overflow the database driv
 
 
 class TaskNameFilter(admin.SimpleListFilter):
-    """Task names from the registered keyed tasks, not from a DISTINCT over every row."""
+    """The registered keyed tasks that have records, each found through the (task_name, -id) index:
+    not a DISTINCT over every row, and no task that nobody submitted."""
 
     title = _("task name")
     parameter_name = "task_name"
@@ -30,7 +31,8 @@ class TaskNameFilter(admin.SimpleListFilter):
         from .task import KeyedSerialTask
 
         _import_task_modules()
-        names = {name for name, task in current_app.tasks.items() if isinstance(task, KeyedSerialTask)}
+        registered = [name for name, task in current_app.tasks.items() if isinstance(task, KeyedSerialTask)]
+        names = {name for name in registered if model_admin.model.objects.filter(task_name=name).exists()}
         if self.value():
             names.add(self.value())  # a task no longer registered still has its records
         return [(name, name) for name in sorted(names)]

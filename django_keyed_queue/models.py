@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
@@ -57,6 +59,20 @@ class KeyedTask(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_name}[{self.task_id}] {self.key}#{self.ticket}"
+
+    @property
+    def waited(self) -> timedelta | None:
+        """From submission, or from its due time if it was delayed, to its start: the wait for its key."""
+        if self.started_at is None:
+            return None
+        return max(self.started_at - (self.due_at or self.enqueued_at), timedelta(0))
+
+    @property
+    def ran(self) -> timedelta | None:
+        """From its (last) start to its end."""
+        if self.started_at is None or self.finished_at is None:
+            return None
+        return self.finished_at - self.started_at
 
 
 class IdempotencyKey(models.Model):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import re
+from datetime import timedelta
 
 import pytest
 from django.contrib import admin
@@ -11,10 +12,17 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
-from django.utils.timezone import now
+from django.utils.timezone import localtime, now
 
 from django_keyed_queue.models import KeyedTask
+from django_keyed_queue.task import KeyedSerialTask
+from testproject.celery import app
 from tests.admin_rows import TASK_NAMES, seed_tasks
+
+
+def keyed_tasks() -> list[str]:
+    """The registered keyed tasks (once the list imported the project's task modules)."""
+    return [name for name, task in app.tasks.items() if isinstance(task, KeyedSerialTask)]
 
 pytestmark = pytest.mark.django_db
 PER_PAGE = 10
@@ -121,11 +129,14 @@ def test_a_page_is_one_select_of_a_page_and_a_row_with_nothing_counted(admin_cli
         sql = [q["sql"] for q in captured.captured_queries]
         assert not [s for s in sql if "COUNT(" in s.upper()], (query, sql)
         pages = [s for s in sql if "keyed_queue_keyedtask" in s and f"LIMIT {PER_PAGE + 1}" in s]
-        probes = [s for s in sql if "keyed_queue_keyedtask" in s and s not in pages]
+        # The task-name filter asks, for each registered keyed task, whether one row has its name.
+        names = [s for s in sql if '"task_name" = ' in s and "LIMIT 1" in s and s not in pages]
+        probes = [s for s in sql if "keyed_queue_keyedtask" in s and s not in pages + names]
         assert len(pages) == 1, (query, sql)
+        assert len(names) == len(keyed_tasks()), (query, sql)
         # A search first asks whether the text is a task id: one row of the unique index.
         assert len(probes) == ("q=" in query) and all("LIMIT 1" in s for s in probes), (query, sql)
-        assert len(sql) == 3 + len(probes), (query, sql)  # the page, the session, the user
+        assert len(sql) == 3 + len(names) + len(probes), (query, sql)  # the page, the session, the user
         assert ids, query
 
 
@@ -172,3 +183,30 @@ def test_past_either_end_the_links_lead_back_to_the_rows(admin_client):
 )
 def test_lookups_outside_the_allow_list_are_refused(admin_client, query):
     assert admin_client.get(url(query)).status_code == 400
+
+
+def test_the_list_shows_short_ids_seconds_and_durations(admin_client):
+    at = now().replace(microsecond=250_000)
+    task = KeyedTask.objects.create(
+        task_id="0123456789abcdef-full-id",
+        task_name=TASK_NAMES[0],
+        key="account:1",
+        status="succeeded",
+        enqueued_at=at,
+        started_at=at + timedelta(seconds=2.5),
+        finished_at=at + timedelta(milliseconds=2512),
+    )
+    page = admin_client.get(reverse("admin:keyed_queue_keyedtask_changelist")).content.decode()
+    assert '<span title="0123456789abcdef-full-id">01234567</span>' in page
+    assert localtime(at).strftime("%Y-%m-%d %H:%M:%S") in page
+    assert "2.5 s" in page and "12 ms" in page, "waited for the key, then ran"
+    detail = admin_client.get(reverse("admin:keyed_queue_keyedtask_change", args=[task.pk])).content.decode()
+    assert "0123456789abcdef-full-id" in detail
+    assert localtime(at).strftime("%Y-%m-%d %H:%M:%S") + ".250" in detail, "milliseconds on the task's page"
+
+
+def test_the_task_name_filter_lists_the_names_that_have_records(admin_client):
+    KeyedTask.objects.create(task_id="t1", task_name="testproject.demo.tasks.step", key="k", enqueued_at=now())
+    page = admin_client.get(reverse("admin:keyed_queue_keyedtask_changelist")).content.decode()
+    assert "?task_name=testproject.demo.tasks.step" in html.unescape(page)
+    assert "?task_name=testproject.demo.tasks.write_file" not in html.unescape(page), "registered, never submitted"
