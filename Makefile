@@ -1,14 +1,14 @@
-# Everything a newcomer needs: `make demo` runs the demo, `make test` runs the tests.
+# Everything a newcomer needs: `make demo` runs the demo, `make test` runs the tests, `make docs` builds the docs site.
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench redis-server postgresql chromium
+.PHONY: demo test lint docs bench redis-server postgresql chromium
 
 $(BIN)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[test,bench,dev]"
+	$(BIN)/python -m pip install --quiet -e ".[test,bench,dev,docs]"
 	touch $@
 
 # Debian's redis-server; the tests and the demo start their own instances of it.
@@ -38,6 +38,10 @@ test: redis-server postgresql chromium $(BIN)/.installed lint
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+# The docs site from docs/ into site/; strict: a broken link, anchor or reference fails the build.
+docs: $(BIN)/.installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 bench: redis-server $(BIN)/.installed
 	$(BIN)/python bench/throughput.py
