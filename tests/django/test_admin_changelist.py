@@ -24,6 +24,7 @@ def keyed_tasks() -> list[str]:
     """The registered keyed tasks (once the list imported the project's task modules)."""
     return [name for name, task in app.tasks.items() if isinstance(task, KeyedSerialTask)]
 
+
 pytestmark = pytest.mark.django_db
 PER_PAGE = 10
 

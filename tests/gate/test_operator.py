@@ -93,7 +93,7 @@ def test_inspect_many_reads_each_key(gate):
 
 def test_inspect_reads_only_the_waiting_tickets_it_shows(gate, gate_redis):
     gate.pause("deep")
-    for n in range(1000):
+    for _ in range(1000):
         gate.submit("deep", b"m")
     shown, counted, everything = (gate.inspect("deep", waiting_shown=n) for n in (5, 0, None))
     assert (shown["waiting"], shown["depth"]) == ([1, 2, 3, 4, 5], 1000)

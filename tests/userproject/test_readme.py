@@ -60,7 +60,16 @@ def test_a_newcomer_following_the_readme_sees_a_keyed_task_succeed_in_the_admin(
     ]
     project = make_project()  # startproject, startapp, the blocks, migrate
     project.run(
-        [sys.executable, "manage.py", "createsuperuser", "--noinput", "--username", "admin", "--email", "admin@example.com"],
+        [
+            sys.executable,
+            "manage.py",
+            "createsuperuser",
+            "--noinput",
+            "--username",
+            "admin",
+            "--email",
+            "admin@example.com",
+        ],
         env={"DJANGO_SUPERUSER_PASSWORD": "admin"},
     )
     project.worker("a")  # celery -A mysite worker -l INFO, as the README runs it
