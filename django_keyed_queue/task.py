@@ -59,6 +59,13 @@ class KeyedSerialTask(Task):
     # -- submission -------------------------------------------------------
 
     def apply_async(self, args=None, kwargs=None, *, idempotency_key: str | None = None, **options):  # type: ignore[override]
+        """Celery's ``apply_async``, through the key's queue: returns at once, whether the key is free or busy.
+
+        The key and arguments are checked first (``InvalidKey``, ``InvalidArguments``,
+        ``KeyQueueFull``: nothing is written). ``idempotency_key`` makes a duplicate
+        within ``KEYED_QUEUE_IDEMPOTENCY_TTL_SECONDS`` return the original task.
+        A ``countdown`` or ``eta`` task joins its key's queue when it is due.
+        """
         args, kwargs = tuple(args or ()), dict(kwargs or {})
         if self.app.conf.task_always_eager:
             return super().apply_async(args, kwargs, **options)
