@@ -1,7 +1,8 @@
 """Settings of the project used by the demo, the tests and the benchmarks.
 
 Every address comes from the environment so tests can point it at the
-redis-server and database they started.
+redis-server and database they started (a running demo's Redis also from
+the file it writes, see ``TESTPROJECT_REDIS_URL_FILE``).
 """
 
 import os
@@ -87,7 +88,22 @@ if os.environ.get("TESTPROJECT_DATABASE_URL"):
         }
     }
 
-_REDIS = os.environ.get("TESTPROJECT_REDIS_URL", "redis://127.0.0.1:6379")
+#: The demo (``python -m testproject.demo.run``) starts redis-server on a free port and writes its URL
+#: here while it runs, so that ``testproject/manage.py`` in another shell finds it with nothing exported.
+TESTPROJECT_REDIS_URL_FILE = DATA_DIR / "redis-url"
+
+
+def _redis_url() -> str:
+    """``TESTPROJECT_REDIS_URL``, else a running demo's Redis, else the default local server."""
+    if "TESTPROJECT_REDIS_URL" in os.environ:
+        return os.environ["TESTPROJECT_REDIS_URL"]
+    try:
+        return TESTPROJECT_REDIS_URL_FILE.read_text().strip() or "redis://127.0.0.1:6379"
+    except FileNotFoundError:
+        return "redis://127.0.0.1:6379"
+
+
+_REDIS = _redis_url()
 # The gate may live on its own server (the benchmarks count its round trips there).
 KEYED_QUEUE_REDIS_URL = os.environ.get("TESTPROJECT_GATE_REDIS_URL", f"{_REDIS}/0")
 # Tests of crashes shorten the gate's timings, and the handoff tests lengthen its budget, through the environment.

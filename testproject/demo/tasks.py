@@ -138,3 +138,32 @@ def soft_limited_step(self, key: str, n: int, seconds: float = 0.0) -> int:
     time.sleep(seconds)
     history.log("end", key, n, attempt=attempt, holds=self.holds_key())
     return n
+
+
+# -- the demo's own scenes (see scenario.py): each leaves something in the admin to look at --
+
+
+@keyed_serial_task(key="report:{name}")
+def build_report(name: str, seconds: float = 60.0) -> str:
+    """A slow task: while it runs, the live keys page shows its key's holder and the queue behind it."""
+    time.sleep(seconds)
+    return f"built the {name} report"
+
+
+@keyed_serial_task(key="invoice:{invoice_id}")
+def send_invoice(invoice_id: int) -> str:
+    """Fails: its record keeps the error, and the next task of its key runs."""
+    address = _billing_address(invoice_id)
+    return f"sent invoice {invoice_id} to {address}"
+
+
+def _billing_address(invoice_id: int) -> str:
+    raise ValueError(f"invoice {invoice_id} has no billing address")
+
+
+@keyed_serial_task(key="webhook:{hook_id}", bind=True, max_retries=3)
+def deliver_webhook(self, hook_id: int, failures: int = 1) -> str:
+    """Fails its first ``failures`` attempts and retries a second later; its key stays held meanwhile."""
+    if self.request.retries < failures:
+        raise self.retry(exc=ConnectionError(f"webhook {hook_id}: the endpoint did not answer"), countdown=1)
+    return f"delivered webhook {hook_id} on attempt {self.request.retries + 1}"
