@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from testproject.servers import ROOT, free_port
+from tests.conftest import WORKERLESS_GATE_DB
 
 CHROMIUM_ARGS = [
     "--headless",
@@ -32,6 +33,22 @@ CHROMIUM_ARGS = [
 ]
 USERNAME, PASSWORD = "operator", "a-long-test-password"
 DATA_DIR = Path(os.environ["TESTPROJECT_DATA_DIR"])
+#: The gate of the tests and of the server: a database the session's workers (if an earlier tier
+#: started them) do not reap, so a holder a test leaves overdue stays as the test left it.
+GATE_URL = f"{os.environ['TESTPROJECT_REDIS_URL']}/{WORKERLESS_GATE_DB}"
+#: The server's reaper period: a holder is stuck 2 periods past its deadline, 0.5 s here instead of 10 s.
+SERVER_REAP_INTERVAL_SECONDS = 0.25
+
+
+@pytest.fixture
+def gate_db() -> int:
+    return WORKERLESS_GATE_DB
+
+
+@pytest.fixture(autouse=True)
+def _gate_without_workers(settings):
+    """The tests' gate is the server's: GATE_URL."""
+    settings.KEYED_QUEUE_REDIS_URL = GATE_URL
 
 
 @pytest.fixture(scope="session")
@@ -46,6 +63,8 @@ def admin_server(django_db_setup) -> str:
         "TESTPROJECT_DEBUG": "1",  # runserver serves the admin's CSS only in debug
         # Transactional tests flush the database, renumbering the content types the server caches.
         "TESTPROJECT_FORGET_CONTENT_TYPES": "1",
+        "TESTPROJECT_GATE_REDIS_URL": GATE_URL,
+        "KEYED_QUEUE_REAP_INTERVAL_SECONDS": str(SERVER_REAP_INTERVAL_SECONDS),
     }
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
