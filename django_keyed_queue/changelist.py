@@ -15,8 +15,9 @@ CURSOR_VAR = "cursor"
 #: ``?before=<id>``: the page of rows just newer than that id (the "Newer" link).
 BEFORE_VAR = "before"
 CURSOR_PARAMS = (CURSOR_VAR, BEFORE_VAR)
-#: Dropped from the query like Django drops its page number: sorting is always by ``-id``.
-_DROPPED = (*CURSOR_PARAMS, ORDER_VAR)
+#: Dropped from the query like Django drops its page number: sorting is always by ``-id``, and
+#: facet counts are never shown (Django 4.2, which has no facets, would take ``_facets`` for a lookup).
+_DROPPED = (*CURSOR_PARAMS, ORDER_VAR, "_facets")
 _MAX_ID = 2**63 - 1  # a bigint; a larger value would overflow the database driver
 
 
@@ -113,7 +114,9 @@ class CursorChangeList(ChangeList):
         # key, whose rows the (key, -id) index yields in page order. Keys are case-sensitive.
         query, self.query = self.query, ""
         try:
-            queryset = super().get_queryset(request, exclude_parameters)
+            # Django 4.2's get_queryset takes only the request.
+            more = () if exclude_parameters is None else (exclude_parameters,)
+            queryset = super().get_queryset(request, *more)
         finally:
             self.query = query
         term = query.strip()

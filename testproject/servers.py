@@ -12,7 +12,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -243,6 +243,9 @@ class Worker:
         deadline = time.monotonic() + timeout
         while b" ready." not in self.log_path.read_bytes():
             if self.process.poll() is not None or time.monotonic() > deadline:
+                with suppress(ProcessLookupError):  # nothing it started may outlive the failure
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
                 raise RuntimeError(f"worker {self.name} did not start:\n{self.log()[-3000:]}")
             time.sleep(0.1)
         return self
