@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import traceback
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from functools import cached_property, partial
@@ -300,7 +301,7 @@ class KeyedSerialTask(Task):
             keeper.release(lease)
             raise
         except Exception as exc:
-            if not self._finish(lease, Status.FAILED, attempts, error=f"{type(exc).__name__}: {exc}"):
+            if not self._finish(lease, Status.FAILED, attempts, error=_failure(exc)):
                 raise Ignore() from exc  # see below
             raise
         except BaseException:
@@ -418,6 +419,18 @@ class KeyedSerialTask(Task):
         records.record_end(end, lease.key)
         publish_grants(self.app, handoff.keep(self.app, self.request, finished.granted))
         return True
+
+
+#: How much of a failed run's traceback its record keeps (the end of it, where the error is).
+TRACEBACK_CHARS = 4000
+
+
+def _failure(exc: BaseException) -> str:
+    """The error of a failed run, as its record keeps it: the exception, then its traceback."""
+    trace = "".join(traceback.format_exception(exc)).rstrip()
+    if len(trace) > TRACEBACK_CHARS:
+        trace = "…" + trace[-TRACEBACK_CHARS:]
+    return f"{type(exc).__name__}: {exc}\n\n{trace}"
 
 
 def _due_at(options: dict) -> datetime:

@@ -195,7 +195,7 @@ def test_the_demo_leaves_something_to_look_at(demo):
     assert {t["status"] for t in tasks("build_report")} == {"running", "waiting"}
     [first, second] = tasks("send_invoice", status="failed")  # one a run, each on a key of its own
     assert (first["key"], second["key"]) == ("invoice:42", "invoice:43")
-    assert second["error"] == "ValueError: invoice 43 has no billing address"
+    assert second["error"].startswith("ValueError: invoice 43 has no billing address\n\nTraceback")
     assert len(tasks("deliver_webhook", status="succeeded", attempts=2)) == 2
     [charge] = tasks("charge")  # submitted twice in each of the two runs: one task
     [key] = [k for k in demo.idempotency if k["task_id"] == charge["task_id"]]

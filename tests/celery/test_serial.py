@@ -36,7 +36,9 @@ def test_failure_passes_the_key_on(workers, gate_redis):
     after = step.delay("f", 1)
     records = wait_for_records([failed.id, after.id])
     assert records[failed.id].status == "failed"
-    assert "fails on purpose" in records[failed.id].error
+    error = records[failed.id].error
+    assert error.splitlines()[0] == "RuntimeError: step 0 of f fails on purpose", error
+    assert "Traceback (most recent call last):" in error and "failing_step" in error, "the admin shows where"
     assert records[after.id].status == "succeeded"
     assert check_history(read_history())["f"] == [0, 1]
     assert after.get(timeout=10) == 1
