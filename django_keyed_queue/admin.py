@@ -130,8 +130,10 @@ class KeyedTaskAdmin(admin.ModelAdmin):
         active = obj is not None and obj.status in ACTIVE_STATUSES
         return not active and super().has_delete_permission(request, obj)
 
-    def get_actions(self, request):
-        actions = super().get_actions(request)
+    def get_actions(self, request, action_location=None):
+        # Django 6.1 passes where the actions show (and warns if this does not take it); before, nothing.
+        where = {} if action_location is None else {"action_location": action_location}
+        actions = super().get_actions(request, **where)
         actions.pop("delete_selected", None)  # it would not spare unfinished tasks
         return actions
 

@@ -120,24 +120,25 @@ def charge(order_id: int, amount: str, currency: str = "EUR") -> str:
     return f"charged {amount} {currency} for order {order_id}"
 
 
-@keyed_serial_task(key="{key}", bind=True, time_limit=6)
-def time_limited_step(self, key: str, n: int, seconds: float = 0.0) -> int:
-    """Runs ``seconds`` on every attempt, under a hard time limit of 6 s; its end says whether it held its key."""
-    attempt = self.request.keyed_attempts
+def _attempt(task, key: str, n: int, seconds: float) -> int:
+    """Runs ``seconds``, logging the attempt; its end says whether it still held its key."""
+    attempt = task.request.keyed_attempts
     history.log("start", key, n, attempt=attempt)
     time.sleep(seconds)
-    history.log("end", key, n, attempt=attempt, holds=self.holds_key())
+    history.log("end", key, n, attempt=attempt, holds=task.holds_key())
     return n
+
+
+@keyed_serial_task(key="{key}", bind=True, time_limit=6)
+def time_limited_step(self, key: str, n: int, seconds: float = 0.0) -> int:
+    """Every attempt under a hard time limit of 6 s."""
+    return _attempt(self, key, n, seconds)
 
 
 @keyed_serial_task(key="{key}", bind=True, soft_time_limit=6)
 def soft_limited_step(self, key: str, n: int, seconds: float = 0.0) -> int:
-    """Runs ``seconds`` on every attempt, under a soft time limit of 6 s; its end says whether it held its key."""
-    attempt = self.request.keyed_attempts
-    history.log("start", key, n, attempt=attempt)
-    time.sleep(seconds)
-    history.log("end", key, n, attempt=attempt, holds=self.holds_key())
-    return n
+    """Every attempt under a soft time limit of 6 s."""
+    return _attempt(self, key, n, seconds)
 
 
 # -- the demo's own scenes (see scenario.py): each leaves something in the admin to look at --

@@ -19,6 +19,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -123,7 +124,7 @@ def alive(pid: int, start_time: str) -> bool:
 
 def rows(data_dir: Path, sql: str, *params) -> list[dict]:
     """Rows of the demo's database, read beside the demo (SQLite in WAL mode)."""
-    with sqlite3.connect(data_dir / "db.sqlite3", timeout=30) as db:
+    with closing(sqlite3.connect(data_dir / "db.sqlite3", timeout=30)) as db:  # `with` alone leaves it open
         db.row_factory = sqlite3.Row
         return [dict(row) for row in db.execute(sql, params)]
 

@@ -13,14 +13,22 @@ from tests.helpers import check_history, read_history, wait_for_records, wait_un
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.workers]
 
 
-def test_the_hard_time_limit_of_a_stalled_attempt_leaves_its_replacement_holding_the_key(chaos):
+def stall_the_first_attempt(chaos, task, key: str):
+    """Two workers; ``task`` of ``key`` (5 s an attempt) and one behind it; the first attempt
+    SIGSTOPped 2 s in, so that its lease runs out and the reaper starts attempt 2 elsewhere.
+    Returns the two results and the first attempt's start event."""
     chaos.start(2)
-    # Every attempt runs 5 s under a 6 s limit: the stalled first one is killed while the second runs.
-    limited = time_limited_step.apply_async(("tl", 0, 5.0), queue=chaos.queue)
-    after = time_limited_step.apply_async(("tl", 1), queue=chaos.queue)
+    limited = task.apply_async((key, 0, 5.0), queue=chaos.queue)
+    after = task.apply_async((key, 1), queue=chaos.queue)
     first = wait_until(lambda: [e for e in read_history() if e["event"] == "start"], 30, message="a start")[0]
     time.sleep(max(0.0, first["t"] + 2 - time.time()))
-    os.kill(first["pid"], signal.SIGSTOP)  # its lease runs out; the reaper starts attempt 2 elsewhere
+    os.kill(first["pid"], signal.SIGSTOP)
+    return limited, after, first
+
+
+def test_the_hard_time_limit_of_a_stalled_attempt_leaves_its_replacement_holding_the_key(chaos):
+    # Under a 6 s limit the stalled first attempt is killed while the second runs.
+    limited, after, first = stall_the_first_attempt(chaos, time_limited_step, "tl")
     try:
         records = wait_for_records([limited.id, after.id], timeout=60)
     finally:
@@ -42,14 +50,8 @@ def _pending_signals(pid: int) -> int:
 
 
 def test_the_soft_time_limit_of_a_stalled_attempt_ends_only_that_attempt(chaos):
-    chaos.start(2)
-    # Every attempt runs 5 s under a 6 s soft limit. The first is stopped at 2 s and its lease runs out;
-    # the reaper starts attempt 2. At 6 s Celery sends attempt 1's process SIGUSR1, pending while it is stopped.
-    limited = soft_limited_step.apply_async(("sl", 0, 5.0), queue=chaos.queue)
-    after = soft_limited_step.apply_async(("sl", 1), queue=chaos.queue)
-    first = wait_until(lambda: [e for e in read_history() if e["event"] == "start"], 30, message="a start")[0]
-    time.sleep(max(0.0, first["t"] + 2 - time.time()))
-    os.kill(first["pid"], signal.SIGSTOP)
+    # Under a 6 s soft limit: at 6 s Celery sends attempt 1's process SIGUSR1, pending while it is stopped.
+    limited, after, first = stall_the_first_attempt(chaos, soft_limited_step, "sl")
     owner = chaos.owner_of(first["pid"])
     run = f"{soft_limited_step.name}[{limited.id}]"
     try:

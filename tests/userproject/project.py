@@ -17,6 +17,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 
 from testproject.servers import Worker
@@ -111,7 +112,7 @@ class UserProject:
 
     def rows(self) -> dict[str, dict]:
         """Every KeyedTask row, by task id, read straight from the project's SQLite file."""
-        with sqlite3.connect(self.directory / "db.sqlite3", timeout=30) as db:
+        with closing(sqlite3.connect(self.directory / "db.sqlite3", timeout=30)) as db:  # `with` alone leaves it open
             db.row_factory = sqlite3.Row
             return {r["task_id"]: dict(r) for r in db.execute("SELECT * FROM keyed_queue_keyedtask")}
 
