@@ -108,7 +108,7 @@ def describe(done: Submitted) -> list[str]:
     return [
         f"{PAUSED_KEY:<16} paused, {paused['depth']} tasks waiting",
         f"{SLOW_KEY:<16} build_report ({SLOW_SECONDS:.0f} s a report) holds it, {slow['depth']} more waiting behind it",
-        f"{failed.key:<16} send_invoice failed: {failed.error}",
+        f"{failed.key:<16} send_invoice failed: {failed.error.splitlines()[0]} (its traceback is on its page)",
         f"{retried.key:<16} deliver_webhook failed once, retried and succeeded ({retried.attempts} attempts)",
         f"{'order:1001':<16} charge submitted twice, one task: {done.charges[0]} (both calls returned it)",
     ]
