@@ -27,6 +27,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class ServerError(RuntimeError):
+    """A server or worker did not start."""
+
+
 class RedisServer:
     def __init__(self, url: str, directory: Path) -> None:
         self.url = url
@@ -35,46 +39,51 @@ class RedisServer:
         self.process: subprocess.Popen | None = None
 
     def start(self, *extra: str) -> None:
+        self.launch(*extra).wait_ready()
+
+    def launch(self, *extra: str) -> RedisServer:
+        """Start it and return at once (so that a caller can arrange its stop before waiting).
+
+        In a session of its own: a Ctrl-C in the terminal reaches its owner alone, which stops it.
+        """
         binary = shutil.which("redis-server")
         if binary is None:
-            raise RuntimeError("redis-server is not installed (Debian package redis-server)")
+            raise ServerError("redis-server is not installed (Debian package redis-server)")
         self.directory.mkdir(parents=True, exist_ok=True)
         with open(self.directory / "redis.log", "ab") as log:
             self.process = subprocess.Popen(
                 [
-                    binary,
-                    "--port",
-                    str(self.port),
-                    "--bind",
-                    "127.0.0.1",
-                    "--dir",
-                    str(self.directory),
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                    "--protected-mode",
-                    "no",
-                    *extra,
+                    *(binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.directory)),
+                    *("--save", "", "--appendonly", "no", "--protected-mode", "no", *extra),
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
-        deadline = time.monotonic() + 10
+        return self
+
+    def wait_ready(self, timeout: float = 10) -> RedisServer:
+        assert self.process is not None, "launch() first"
+        deadline = time.monotonic() + timeout
         while True:
             try:
                 with redis.Redis(port=self.port) as client:
                     client.ping()
-                return
-            except redis.ConnectionError:
+                return self
+            except redis.ConnectionError:  # also BusyLoadingError, while it reads its append-only file
                 if self.process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"redis-server did not start: see {self.directory / 'redis.log'}")
+                    raise ServerError(f"redis-server did not start: see {self.directory / 'redis.log'}") from None
                 time.sleep(0.05)
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 10) -> None:
+        """SIGTERM (with an append-only file, Redis writes it and exits); SIGKILL if it does not end in time."""
         if self.process and self.process.poll() is None:
             self.process.terminate()
-            self.process.wait(10)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
 
 
 #: Redis as it runs under a broker in production: every write on disk before it is acknowledged.
@@ -208,30 +217,23 @@ class Worker:
         #: The environment the worker starts from (this process's by default), before ``extra_env``.
         self.base_env = base_env
         self.process: subprocess.Popen | None = None
+        self._ready_before = 0
 
     def start(self, timeout: float = 30) -> Worker:
+        return self.launch().wait_ready(timeout)
+
+    def launch(self) -> Worker:
+        """Start it and return at once; :meth:`wait_ready` waits until it consumes."""
         base = os.environ if self.base_env is None else self.base_env
         env = {**base, "DJANGO_SETTINGS_MODULE": f"{self.project}.settings", **self.extra_env}
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        # The log is appended to: only a "ready" written after this launch counts.
+        self._ready_before = self.log_path.read_bytes().count(b" ready.") if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [
-                    sys.executable,
-                    "-m",
-                    "celery",
-                    "-A",
-                    self.project,
-                    "worker",
-                    "-P",
-                    "prefork",
-                    "-c",
-                    str(self.concurrency),
-                    "-n",
-                    f"{self.name}@%h",
-                    "-l",
-                    "INFO",
-                    "-Q",
-                    self.queues,
+                    *(sys.executable, "-m", "celery", "-A", self.project, "worker", "-P", "prefork"),
+                    *("-c", str(self.concurrency), "-n", f"{self.name}@%h", "-l", "INFO", "-Q", self.queues),
                     *self.args,
                 ],
                 cwd=self.cwd,
@@ -240,28 +242,38 @@ class Worker:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        return self
+
+    def wait_ready(self, timeout: float = 30) -> Worker:
+        assert self.process is not None, "launch() first"
         deadline = time.monotonic() + timeout
-        while b" ready." not in self.log_path.read_bytes():
+        while self.log_path.read_bytes().count(b" ready.") <= self._ready_before:
             if self.process.poll() is not None or time.monotonic() > deadline:
-                with suppress(ProcessLookupError):  # nothing it started may outlive the failure
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(10)
-                raise RuntimeError(f"worker {self.name} did not start:\n{self.log()[-3000:]}")
-            time.sleep(0.1)
+                self._kill_group()  # nothing it started may outlive the failure
+                raise ServerError(f"worker {self.name} did not start:\n{self.log()[-3000:]}")
+            time.sleep(0.05)
         return self
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def stop(self, timeout: float = 30) -> None:
-        if self.process is None or self.process.poll() is not None:
+    def stop(self, timeout: float = 30, *, cold: bool = False) -> None:
+        """A warm shutdown (SIGTERM: running tasks finish), or with ``cold`` SIGQUIT (they are cut
+        and recovered as after any lost worker); then SIGKILL to whatever is left of its group."""
+        if self.process is None:
             return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGQUIT if cold else signal.SIGTERM)
+            with suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout)
+        self._kill_group()
+
+    def _kill_group(self) -> None:
+        # The worker leads its process group; a group id is not reused while a member lives, so this
+        # reaches only the worker and pool processes that outlived it.
+        with suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(10)
+        self.process.wait(10)
 
 
 def parent_pid(pid: int) -> int:

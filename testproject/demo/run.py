@@ -26,6 +26,8 @@ READY = "the demo is running: Ctrl-C stops it and everything it started"
 
 
 def main() -> int:
+    from testproject.servers import ServerError
+
     from .processes import DemoError, Stopped, stop_on_signals
 
     stop_on_signals()  # first: a signal at any later point stops what was started until then
@@ -36,7 +38,7 @@ def main() -> int:
     try:
         with ExitStack() as stack:
             return run(options, stack)
-    except DemoError as exc:
+    except (DemoError, ServerError) as exc:
         print(f"demo: {exc}", file=sys.stderr)
         return 1
     except Stopped as stop:
@@ -45,7 +47,7 @@ def main() -> int:
 
 
 def run(options: argparse.Namespace, stack: ExitStack) -> int:
-    from testproject.servers import free_port
+    from testproject.servers import RedisServer, Worker, free_port
 
     from . import processes
 
@@ -67,9 +69,9 @@ def run(options: argparse.Namespace, stack: ExitStack) -> int:
         os.environ["TESTPROJECT_REDIS_URL"] = f"redis://127.0.0.1:{free_port()}"
         for line in keep_records_and_gate_together(sqlite_path(), DATA_DIR / "redis"):
             print(line)
-        redis_process = processes.start_redis(os.environ["TESTPROJECT_REDIS_URL"], DATA_DIR / "redis")
-        stack.callback(processes.stop_process, redis_process)
-        processes.wait_for_redis(redis_process, os.environ["TESTPROJECT_REDIS_URL"], DATA_DIR / "redis")
+        server = RedisServer(os.environ["TESTPROJECT_REDIS_URL"], DATA_DIR / "redis")
+        stack.callback(server.launch("--appendonly", "yes").stop)
+        server.wait_ready()
         print(f"started redis-server at {os.environ['TESTPROJECT_REDIS_URL']} (data in {shown(DATA_DIR / 'redis')})")
 
     from django.conf import settings
@@ -79,9 +81,15 @@ def run(options: argparse.Namespace, stack: ExitStack) -> int:
     url_file.write_text(os.environ["TESTPROJECT_REDIS_URL"] + "\n")
     stack.callback(url_file.unlink, missing_ok=True)
 
-    worker_log = DATA_DIR / "logs" / "worker-demo.log"
-    worker = processes.start_worker(worker_log)
-    stack.callback(processes.stop_worker, worker)
+    # Started before the database is migrated, so that the two overlap: a worker touches the
+    # database only for tasks and for what its reaper finds, and there is none before the demo submits.
+    worker = Worker("demo", DATA_DIR / "logs", concurrency=3)
+    worker_log = worker.log_path
+    if worker_log.exists():  # keep the last run's log aside, as <name>.1
+        worker_log.replace(worker_log.with_name(worker_log.name + ".1"))
+    # A cold shutdown: a warm one would wait for the slow report (a minute). A task cut this way is
+    # recovered as after any lost worker (its lease runs out; the next run's reaper dispatches it).
+    stack.callback(worker.launch().stop, 5.0, cold=True)
 
     import django
 
@@ -93,7 +101,7 @@ def run(options: argparse.Namespace, stack: ExitStack) -> int:
     users = get_user_model().objects
     if not users.filter(username=ADMIN_USER).exists():
         users.create_superuser(ADMIN_USER, "admin@example.com", ADMIN_PASSWORD)
-    processes.wait_until_ready(worker, worker_log)
+    worker.wait_ready()
     print(f"started a celery worker (log: {shown(worker_log)})")
 
     from . import scenario
