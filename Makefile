@@ -36,12 +36,14 @@ test: redis-server postgresql chromium $(BIN)/.installed lint
 	$(BIN)/python -m pytest
 	KEYED_QUEUE_TESTS_DATABASE=postgresql $(BIN)/python -m pytest tests/django
 
+# Style, then the layers' import contract (pyproject.toml), then the types.
 lint: $(BIN)/.installed
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache
 
 # The docs site from docs/ into site/; strict: a broken link, anchor or reference fails the build.
 docs: $(BIN)/.installed
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 bench: redis-server $(BIN)/.installed
-	$(BIN)/python bench/throughput.py
+	$(BIN)/python -m bench.throughput

@@ -1,7 +1,7 @@
 """The admin's keyed task list at a million rows, on SQLite and on PostgreSQL.
 
-    python bench/admin_pages.py                                   # 1,000,000 rows, both databases
-    python bench/admin_pages.py --rows 100000 --databases sqlite  # a quick look
+    python -m bench.admin_pages                                   # 1,000,000 rows, both databases
+    python -m bench.admin_pages --rows 100000 --databases sqlite  # a quick look
 
 For each database: a fresh migrated database (PostgreSQL: a server of its own in a
 temp dir), filled in bulk (bench/admin_fill.py), then each page of the list is
@@ -20,24 +20,17 @@ import html
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from .stats import median, percentile
 
+ROOT = Path(__file__).resolve().parent.parent  # the child process runs from here, as python -m bench.admin_pages
 URL = "/admin/keyed_queue/keyedtask/"
 TARGET_MS = 100
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 # -- the child: one database, filled and measured --
@@ -45,8 +38,9 @@ def percentile(values: list[float], q: float) -> float:
 
 def scenarios(client, rows: int) -> list[tuple[str, str]]:
     """(what, query string) of each page timed; the deep page is reached by following 50 "Older" links."""
-    from bench.admin_fill import TASKS
-    from django_keyed_queue.models import KeyedTask
+    from django_keyed_queue.records.models import KeyedTask
+
+    from .admin_fill import TASKS
 
     query = ""
     for _ in range(min(50, rows // 100 - 2)):  # fewer on a small table
@@ -93,7 +87,7 @@ def measure(client, what: str, query: str, repeat: int) -> dict:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from django_keyed_queue.models import KeyedTask
+    from django_keyed_queue.records.models import KeyedTask
 
     with CaptureQueriesContext(connection) as captured:
         response = client.get(URL + query)
@@ -120,9 +114,9 @@ def measure(client, what: str, query: str, repeat: int) -> dict:
         "query": query,
         "rows_shown": shown,
         "queries": len(sql),
-        "request_ms": [statistics.median(request_ms), percentile(request_ms, 0.95)],
-        "request_cpu_ms": statistics.median(cpu_ms),
-        "sql_ms": [statistics.median(sql_ms), percentile(sql_ms, 0.95)],
+        "request_ms": [median(request_ms), percentile(request_ms, 95)],
+        "request_cpu_ms": median(cpu_ms),
+        "sql_ms": [median(sql_ms), percentile(sql_ms, 95)],
         "sql": pages[0],
         "plan": explain(pages[0]),
     }
@@ -132,7 +126,7 @@ def avoided(rows: int, cold_key: str) -> list[dict]:
     """What Django's own change list would run on the same table, timed alone (5 runs, median)."""
     from django.db.models import Q
 
-    from django_keyed_queue.models import KeyedTask
+    from django_keyed_queue.records.models import KeyedTask
 
     tasks = KeyedTask.objects.order_by("-id")
     queries = [
@@ -151,7 +145,7 @@ def avoided(rows: int, cold_key: str) -> list[dict]:
             began = time.perf_counter()
             run()
             times.append((time.perf_counter() - began) * 1000)
-        measured.append({"what": what, "ms": statistics.median(times)})
+        measured.append({"what": what, "ms": median(times)})
     return measured
 
 
@@ -164,7 +158,7 @@ def child(rows: int, repeat: int) -> dict:
     from django.db import connection
     from django.test import Client
 
-    from bench.admin_fill import fill
+    from .admin_fill import fill
 
     call_command("migrate", verbosity=0)
     filled = fill(rows)
@@ -219,7 +213,8 @@ def run_database(database: str, args: argparse.Namespace, directory: Path) -> di
             server = PostgresServer(log_dir=directory / "postgresql").start()
             server.create_database("keyed_queue_bench")
             env["TESTPROJECT_DATABASE_URL"] = server.url("keyed_queue_bench")
-        command = [sys.executable, __file__, "--child", "--rows", str(args.rows), "--repeat", str(args.repeat)]
+        options = ["--rows", str(args.rows), "--repeat", str(args.repeat)]
+        command = [sys.executable, "-m", "bench.admin_pages", "--child", *options]
         done = subprocess.run(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, check=True, text=True)
         return json.loads(done.stdout.strip().splitlines()[-1])
     finally:

@@ -1,6 +1,6 @@
 """CPU per gate call, client and redis-server, against a PING and a trivial script on the same connection.
 
-    python bench/gate_calls.py [--calls 10000 --rounds 3]
+    python -m bench.gate_calls [--calls 10000 --rounds 3]
 
 Starts a gate redis-server in a temp dir (no workers) and times, one call at a time with nothing
 else running: PING, a script that returns 1, and the three calls every keyed task makes (submit of
@@ -15,11 +15,8 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from harness import Cluster, cpu_seconds  # noqa: E402
+from .harness import Cluster, cpu_seconds
 
 # About the size of a stored task message with three short arguments; start checks its task id.
 MESSAGE = json.dumps({"task": "shop.tasks.step", "id": "0" * 36, "body": "m" * 160}).encode()
@@ -35,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster = Cluster(workers=0, concurrency=1)
     try:
         cluster.start()
-        from django_keyed_queue.connection import get_gate
+        from django_keyed_queue.worker.process import get_gate
 
         gate = get_gate()
         server = {"gate redis": [cluster.servers[1].process.pid]}

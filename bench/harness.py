@@ -17,10 +17,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -152,19 +148,6 @@ IN_SCRIPT = frozenset(
 def gate_round_trips(delta: Counter) -> int:
     """Commands sent by clients: everything but the commands run inside scripts."""
     return sum(calls for name, calls in delta.items() if name not in IN_SCRIPT)
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
-    ordered = sorted(values)
-    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
-    return ordered[rank - 1]
-
-
-def median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 class Timers:

@@ -1,6 +1,6 @@
 """A deep key: Redis bytes per parked task, and submit latency with 100k tasks parked behind one key.
 
-    python bench/parked.py [--parked 100000 --samples 2000]
+    python -m bench.parked [--parked 100000 --samples 2000]
 
 Starts a broker and a gate redis-server in a temp dir (no workers). One key is paused and its
 queue filled with real task messages (a demo ``step`` submitted through ``apply_async``, copied
@@ -21,23 +21,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from harness import Cluster  # noqa: E402
+from .harness import Cluster
+from .stats import median, percentile
 
 QUEUE = "bench-parked"
 
 
-def percentiles(samples: list[float]) -> tuple[float, float]:
-    ordered = sorted(samples)
-    return statistics.median(ordered), ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+def p50_p99(samples: list[float]) -> tuple[float, float]:
+    return median(samples), percentile(samples, 99)
 
 
 def timed(call: Callable[[int], object], count: int) -> list[float]:
@@ -65,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     cluster = Cluster(workers=0, concurrency=1)
     try:
         cluster.start()
-        from django_keyed_queue.connection import get_gate
-        from django_keyed_queue.gate import KeyNames
+        from django_keyed_queue.gate.keys import KeyNames
+        from django_keyed_queue.worker.process import get_gate
         from testproject.demo.tasks import step
 
         gate = get_gate()
@@ -138,13 +134,13 @@ def main(argv: list[str] | None = None) -> int:
             lambda _: gate.inspect_many(["deep"], waiting_shown=0),
             200,
         )
-        whole = percentiles(timed(lambda _: gate.inspect("deep"), 20))
+        whole = p50_p99(timed(lambda _: gate.inspect("deep"), 20))
 
         print(f"latency in µs, p50 / p99, {args.samples} calls of each, in turns (apply_async: a quarter):")
         print(f"  {'call':36} {'empty key':>17} {'deep key':>17} {'ratio p50':>9}")
         for name, (empty, deep) in figures.items():
-            e50, e99 = percentiles(empty)
-            d50, d99 = percentiles(deep)
+            e50, e99 = p50_p99(empty)
+            d50, d99 = p50_p99(deep)
             print(f"  {name:36} {e50:8.0f} / {e99:6.0f} {d50:8.0f} / {d99:6.0f} {d50 / e50:9.2f}")
         print(f"  reading the deep key's whole queue instead: {whole[0]:.0f} µs p50")
     finally:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .stats import percentile
+
 
 def plot(rounds, summary: dict, path: Path) -> None:
     import matplotlib
@@ -39,7 +41,7 @@ def plot(rounds, summary: dict, path: Path) -> None:
         if not handoffs:
             continue
         n = len(handoffs)
-        p50, p99 = handoffs[n // 2], handoffs[min(n - 1, int(0.99 * n))]
+        p50, p99 = percentile(handoffs, 50), percentile(handoffs, 99)
         label = f"{'keyed' if variant == 'keyed' else 'plain Celery chain'}: p50 {p50:.1f} ms, p99 {p99:.1f} ms"
         cdf.plot(handoffs, [(i + 1) / n for i in range(n)], color=color, label=label)
     cdf.set_xscale("log")

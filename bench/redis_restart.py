@@ -1,6 +1,6 @@
 """Plain Celery against keyed tasks when the one Redis of a user's project is SIGKILLed and restarted mid-run.
 
-    python bench/redis_restart.py [--rounds 2 --settings defaults|recommended --keep]
+    python -m bench.redis_restart [--rounds 2 --settings defaults|recommended --keep]
 
 Each round runs ``plain_step`` then ``step`` (the other way round in even rounds), each in a fresh project
 made as a user makes one (tests/userproject/project.py: ``django-admin startproject``, Celery's documented
@@ -27,12 +27,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from testproject.servers import AOF_ALWAYS, RedisServer
+from tests.userproject.project import UserProject
 
-from harness import free_port, median  # noqa: E402  (harness puts the repo root on sys.path)
-
-from testproject.servers import AOF_ALWAYS, RedisServer  # noqa: E402
-from tests.userproject.project import UserProject  # noqa: E402
+from .harness import free_port
+from .stats import median
 
 TASKS, KEYS, INTERVAL, SECONDS = 144, 12, 0.02, 0.12
 STARTS_BEFORE_KILL, DOWN_SECONDS, WINDOW_SECONDS = 30, 1.0, 60.0

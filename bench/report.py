@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from harness import IN_SCRIPT, gate_round_trips, median, percentile
+from .harness import IN_SCRIPT, gate_round_trips
+from .stats import median, percentile
 
 #: The issue's targets: keyed throughput / plain throughput, per scenario.
 TARGETS = {"many-keys": 0.8, "hot-key": 0.5}

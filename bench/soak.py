@@ -1,6 +1,6 @@
 """Crash soak: randomized rounds of keyed tasks on real workers, one injected fault per round, every guarantee checked.
 
-    python bench/soak.py [--rounds 20 --keys 12 --tasks-per-round 36 --seed S --faults KINDS --keep]
+    python -m bench.soak [--rounds 20 --keys 12 --tasks-per-round 36 --seed S --faults KINDS --keep]
 
 Starts a broker redis-server (broker db 1, history db 3), a gate redis-server, a SQLite file and 3 prefork
 workers (concurrency 2) in a temp dir, with short gate timings (lease 1.5 s, dispatch timeout 3 s, reaper
@@ -32,13 +32,13 @@ import sys
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from testproject.servers import AOF_ALWAYS
 
-from harness import Cluster  # noqa: E402 (harness puts the repo root on sys.path)
-from soak_checks import (  # noqa: E402
+from .harness import Cluster
+from .soak_checks import (
     BOUNDS,
     DEFAULT_FAULTS,
     FAULTS,
@@ -53,36 +53,12 @@ from soak_checks import (  # noqa: E402
     print_summary,
     round_line,
 )
-
-from testproject.servers import AOF_ALWAYS  # noqa: E402
+from .soak_faults import INJECT, Fault
 
 WORKERS, CONCURRENCY = 3, 2
 
 #: Lingers of first attempts (seconds), and how likely a task lingers (first task of a key, the others).
 LINGER, P_LINGER_FIRST, P_LINGER = (1.5, 3.0), 0.4, 0.1
-QUEUE = "celery"
-
-
-@dataclass(frozen=True)
-class Victim:
-    key: str
-    n: int
-    description: str
-    pid: int = 0  # the process a kill or stall hit
-
-
-@dataclass
-class Fault:
-    kind: str
-    t: float = 0.0  # time.time() of the fault
-    back: float = 0.0  # redis-restart: time.time() when Redis answered again
-    index: int = 0  # history length at the fault: later events happened after it
-    #: The runs a kill or stall hit, or the tasks whose message was deleted.
-    victims: list[Victim] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    recoveries: list[float] = field(default_factory=list)
-    #: Stalled runs that still held their key when they ended (the reaper had not acted yet).
-    unfenced: int = 0
 
 
 @dataclass
@@ -185,68 +161,12 @@ class Soak:
             time.sleep(0.05)
         return None
 
-    # -- faults ---------------------------------------------------------------
-
-    def kill_pool(self, tasks, start) -> Fault:
-        fault = Fault("kill-pool")
-        victim = self.pick_victim(tasks, start)
-        if victim is None:
-            fault.notes.append("no lingering task was running: nothing killed")
-            return fault
-        worker = self.owner(victim.pid)
-        fault.index, fault.t = len(self.refresh()), time.time()
-        os.kill(victim.pid, signal.SIGKILL)
-        fault.victims.append(
-            Victim(victim.key, victim.n, f"{victim.label} on {worker.name if worker else '?'}", victim.pid)
-        )
-        return fault
-
-    def kill_worker(self, tasks, start) -> Fault:
-        fault = Fault("kill-worker")
-        victim = self.pick_victim(tasks, start)
-        if victim is None:
-            fault.notes.append("no lingering task was running: nothing killed")
-            return fault
-        worker = self.owner(victim.pid)
-        if worker is None:
-            fault.notes.append("the victim's worker went away: nothing killed")
-            return fault
-        hit = [r for r in self.running(tasks, start) if self.owner(r.pid) is worker]
-        fault.index, fault.t = len(self.events), time.time()
-        os.killpg(worker.process.pid, signal.SIGKILL)
-        worker.process.wait(10)
-        self.live.remove(worker)
-        fault.victims += [Victim(r.key, r.n, f"{r.label} on {worker.name}", r.pid) for r in hit]
-        began = time.monotonic()
-        self.start_worker()
-        fault.notes.append(f"replacement {self.live[-1].name} ready in {time.monotonic() - began:.1f} s")
-        return fault
-
-    def stall(self, tasks, start) -> Fault:
-        fault = Fault("stall")
-        victim = self.pick_victim(tasks, start)
-        if victim is None:
-            fault.notes.append("no lingering task was running: nothing stalled")
-            return fault
-        worker = self.owner(victim.pid)
-        pause = self.rng.uniform(TIMINGS["LEASE_SECONDS"] + 0.5, TIMINGS["LEASE_SECONDS"] + 2.5)
-        fault.index, fault.t = len(self.refresh()), time.time()
-        self.stop([victim.pid])
-        try:
-            time.sleep(pause)
-            unreaped = self.unreaped(victim.key)
-        finally:
-            self.resume([victim.pid])
-        fault.victims.append(
-            Victim(victim.key, victim.n, f"{victim.label} on {worker.name if worker else '?'}", victim.pid)
-        )
-        fault.notes += [f"stopped {pause:.1f} s"] + ([f"at SIGCONT {unreaped}"] if unreaped else [])
-        return fault
+    # -- what the faults use ----------------------------------------------------
 
     def unreaped(self, key: str) -> str:
         """The stalled first attempt of ``key`` if the gate still has it running, and when the reaper will look."""
-        from django_keyed_queue.connection import get_gate
         from django_keyed_queue.gate.keys import DEADLINE_INDEX
+        from django_keyed_queue.worker.process import get_gate
 
         gate = get_gate()
         holders = gate.inspect(key)["holders"].items()
@@ -271,58 +191,6 @@ class Soak:
         self.watchdog.cancel()
         self.resume([worker.process.pid for worker in self.live])
 
-    def lost_message(self, tasks, start) -> Fault:
-        """Delete 1-3 of the round's granted messages from the broker queue, then let the consumers go on.
-
-        The consumers were paused before the round was submitted (see run_round), so its first granted
-        messages are still in the queue. LREM removes a message only if no worker took it meanwhile.
-        """
-        fault = Fault("lost-message")
-        by_id = {t.task_id: t for t in tasks.values()}
-        try:
-            queued: list = []
-            deadline = time.monotonic() + 2.0
-            while not queued and time.monotonic() < deadline:
-                for raw in self.broker.lrange(QUEUE, 0, -1):
-                    headers = json.loads(raw).get("headers") or {}
-                    if headers.get("id") in by_id and "keyed_queue" in headers:
-                        queued.append((raw, headers["keyed_queue"], by_id[headers["id"]]))
-            queued.sort(key=lambda q: (q[2].key, q[2].n))
-            chosen = self.rng.sample(queued, self.rng.randint(1, min(3, len(queued)))) if queued else []
-            fault.index, fault.t = len(self.refresh()), time.time()
-            for raw, header, task in chosen:
-                if self.broker.lrem(QUEUE, 1, raw):
-                    where = f"ticket {header['ticket']} dispatch {header['dispatch']}"
-                    fault.victims.append(Victim(task.key, task.n, f"{task.key}#{task.n} {where}"))
-        finally:
-            self.resume_consumers()
-        fault.notes.append(f"{len(queued)} granted messages were queued, {len(fault.victims)} deleted")
-        return fault
-
-    def redis_restart(self, tasks, start) -> Fault:
-        """SIGKILL the one redis-server (broker, gate, history), wait 1 s, start it again on its port and dir.
-
-        The victims are the keys with tasks not yet started at the kill: each must start again.
-        """
-        fault = Fault("redis-restart")
-        server = self.cluster.servers[0]
-        events = self.refresh()
-        started = {(e["key"], e["n"]) for e in events[start:] if e["event"] == "start"}
-        waiting = sorted(t for t in tasks if t not in started)
-        fault.index, fault.t = len(events), time.time()
-        server.process.kill()
-        server.process.wait(10)
-        time.sleep(1.0)
-        server.start(*AOF_ALWAYS)
-        fault.back = time.time()
-        for key in sorted({k for k, _ in waiting}):
-            n = min(n for k, n in waiting if k == key)
-            fault.victims.append(Victim(key, n, f"{key}#{n}"))
-        fault.notes.append(
-            f"down {fault.back - fault.t:.1f} s; {len(waiting)} tasks of {len(fault.victims)} keys waiting"
-        )
-        return fault
-
     # -- rounds ---------------------------------------------------------------
 
     def plan(self, index: int) -> list[tuple[str, int, float]]:
@@ -338,7 +206,7 @@ class Soak:
         return plan
 
     def run_round(self, index: int, kind: str) -> RoundResult:
-        from django_keyed_queue.connection import get_gate
+        from django_keyed_queue.worker.process import get_gate
         from testproject.demo.tasks import lingering_step
 
         began = time.monotonic()
@@ -355,7 +223,7 @@ class Soak:
             raise
         if kind != "lost-message":
             time.sleep(self.rng.uniform(0.1, 2.5))
-        fault = getattr(self, kind.replace("-", "_"))(tasks, start)
+        fault = INJECT[kind](self, tasks, start)
         records, timed_out = self.wait_for_records(list(tasks.values()))
         self.wait_for_runs_to_end(tasks, start)
         events = self.refresh()
@@ -415,8 +283,8 @@ class Soak:
                 fault.notes.append(f"{victim.key} late: {fault.recoveries[-1]:.2f} s")
 
     def wait_for_records(self, tasks: list[Task]) -> tuple[dict[str, Record], list[str]]:
-        from django_keyed_queue.models import KeyedTask
-        from django_keyed_queue.statuses import TERMINAL_STATUSES
+        from django_keyed_queue.records.models import KeyedTask
+        from django_keyed_queue.records.statuses import TERMINAL_STATUSES
 
         ids = [t.task_id for t in tasks]
         deadline = time.monotonic() + self.args.timeout

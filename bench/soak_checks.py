@@ -15,7 +15,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
-from harness import median
+from .stats import median
 
 TIMINGS = {"LEASE_SECONDS": 1.5, "DISPATCH_TIMEOUT_SECONDS": 3.0, "REAP_INTERVAL_SECONDS": 0.3}
 FAULTS = ("kill-pool", "kill-worker", "stall", "lost-message", "redis-restart")

@@ -1,6 +1,6 @@
 """Throughput of keyed serial tasks against plain Celery tasks, on the same real workers, in one run.
 
-    python bench/throughput.py [--tasks 2000 --keys 500 --hot-tasks 400 --workers 2 --concurrency 2 --rounds 3]
+    python -m bench.throughput [--tasks 2000 --keys 500 --hot-tasks 400 --workers 2 --concurrency 2 --rounds 3]
 
 Starts a broker redis-server, a separate gate redis-server, a SQLite file database and real prefork
 workers in a temp dir, then alternates plain and keyed rounds of two scenarios:
@@ -26,10 +26,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from harness import Cluster, CommandStats, Timers, cpu_seconds  # noqa: E402
-from report import print_profile, print_rounds, print_summary, summarize  # noqa: E402
+from .harness import Cluster, CommandStats, Timers, cpu_seconds
+from .report import print_profile, print_rounds, print_summary, summarize
 
 #: A queue no worker consumes: submissions measured on their own land here and are deleted.
 PARKED_QUEUE = "bench-not-consumed"
@@ -85,21 +83,22 @@ class Bench:
         from django.db.backends.base.base import BaseDatabaseWrapper
         from django.db.transaction import Atomic
 
-        from django_keyed_queue import records
         from django_keyed_queue.gate import Gate
-        from django_keyed_queue.messages import TaskMessage
-        from django_keyed_queue.task import KeyedSerialTask
+        from django_keyed_queue.records.manager import KeyedTaskManager
+        from django_keyed_queue.worker import submit
+        from django_keyed_queue.worker.messages import TaskMessage
+        from django_keyed_queue.worker.task import KeyedSerialTask
 
         t = self.timers
         t.wrap(KeyedSerialTask, "apply_async", "keyed apply_async (total)")
         t.wrap(Task, "apply_async", "celery apply_async (broker publish)")
         t.wrap(Gate, "submit", "gate submit script")
-        t.wrap(records, "record_submission", "records INSERT")
+        t.wrap(KeyedTaskManager, "insert_submission", "records INSERT")
         t.wrap(BaseDatabaseWrapper, "commit", "records COMMIT")
         t.wrap(Atomic, "__enter__", "transaction.atomic enter (BEGIN IMMEDIATE: waits for the SQLite write lock)")
         t.wrap(KeyedSerialTask, "key_for", "key_for")
         t.wrap(TaskMessage, "encode", "TaskMessage.encode")
-        t.wrap(records, "describe_arguments", "describe_arguments")
+        t.wrap(submit, "describe_arguments", "describe_arguments")
 
     def submit_cost(self, variant: str, count: int) -> float:
         """Microseconds per submission while the workers idle: every task on a new key, published to a queue
@@ -116,8 +115,8 @@ class Bench:
     def run_round(self, scenario: str, index: int, variant: str, plan: list[tuple[str, int]]) -> Round:
         from celery import chain
 
-        from django_keyed_queue.models import KeyedTask
-        from django_keyed_queue.statuses import TERMINAL_STATUSES, Status
+        from django_keyed_queue.records.models import KeyedTask
+        from django_keyed_queue.records.statuses import TERMINAL_STATUSES, Status
 
         result = Round(scenario, index, variant, len(plan))
         self.history.delete("testproject:history")
@@ -312,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = [{k: v for k, v in r.__dict__.items()} for r in rounds]
         args.json.write_text(json.dumps({"summary": summary, "rounds": rows}, default=dict, indent=1))
     if args.plot and rounds:
-        from plot import plot
+        from .plot import plot
 
         plot(rounds, summary, args.plot)
         print(f"plot written to {args.plot}")

@@ -1,8 +1,14 @@
-"""Keyed serial execution for Celery tasks in Django projects."""
+"""Keyed serial execution for Celery tasks in Django projects.
 
+The public API: the decorator and the task base class, the exceptions, the
+operator's actions (the admin's and the commands' own code) and the health view.
+"""
+
+from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from .exceptions import (
+    ActionRefused,
     GateUnavailable,
     IdempotencyConflict,
     InvalidArguments,
@@ -12,10 +18,13 @@ from .exceptions import (
 )
 
 if TYPE_CHECKING:
-    from .decorators import keyed_serial_task
-    from .task import KeyedSerialTask
+    from .ops.recovery import cancel, pause, reap, rebuild, release, resume, retry
+    from .ops.views import health
+    from .worker.decorators import keyed_serial_task
+    from .worker.task import KeyedSerialTask
 
 __all__ = [
+    "ActionRefused",
     "GateUnavailable",
     "IdempotencyConflict",
     "InvalidArguments",
@@ -23,18 +32,27 @@ __all__ = [
     "KeyedQueueError",
     "KeyQueueFull",
     "KeyedSerialTask",
+    "cancel",
+    "health",
     "keyed_serial_task",
+    "pause",
+    "reap",
+    "rebuild",
+    "release",
+    "resume",
+    "retry",
 ]
+
+#: Loaded on first use, after Django's apps: they import the models.
+_LAZY = {
+    "keyed_serial_task": ".worker.decorators",
+    "KeyedSerialTask": ".worker.task",
+    "health": ".ops.views",
+    **{name: ".ops.recovery" for name in ("cancel", "pause", "reap", "rebuild", "release", "resume", "retry")},
+}
 
 
 def __getattr__(name: str) -> Any:
-    # The task layer imports the models, so it loads on first use, after Django's apps.
-    if name == "keyed_serial_task":
-        from .decorators import keyed_serial_task
-
-        return keyed_serial_task
-    if name == "KeyedSerialTask":
-        from .task import KeyedSerialTask
-
-        return KeyedSerialTask
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name], __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

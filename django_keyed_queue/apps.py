@@ -9,4 +9,5 @@ class KeyedQueueConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks, signals  # noqa: F401  (registers checks and signal handlers)
+        from . import checks  # noqa: F401  (registers the system checks)
+        from .ops import signals  # noqa: F401  (connects the signal handlers)

@@ -59,7 +59,40 @@ def check_settings(app_configs=None, **kwargs) -> list:
                     f"KEYED_QUEUE_{name} must be a positive whole number or None, got {value!r}.", id="keyed_queue.E004"
                 )
             )
+    problems += _database_problems()
     return problems
+
+
+#: The router that sends the records to ``KEYED_QUEUE_DATABASE``.
+ROUTER = "django_keyed_queue.records.router.KeyedQueueRouter"
+
+
+def _database_problems() -> list:
+    alias = settings.DATABASE
+    if alias is None:
+        return []
+    if alias not in django_settings.DATABASES:
+        return [
+            Error(
+                f"KEYED_QUEUE_DATABASE names {alias!r}, which is not a database of DATABASES.",
+                hint=f"Use one of: {', '.join(sorted(django_settings.DATABASES))}.",
+                id="keyed_queue.E005",
+            )
+        ]
+    routers = [
+        r if isinstance(r, str) else f"{type(r).__module__}.{type(r).__qualname__}"
+        for r in django_settings.DATABASE_ROUTERS
+    ]
+    if ROUTER not in routers:
+        return [
+            Error(
+                f"KEYED_QUEUE_DATABASE is set but {ROUTER} is not in DATABASE_ROUTERS: the records would "
+                f"stay in the default database.",
+                hint=f'Add "{ROUTER}" to DATABASE_ROUTERS.',
+                id="keyed_queue.E006",
+            )
+        ]
+    return []
 
 
 def _is_number(value: object) -> bool:

@@ -39,6 +39,9 @@ DEFAULTS: dict[str, Any] = {
     "MAX_WAITING": None,
     # Largest task message accepted at submission, in bytes; None: no limit.
     "MAX_MESSAGE_BYTES": 1024 * 1024,
+    # The database alias of the records (KeyedTask, IdempotencyKey), with
+    # "django_keyed_queue.records.router.KeyedQueueRouter" in DATABASE_ROUTERS; None: as routed.
+    "DATABASE": None,
     # The health view answers anyone, not only staff (for a load balancer's probe).
     "HEALTH_PUBLIC": False,
     # Dotted path or callable (task_name, args, kwargs) -> (args, kwargs) applied

@@ -1,23 +1,5 @@
-"""Celery tasks the app provides: the reaper, for a beat schedule."""
+"""Celery's ``autodiscover_tasks()`` loads ``<app>.tasks``: the upkeep tasks live in ``ops.tasks``."""
 
-from celery import shared_task
+from .ops.tasks import purge, reap
 
-from .idempotency import purge as purge_now
-from .recovery import reap as reap_now
-
-#: The beat entries that ``celery beat`` gets without configuration (see signals).
-REAP_ENTRY = "keyed-queue-reap"
-PURGE_ENTRY = "keyed-queue-purge"
-PURGE_INTERVAL_SECONDS = 3600.0
-
-
-@shared_task(name="keyed_queue.reap", ignore_result=True)
-def reap() -> str:
-    """Recover runs whose worker was lost and messages that never arrived."""
-    return reap_now().summary()
-
-
-@shared_task(name="keyed_queue.purge", ignore_result=True)
-def purge() -> int:
-    """Delete expired idempotency keys."""
-    return purge_now()
+__all__ = ["purge", "reap"]

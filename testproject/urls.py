@@ -3,7 +3,7 @@ import os
 from django.contrib import admin
 from django.urls import path
 
-from django_keyed_queue.views import health
+from django_keyed_queue import health
 
 urlpatterns = [
     path("admin/", admin.site.urls),

@@ -7,8 +7,8 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from django_keyed_queue.models import KeyedTask
-from django_keyed_queue.statuses import Status
+from django_keyed_queue.records.models import KeyedTask
+from django_keyed_queue.records.statuses import Status
 
 TASK_NAMES = (
     "testproject.demo.tasks.sync_account",

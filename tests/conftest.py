@@ -41,10 +41,11 @@ def _disconnect_clients(server: RedisServer) -> None:
 
 def pytest_unconfigure(config):
     """After every fixture (the test database too) is torn down: keep the logs, drop the temp dir."""
-    from django_keyed_queue.records import recorder
+    from django_keyed_queue.records.recorder import Recorder
+    from django_keyed_queue.worker.process import current
     from tests.settings import stop_database_server
 
-    recorder.discard()  # its database is gone; the exit-time flush would only fail
+    current().recorder = Recorder()  # the database is gone: the exit-time flush of what was buffered would fail
     stop_database_server()  # before its log is copied and its socket's directory goes
     data_dir = Path(os.environ["TESTPROJECT_DATA_DIR"])
     if not data_dir.exists():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from django_keyed_queue.models import KeyedTask
-from django_keyed_queue.statuses import TERMINAL_STATUSES
+from django_keyed_queue.records.models import KeyedTask
+from django_keyed_queue.records.statuses import TERMINAL_STATUSES
 from testproject.demo import history
 from tests.waiting import wait_until
 

@@ -39,3 +39,12 @@ if os.environ.get("KEYED_QUEUE_TESTS_OWN_ENV") != "1":
         raise ValueError(f"KEYED_QUEUE_TESTS_DATABASE={database!r}: use sqlite or postgresql")
 
 from testproject.settings import *  # noqa: E402,F403
+
+#: A database of the records' own, used where a test sets KEYED_QUEUE_DATABASE (tests/django/test_database_router.py);
+#: with the setting unset the router has no opinion and everything stays in "default".
+DATABASES["queue"] = {  # noqa: F405
+    "ENGINE": "django.db.backends.sqlite3",
+    "NAME": os.path.join(os.environ["TESTPROJECT_DATA_DIR"], "queue.sqlite3"),
+    "TEST": {"NAME": os.path.join(os.environ["TESTPROJECT_DATA_DIR"], "queue.sqlite3")},
+}
+DATABASE_ROUTERS = ["django_keyed_queue.records.router.KeyedQueueRouter"]

@@ -1,23 +1,23 @@
-"""The per-key FIFO permission gate. Pure Redis: never imports Django or Celery."""
+"""The per-key FIFO permission gate. Pure Redis: never imports Django or Celery.
+
+``Gate`` is its one client; ``keys`` names every Redis key it uses.
+"""
 
 from .gate import Gate, NotSent
-from .keys import DEADLINE_INDEX, MAX_KEY_LENGTH, PAUSED_KEYS, KeyNames
+from .keys import MAX_KEY_LENGTH
 from .results import FinishResult, Grant, Lease, QueueFull, Recovery, StartResult, SubmitResult
 from .scripts import Code
 
 __all__ = [
-    "DEADLINE_INDEX",
-    "PAUSED_KEYS",
     "MAX_KEY_LENGTH",
     "Code",
     "FinishResult",
     "Gate",
     "Grant",
     "Lease",
-    "Recovery",
-    "KeyNames",
     "NotSent",
     "QueueFull",
+    "Recovery",
     "StartResult",
     "SubmitResult",
 ]

@@ -187,7 +187,7 @@ def check(done) -> int:
     from django.test import Client
     from django.utils.html import escape
 
-    from django_keyed_queue.models import KeyedTask
+    from django_keyed_queue.records.models import KeyedTask
 
     from .scenario import PAUSED_KEY, SLOW_KEY, admin_paths
 

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 from django.urls import reverse
 
-from django_keyed_queue.connection import get_gate
-from django_keyed_queue.models import KeyedTask
-from django_keyed_queue.recovery import pause
-from django_keyed_queue.statuses import Status
+from django_keyed_queue.ops.recovery import pause
+from django_keyed_queue.records.models import KeyedTask
+from django_keyed_queue.records.statuses import Status
+from django_keyed_queue.worker.process import get_gate
 
 PAUSED_KEY = "account:6"
 SLOW_KEY = "report:monthly"
@@ -116,7 +116,7 @@ def describe(done: Submitted) -> list[str]:
 
 def admin_paths(done: Submitted) -> list[tuple[str, str]]:
     """(label, path) of the admin pages worth opening first."""
-    from django_keyed_queue.views import health
+    from django_keyed_queue import health
 
     failed = KeyedTask.objects.get(task_id=done.failed)
     return [

@@ -6,8 +6,8 @@ import pytest
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
 
-from django_keyed_queue.connection import get_gate
-from django_keyed_queue.models import KeyedTask
+from django_keyed_queue.records.models import KeyedTask
+from django_keyed_queue.worker.process import get_gate
 from testproject.demo.tasks import step
 
 pytestmark = pytest.mark.django_db(transaction=True)

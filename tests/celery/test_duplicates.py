@@ -3,10 +3,19 @@
 import pytest
 from celery import Task
 
+from django_keyed_queue.worker.dispatch import send
+from django_keyed_queue.worker.messages import TaskMessage
 from testproject.demo.tasks import step
 from tests.helpers import read_history, wait_for_records, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.workers]
+
+
+def publish_ticket(key: str, ticket: int, dispatch: int, args: tuple, kwargs: dict, options: dict):
+    """Publish a message of ``step`` carrying ticket ``ticket`` of ``key``, as the dispatcher would."""
+    options = dict(options)
+    message = TaskMessage(step.name, options.pop("task_id"), args, kwargs, options)
+    return send(step.app, message, key, ticket, dispatch, task=step)
 
 
 def starts_of(key: str) -> list[int]:
@@ -17,12 +26,12 @@ def test_duplicate_of_a_granted_message_runs_once(workers, gate_redis):
     first = step.delay("dup", 0, 0.5)
     # The same message again (same task id, ticket and dispatch), as a broker redelivery would.
     for _ in range(3):
-        step._publish("dup", 1, 1, ("dup", 0, 0.5), {}, {"task_id": first.id})
+        publish_ticket("dup", 1, 1, ("dup", 0, 0.5), {}, {"task_id": first.id})
     wait_for_records([first.id])
     follower = step.delay("dup", 1)
     wait_for_records([follower.id])
     # Late duplicates of the finished ticket are dropped too.
-    step._publish("dup", 1, 1, ("dup", 0, 0.5), {}, {"task_id": first.id})
+    publish_ticket("dup", 1, 1, ("dup", 0, 0.5), {}, {"task_id": first.id})
     last = step.delay("dup", 2)
     wait_for_records([last.id])
     assert starts_of("dup") == [0, 1, 2]
@@ -43,7 +52,7 @@ def test_duplicate_of_a_delayed_message_joins_once(workers, gate_redis):
 def test_a_message_with_a_copied_header_cannot_take_the_ticket(workers, gate_redis, forged_args):
     # The real message waits on a queue no worker reads, its ticket granted and not started.
     real = step.apply_async(("forge", 1), queue="keyed-queue-tests-unconsumed")
-    forged = step._publish("forge", 1, 1, forged_args, {}, {"task_id": f"forged-{forged_args[0]}", "queue": "celery"})
+    forged = publish_ticket("forge", 1, 1, forged_args, {}, {"task_id": f"forged-{forged_args[0]}", "queue": "celery"})
     wait_until(
         lambda: any(f"{forged.id}] received" in w.log() for w in workers), timeout=20, message="the forged message"
     )
@@ -57,6 +66,6 @@ def test_a_message_with_a_copied_header_cannot_take_the_ticket(workers, gate_red
     )
     assert starts_of("forge") == [] and starts_of("another-key") == []
     # The real one still runs.
-    step._publish("forge", 1, 1, ("forge", 1), {}, {"task_id": real.id, "queue": "celery"})
+    publish_ticket("forge", 1, 1, ("forge", 1), {}, {"task_id": real.id, "queue": "celery"})
     wait_for_records([real.id])
     assert starts_of("forge") == [1]

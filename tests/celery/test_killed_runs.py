@@ -6,7 +6,7 @@ lease of a killed run would miss these tests' deadlines.
 
 import pytest
 
-from django_keyed_queue.models import KeyedTask
+from django_keyed_queue.records.models import KeyedTask
 from testproject.demo.tasks import hard_limited_step, lingering_step, step
 from tests.helpers import read_history, wait_for_records, wait_until
 

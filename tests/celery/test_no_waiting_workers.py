@@ -6,7 +6,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from django_keyed_queue.gate import KeyNames
+from django_keyed_queue.gate.keys import KeyNames
 from testproject.demo.tasks import step
 from tests.helpers import read_history, wait_for_records
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from django_keyed_queue import recovery
-from django_keyed_queue.models import KeyedTask
+from django_keyed_queue.ops import recovery
+from django_keyed_queue.records.models import KeyedTask
 from testproject.demo.tasks import lingering_step, step
 from tests.helpers import read_history, wait_for_records, wait_until
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from django_keyed_queue.models import KeyedTask
+from django_keyed_queue.records.models import KeyedTask
 from testproject.demo.tasks import failing_step, flaky_step, step, step_pair
 from tests.helpers import check_history, read_history, wait_for_records
 

@@ -8,10 +8,10 @@ from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 
-from django_keyed_queue.connection import get_gate, reset_gate
 from django_keyed_queue.gate import Lease
-from django_keyed_queue.models import IdempotencyKey, KeyedTask
-from django_keyed_queue.task import HEADER
+from django_keyed_queue.records.models import IdempotencyKey, KeyedTask
+from django_keyed_queue.worker.messages import HEADER
+from django_keyed_queue.worker.process import current, get_gate
 from testproject.demo.tasks import charge, step
 
 from .conftest import QUEUE
@@ -203,7 +203,7 @@ def test_the_live_page_needs_the_view_permission(client, gate_redis):
 def test_the_live_page_puts_stuck_keys_first(gate_redis, broker, as_user, settings):
     settings.KEYED_QUEUE_LEASE_SECONDS = 0.05
     settings.KEYED_QUEUE_REAP_INTERVAL_SECONDS = 0.01  # stuck once overdue for the reaper by 0.02 s
-    reset_gate()
+    current().reset_gate()
     try:
         for key in ("waits-long", "overdue", "quiet"):
             step.apply_async((key, 1), queue=QUEUE)
@@ -213,7 +213,7 @@ def test_the_live_page_puts_stuck_keys_first(gate_redis, broker, as_user, settin
         time.sleep(0.1)
         page = as_user("olga").get(reverse("admin:keyed_queue_keys")).content.decode()
     finally:
-        reset_gate()
+        current().reset_gate()
     order = [k for k in ("overdue", "waits-long", "paused-idle", "quiet") if f'data-key="{k}"' in page]
     assert order == ["overdue", "waits-long", "paused-idle", "quiet"]
     positions = [page.index(f'data-key="{k}"') for k in order]
@@ -258,7 +258,7 @@ def test_a_malformed_key_action_is_a_bad_request(gate_redis, admin_client, form)
 def test_an_unreachable_redis_is_told_to_the_operator(gate_redis, broker, admin_client, settings):
     task = row(step.apply_async(("k", 1), queue=QUEUE))
     settings.KEYED_QUEUE_REDIS_URL = "redis://127.0.0.1:1/0"
-    reset_gate()
+    current().reset_gate()
     try:
         page = admin_client.get(reverse("admin:keyed_queue_keys")).content.decode()
         assert "The keyed queue&#x27;s Redis did not answer" in page
@@ -267,5 +267,5 @@ def test_an_unreachable_redis_is_told_to_the_operator(gate_redis, broker, admin_
         response = act(admin_client, "cancel_tasks", task)
         assert "The keyed queue&#x27;s Redis did not answer" in response.content.decode()
     finally:
-        reset_gate()
+        current().reset_gate()
     assert KeyedTask.objects.get(pk=task.pk).status == "dispatched" and not LogEntry.objects.exists()

@@ -6,10 +6,11 @@ import pytest
 from celery import current_app
 
 from django_keyed_queue import keyed_serial_task
-from django_keyed_queue.connection import get_gate
-from django_keyed_queue.dispatch import Published, publish
-from django_keyed_queue.gate import Grant, KeyNames
-from django_keyed_queue.messages import HEADER, TaskMessage
+from django_keyed_queue.gate import Grant
+from django_keyed_queue.gate.keys import KeyNames
+from django_keyed_queue.worker.dispatch import Published, publish
+from django_keyed_queue.worker.messages import HEADER, TaskMessage
+from django_keyed_queue.worker.process import get_gate
 from testproject.demo.tasks import step
 
 from .conftest import QUEUE

@@ -4,14 +4,15 @@ import pytest
 from celery import current_app
 
 from django_keyed_queue.gate import Grant
-from django_keyed_queue.handoff import local_request
-from django_keyed_queue.messages import HEADER, TaskMessage
+from django_keyed_queue.worker.handoff import local_request
+from django_keyed_queue.worker.messages import HEADER, TaskMessage
+from django_keyed_queue.worker.process import WorkerTraits
 from testproject.demo.tasks import step, timed_step
 
 
 def request_for(task_name: str, options: dict | None = None):
     message = TaskMessage(task_name, "task-1", ("k", 3), {}, options or {})
-    return local_request(current_app, message, Grant("k", 7, 2, b""), "w1@host")
+    return local_request(current_app, message, Grant("k", 7, 2, b""), "w1@host", WorkerTraits())
 
 
 @pytest.fixture

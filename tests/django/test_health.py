@@ -7,8 +7,8 @@ from django.contrib.auth import get_user_model
 from django.test import override_settings
 from django.urls import reverse
 
-from django_keyed_queue.connection import get_gate, reset_gate
-from django_keyed_queue.gate import DEADLINE_INDEX
+from django_keyed_queue.gate.keys import DEADLINE_INDEX
+from django_keyed_queue.worker.process import current, get_gate
 from testproject.demo.tasks import step
 
 from .conftest import QUEUE
@@ -28,14 +28,14 @@ def overdue_holder(settings):
     """Key "overdue": its holder's lease ended long enough ago (two reaper periods) that it is stuck."""
     settings.KEYED_QUEUE_LEASE_SECONDS = 0.05
     settings.KEYED_QUEUE_REAP_INTERVAL_SECONDS = 0.01
-    reset_gate()
+    current().reset_gate()
     try:
         step.apply_async(("overdue", 1), queue=QUEUE)
         assert get_gate().start("overdue", 1, 1).ok  # nobody renews it, no reaper runs
         time.sleep(0.1)
         yield "overdue"
     finally:
-        reset_gate()
+        current().reset_gate()
 
 
 def test_staff_see_depth_and_stuck_keys_without_arguments(staff_client, gate_redis, broker, overdue_holder):

@@ -11,8 +11,8 @@ from django.test import override_settings
 from django.utils import timezone
 
 from django_keyed_queue import GateUnavailable, IdempotencyConflict, InvalidArguments
-from django_keyed_queue.idempotency import arguments_fingerprint
-from django_keyed_queue.models import IdempotencyKey, KeyedTask
+from django_keyed_queue.records.idempotency import arguments_fingerprint
+from django_keyed_queue.records.models import IdempotencyKey, KeyedTask
 from testproject.demo.tasks import charge, step
 
 from .conftest import QUEUE

@@ -8,7 +8,7 @@ from django_keyed_queue.checks import check_settings
 from django_keyed_queue.conf import settings
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(databases=["default", "queue"])  # makemigrations looks at every database
 def test_no_migration_is_missing():
     call_command("makemigrations", "keyed_queue", "--check", "--dry-run", verbosity=0)
 

@@ -6,10 +6,10 @@ import json
 import pytest
 from django.core.management import call_command
 
-from django_keyed_queue.connection import get_gate
-from django_keyed_queue.gate import KeyNames
-from django_keyed_queue.models import KeyedTask
-from django_keyed_queue.task import HEADER
+from django_keyed_queue.gate.keys import KeyNames
+from django_keyed_queue.records.models import KeyedTask
+from django_keyed_queue.worker.messages import HEADER
+from django_keyed_queue.worker.process import get_gate
 from testproject.demo.tasks import step
 
 from .conftest import QUEUE

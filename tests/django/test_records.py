@@ -6,9 +6,10 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
-from django_keyed_queue import records
-from django_keyed_queue.models import KeyedTask
-from django_keyed_queue.records import Recorder, Transition, write
+from django_keyed_queue.records import recorder as recorder_module
+from django_keyed_queue.records.models import KeyedTask
+from django_keyed_queue.records.recorder import Recorder
+from django_keyed_queue.records.transitions import Transition, describe_arguments
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.django_db
@@ -21,7 +22,7 @@ def make_row(**fields):
 
 def test_a_later_status_applies():
     make_row(status="dispatched")
-    write(Transition("t1", "running", 1, {"worker": "w1"}))
+    KeyedTask.objects.apply(Transition("t1", "running", 1, {"worker": "w1"}))
     row = KeyedTask.objects.get()
     assert (row.status, row.attempts, row.worker) == ("running", 1, "w1")
 
@@ -30,7 +31,9 @@ def test_an_earlier_status_written_late_does_not_move_the_record_back():
     # The finishing worker's "dispatched" can reach the database after the next worker's "succeeded".
     make_row(status="succeeded", attempts=1, started_at=timezone.now())
     dispatched = timezone.now() - timedelta(seconds=1)
-    write(Transition("t1", "dispatched", 0, {"dispatched_at": dispatched, "started_at": timezone.now()}))
+    KeyedTask.objects.apply(
+        Transition("t1", "dispatched", 0, {"dispatched_at": dispatched, "started_at": timezone.now()})
+    )
     row = KeyedTask.objects.get()
     # The late write fills what the row lacks and overwrites nothing.
     assert (row.status, row.attempts, row.dispatched_at) == ("succeeded", 1, dispatched)
@@ -41,7 +44,7 @@ def test_a_batch_updates_and_creates_in_one_go():
     make_row(task_id="a", status="dispatched")
     make_row(task_id="b", status="running", attempts=1)
     create = {"task_name": "demo.step", "key": "k", "args": ("k", 3), "kwargs": {}, "enqueued_at": timezone.now()}
-    write(
+    KeyedTask.objects.apply(
         Transition("a", "running", 1, {"worker": "w1"}),
         Transition("b", "failed", 1, {"error": "boom"}),
         Transition("c", "running", 1, {"ticket": 9}, create),
@@ -54,24 +57,24 @@ def test_a_batch_updates_and_creates_in_one_go():
 
 def test_a_retry_runs_as_a_later_attempt():
     make_row(status="retrying", attempts=1)
-    write(Transition("t1", "running", 2))
+    KeyedTask.objects.apply(Transition("t1", "running", 2))
     assert (KeyedTask.objects.get().status, KeyedTask.objects.get().attempts) == ("running", 2)
-    write(Transition("t1", "retrying", 1))
+    KeyedTask.objects.apply(Transition("t1", "retrying", 1))
     assert KeyedTask.objects.get().status == "running"
 
 
 def test_a_missing_row_is_created_from_what_the_worker_knows():
     create = {"task_name": "demo.step", "key": "k", "args": (), "kwargs": {}, "enqueued_at": timezone.now()}
-    write(Transition("lost-producer", "running", 1, {"ticket": 4}, create))
+    KeyedTask.objects.apply(Transition("lost-producer", "running", 1, {"ticket": 4}, create))
     row = KeyedTask.objects.get(task_id="lost-producer")
     assert (row.status, row.ticket, row.key) == ("running", 4, "k")
 
 
 def test_submission_row_written_after_the_worker_made_it_keeps_the_workers_status():
     create = {"task_name": "demo.step", "key": "k", "args": (), "kwargs": {}, "enqueued_at": timezone.now()}
-    write(Transition("fast", "succeeded", 1, {"ticket": 3}, create))
+    KeyedTask.objects.apply(Transition("fast", "succeeded", 1, {"ticket": 3}, create))
     enqueued = timezone.now() - timedelta(seconds=5)
-    records.record_submission(
+    KeyedTask.objects.insert_submission(
         task_id="fast",
         task_name="demo.step",
         key="k",
@@ -110,7 +113,7 @@ def test_redaction_hook_applies_before_arguments_are_stored():
         return args[:1], {k: "***" for k in kwargs}
 
     with override_settings(KEYED_QUEUE_REDACT_ARGUMENTS=redact):
-        text = records.describe_arguments("demo.charge", ("order-1", "4111111111111111"), {"cvv": "123"})
+        text = describe_arguments("demo.charge", ("order-1", "4111111111111111"), {"cvv": "123"})
     assert "4111" not in text and "123" not in text and "order-1" in text
 
 
@@ -140,8 +143,8 @@ def test_the_flusher_thread_outlives_a_database_that_fails(monkeypatch):
         idle_passes.append(1)
         raise RuntimeError("the database is down")
 
-    monkeypatch.setattr(records, "write", lambda *transitions: written.extend(transitions))
-    monkeypatch.setattr(records, "close_old_connections", database_down)
+    monkeypatch.setattr(KeyedTask.objects, "apply", lambda *transitions: written.extend(transitions))
+    monkeypatch.setattr(recorder_module, "close_old_connections", database_down)
     recorder = Recorder()
     with override_settings(KEYED_QUEUE_RECORD_FLUSH_SECONDS=0.01):
         recorder.record(Transition("t1", "running", 1))

@@ -9,10 +9,11 @@ from celery.app.task import Context
 from celery.signals import task_revoked
 from django.core.management import call_command
 
-from django_keyed_queue.gate import Gate, KeyNames
-from django_keyed_queue.models import KeyedTask
-from django_keyed_queue.recovery import end_killed_run
-from django_keyed_queue.task import HEADER
+from django_keyed_queue.gate import Gate
+from django_keyed_queue.gate.keys import KeyNames
+from django_keyed_queue.records.models import KeyedTask
+from django_keyed_queue.worker.messages import HEADER
+from django_keyed_queue.worker.run import end_killed_run
 from testproject.demo.tasks import step
 from tests.helpers import wait_until
 

@@ -7,12 +7,12 @@ import pickle
 import pytest
 from celery import current_app
 
-from django_keyed_queue import recovery
-from django_keyed_queue.connection import get_gate
 from django_keyed_queue.exceptions import ActionRefused, MessageRefused
-from django_keyed_queue.gate import KeyNames
-from django_keyed_queue.messages import TaskMessage
-from django_keyed_queue.models import KeyedTask
+from django_keyed_queue.gate.keys import KeyNames
+from django_keyed_queue.ops import recovery
+from django_keyed_queue.records.models import KeyedTask
+from django_keyed_queue.worker.messages import TaskMessage
+from django_keyed_queue.worker.process import get_gate
 from testproject.demo.tasks import step
 
 from .conftest import QUEUE

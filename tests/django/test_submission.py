@@ -9,9 +9,10 @@ from kombu import Connection
 from kombu.exceptions import OperationalError
 
 from django_keyed_queue import GateUnavailable, InvalidArguments, InvalidKey, KeyQueueFull, keyed_serial_task
-from django_keyed_queue.gate import DEADLINE_INDEX, MAX_KEY_LENGTH, Gate, KeyNames
-from django_keyed_queue.models import IdempotencyKey, KeyedTask
-from django_keyed_queue.task import HEADER
+from django_keyed_queue.gate import MAX_KEY_LENGTH, Gate
+from django_keyed_queue.gate.keys import DEADLINE_INDEX, KeyNames
+from django_keyed_queue.records.models import IdempotencyKey, KeyedTask
+from django_keyed_queue.worker.messages import HEADER
 from testproject.demo.tasks import step, write_file
 
 from .conftest import QUEUE
@@ -135,7 +136,7 @@ def test_a_submission_whose_reply_was_lost_keeps_the_one_ticket_it_took(gate_red
 
 def test_a_submission_that_never_gets_a_reply_says_it_may_still_run(gate_redis, broker, monkeypatch):
     lose_replies(monkeypatch, 1_000)
-    monkeypatch.setattr("django_keyed_queue.task.SUBMIT_RETRY_SECONDS", 0.3)
+    monkeypatch.setattr("django_keyed_queue.worker.submit.SUBMIT_RETRY_SECONDS", 0.3)
     with pytest.raises(GateUnavailable, match="may have been queued and may still run"):
         step.apply_async(("a", 1), queue=QUEUE)
     assert KeyedTask.objects.count() == 0 and broker.llen(QUEUE) == 0

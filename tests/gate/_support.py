@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import redis
 
-from django_keyed_queue.gate import DEADLINE_INDEX, Gate, KeyNames
+from django_keyed_queue.gate import Gate
+from django_keyed_queue.gate.keys import DEADLINE_INDEX, KeyNames
 
 
 def redis_names(client: redis.Redis) -> set[str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django_keyed_queue.gate import KeyNames
+from django_keyed_queue.gate.keys import KeyNames
 from tests.waiting import wait_until
 
 from ._support import redis_names

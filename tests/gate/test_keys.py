@@ -7,8 +7,8 @@ import itertools
 import pytest
 from redis.crc import key_slot
 
-from django_keyed_queue.gate import KeyNames, Lease
-from django_keyed_queue.gate.keys import PREFIX, escape, key_from_redis_name, unescape
+from django_keyed_queue.gate import Lease
+from django_keyed_queue.gate.keys import PREFIX, KeyNames, escape, key_from_redis_name, unescape
 
 from ._support import redis_names
 

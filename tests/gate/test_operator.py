@@ -2,7 +2,8 @@
 
 import time
 
-from django_keyed_queue.gate import DEADLINE_INDEX, PAUSED_KEYS, KeyNames, Lease
+from django_keyed_queue.gate import Lease
+from django_keyed_queue.gate.keys import DEADLINE_INDEX, PAUSED_KEYS, KeyNames
 from tests.waiting import wait_until
 
 from ._support import holder

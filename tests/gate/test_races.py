@@ -8,7 +8,8 @@ from collections import Counter, defaultdict
 
 import redis
 
-from django_keyed_queue.gate import Code, Gate, Grant, KeyNames
+from django_keyed_queue.gate import Code, Gate, Grant
+from django_keyed_queue.gate.keys import KeyNames
 from tests.waiting import wait_until
 
 from . import _race_workers as rw

@@ -4,7 +4,8 @@ import threading
 
 import pytest
 
-from django_keyed_queue.gate import DEADLINE_INDEX, Code, KeyNames, Lease
+from django_keyed_queue.gate import Code, Lease
+from django_keyed_queue.gate.keys import DEADLINE_INDEX, KeyNames
 from tests.waiting import wait_until
 
 from ._support import holder

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from django_keyed_queue.gate import Code, Grant, KeyNames, Lease
+from django_keyed_queue.gate import Code, Grant, Lease
+from django_keyed_queue.gate.keys import KeyNames
 
 from ._support import holder, message_of, redis_names
 

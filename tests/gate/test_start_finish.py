@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from django_keyed_queue.gate import Code, Grant, KeyNames
+from django_keyed_queue.gate import Code, Grant
+from django_keyed_queue.gate.keys import KeyNames
 
 from ._support import message_of, redis_names
 

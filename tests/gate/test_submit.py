@@ -7,7 +7,8 @@ import time
 import pytest
 import redis
 
-from django_keyed_queue.gate import Code, Gate, KeyNames, NotSent, QueueFull, SubmitResult
+from django_keyed_queue.gate import Code, Gate, NotSent, QueueFull, SubmitResult
+from django_keyed_queue.gate.keys import KeyNames
 
 from ._support import message_of, redis_names
 

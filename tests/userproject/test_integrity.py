@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from django_keyed_queue.gate.keys import KeyNames
-from django_keyed_queue.statuses import TERMINAL_STATUSES
+from django_keyed_queue.records.statuses import TERMINAL_STATUSES
 from tests.helpers import check_history, wait_until
 
 from .project import UserProject

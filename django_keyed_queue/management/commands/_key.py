@@ -9,10 +9,10 @@ import redis
 from django.core.management.base import BaseCommand, CommandError
 
 from django_keyed_queue.exceptions import ActionRefused
-from django_keyed_queue.recovery import checked_key
+from django_keyed_queue.ops.recovery import checked_key
 
 #: Where the operator's actions are logged (at INFO) for the audit trail.
-AUDIT_LOGGER = "django_keyed_queue.recovery"
+AUDIT_LOGGER = "django_keyed_queue.ops.recovery"
 
 
 @contextmanager

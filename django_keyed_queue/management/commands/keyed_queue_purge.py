@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand
 
-from django_keyed_queue.idempotency import purge
+from django_keyed_queue.records.idempotency import purge
 
 
 class Command(BaseCommand):

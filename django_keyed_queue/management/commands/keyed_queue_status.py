@@ -2,9 +2,9 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db.models import Count, Min
 from django.utils import timezone
 
-from django_keyed_queue.connection import get_gate
-from django_keyed_queue.models import KeyedTask
-from django_keyed_queue.recovery import checked_key
+from django_keyed_queue.ops.recovery import checked_key
+from django_keyed_queue.records.models import KeyedTask
+from django_keyed_queue.worker.process import get_gate
 
 from ._key import gate_reachable
 

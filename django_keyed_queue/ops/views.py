@@ -7,10 +7,10 @@ from django.db.models import Min
 from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 
-from .conf import settings
-from .connection import get_gate
+from ..conf import settings
+from ..records.models import KeyedTask
+from ..worker.process import get_gate
 from .live import stuck_keys
-from .models import KeyedTask
 
 
 def health(request: HttpRequest) -> JsonResponse:

@@ -13,12 +13,12 @@ import json
 import time
 from datetime import timedelta
 
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, connections, router, transaction
 from django.utils import timezone
 from kombu.utils.json import dumps as kombu_json
 
-from .conf import settings
-from .exceptions import IdempotencyConflict, InvalidArguments
+from ..conf import settings
+from ..exceptions import IdempotencyConflict, InvalidArguments
 from .models import IdempotencyKey, KeyedTask
 
 #: How long a duplicate waits for the original submission to be written or given up.
@@ -69,11 +69,12 @@ def claim(fingerprint: str, task_name: str, task_id: str, *, key: str | None = N
     arguments raises IdempotencyConflict unless ``KEYED_QUEUE_IDEMPOTENCY_CHECK_ARGUMENTS`` is off.
     """
     deadline = time.monotonic() + SETTLE_SECONDS
+    db = router.db_for_write(IdempotencyKey)
     while True:
         now = timezone.now()
         try:
-            with transaction.atomic():
-                IdempotencyKey.objects.create(
+            with transaction.atomic(using=db):
+                IdempotencyKey.objects.using(db).create(
                     fingerprint=fingerprint,
                     task_id=task_id,
                     task_name=task_name,
@@ -84,13 +85,13 @@ def claim(fingerprint: str, task_name: str, task_id: str, *, key: str | None = N
             return None
         except IntegrityError:
             pass
-        original = IdempotencyKey.objects.filter(fingerprint=fingerprint).first()
+        original = IdempotencyKey.objects.using(db).filter(fingerprint=fingerprint).first()
         if original is None:
             continue  # given back or purged meanwhile: try again
         if original.task_id == task_id:
             return None  # already ours: an operator's retry moved the key to this task
         if original.expires_at <= now:
-            IdempotencyKey.objects.filter(pk=original.pk, expires_at__lte=now).delete()
+            IdempotencyKey.objects.using(db).filter(pk=original.pk, expires_at__lte=now).delete()
             continue
         if key is not None and _differ(original.arguments, arguments) and settings.IDEMPOTENCY_CHECK_ARGUMENTS:
             raise IdempotencyConflict(
@@ -98,9 +99,9 @@ def claim(fingerprint: str, task_name: str, task_id: str, *, key: str | None = N
                 f"arguments; a new request needs a new key"
             )
         # The original may still be on its way: its record is written right after its claim.
-        if KeyedTask.objects.filter(task_id=original.task_id).exists() or time.monotonic() > deadline:
+        if KeyedTask.objects.using(db).filter(task_id=original.task_id).exists() or time.monotonic() > deadline:
             return original.task_id
-        if connection.in_atomic_block:
+        if connections[db].in_atomic_block:
             return original.task_id  # waiting inside a transaction would not see it commit
         time.sleep(0.02)
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from celery import shared_task
 
-from .exceptions import InvalidKey
+from ..exceptions import InvalidKey
 from .task import KeyedSerialTask
 
 

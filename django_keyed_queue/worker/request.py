@@ -2,7 +2,7 @@
 
 Celery kills a run past its hard time limit from the worker's main process,
 which knows the message it killed, and so the attempt: its ticket header. The
-attempt is ended there (see ``recovery.end_killed_run``); any other attempt
+attempt is ended there (see ``run.end_killed_run``); any other attempt
 of the same task, such as the one a recovery started after this one stalled,
 goes on.
 """
@@ -13,7 +13,9 @@ import logging
 
 from celery.worker.request import Request
 
+from ..records.statuses import Status
 from .messages import HEADER
+from .run import end_killed_run
 
 logger = logging.getLogger(__name__)
 
@@ -23,9 +25,6 @@ class KeyedRequest(Request):
         super().on_timeout(soft, timeout)
         if soft:
             return  # the run sees SoftTimeLimitExceeded and ends itself, naming its lease
-        from .recovery import end_killed_run
-        from .statuses import Status
-
         try:
             end_killed_run(
                 self.id,

@@ -7,8 +7,8 @@ from datetime import datetime
 
 from django.utils import timezone
 
-from .models import KeyedTask
-from .statuses import Status
+from ..records.models import KeyedTask
+from ..records.statuses import Status
 
 WIDTH = 860  # px of the time axis
 LABEL_WIDTH = 110

@@ -12,11 +12,11 @@ from datetime import datetime
 from django.db.models import Count, F, Min, Q
 from django.utils import timezone
 
-from .conf import settings
-from .connection import get_gate
-from .gate import Gate
-from .models import KeyedTask
-from .statuses import Status
+from ..conf import settings
+from ..gate import Gate
+from ..records.models import KeyedTask
+from ..records.statuses import Status
+from ..worker.process import get_gate
 
 
 @dataclass

@@ -1,27 +1,34 @@
-"""The only code that publishes a keyed task's message to the broker.
+"""The dispatcher: the only code that turns a granted ticket into a broker message or a local run.
 
 Messages go out by task name, with the options stored at submission (the
 task's own routing, serializer, time limits and the caller's options), as
 ``app.send_task`` sends them. So any process of the project can publish a
 grant, whether or not it imported the task's module: a worker finishing a
-task, the reaper, a management command, the admin.
+task, the reaper, a management command, the admin. A worker that finished a
+task may instead run its key's next grant itself (``hand_over``, see
+``handoff``). Either way the task's record says it was dispatched.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.utils import timezone
 
-from . import records
-from .connection import get_gate
-from .exceptions import MessageRefused
-from .gate import Grant, Recovery
+from ..conf import settings
+from ..exceptions import MessageRefused
+from ..gate import Grant, Recovery
+from ..records.models import KeyedTask
+from ..records.statuses import Status
+from ..records.transitions import Transition
+from . import handoff
 from .messages import TaskMessage, ticket_header
-from .statuses import Status
+from .process import WorkerTraits, current
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +91,11 @@ class Dispatched:
         return text
 
 
+def record_dispatched(task_id: str, at: datetime) -> None:
+    """Buffer that ``task_id``'s granted message went out (or that this process kept it to run)."""
+    current().recorder.record(Transition(task_id, Status.DISPATCHED, 0, {"dispatched_at": at}))
+
+
 def publish(app, grant: Grant | Recovery, *, record: bool = True, then: list[Grant] | None = None) -> Published:
     """Publish a granted ticket's stored message and, with ``record``, record its task dispatched.
 
@@ -115,12 +127,14 @@ def publish(app, grant: Grant | Recovery, *, record: bool = True, then: list[Gra
             grant.ticket,
         )
         try:
-            get_gate().republish_soon(grant.key, grant.ticket, grant.dispatch, delay_seconds=REPUBLISH_DELAY_SECONDS)
+            current().gate.republish_soon(
+                grant.key, grant.ticket, grant.dispatch, delay_seconds=REPUBLISH_DELAY_SECONDS
+            )
         except Exception:
             logger.warning("could not bring the republish of key=%r ticket=%s forward", grant.key, grant.ticket)
         return Published.BROKER_REFUSED
     if record:
-        records.record_dispatched(message.task_id, dispatched_at)
+        record_dispatched(message.task_id, dispatched_at)
     return Published.SENT
 
 
@@ -136,7 +150,63 @@ def publish_grants(app, grants: Iterable[Grant | Recovery]) -> Dispatched:
 def _fail_refused(grant: Grant | Recovery, refused: MessageRefused) -> list[Grant]:
     """Withdraw a ticket whose stored message is refused and fail its task; the tickets granted in its place."""
     logger.error("keyed queue key=%r ticket=%s: %s; the task fails", grant.key, grant.ticket, refused)
-    withdrawn = get_gate().cancel(grant.key, grant.ticket)
+    withdrawn = current().gate.cancel(grant.key, grant.ticket)
     if refused.task_id != "?":
-        records.settle(refused.task_id, Status.FAILED, finished_at=timezone.now(), error=str(refused))
+        KeyedTask.objects.settle(refused.task_id, Status.FAILED, finished_at=timezone.now(), error=str(refused))
     return withdrawn.granted
+
+
+# -- local handoff -------------------------------------------------------------
+
+
+def hand_over(app, finished_request, grants: list[Grant]) -> Dispatched:
+    """Dispatch what a run's finish granted: the first grant may run here, next (see ``handoff``)."""
+    return publish_grants(app, _keep(app, finished_request, grants))
+
+
+def _keep(app, finished_request, grants: list[Grant]) -> list[Grant]:
+    """Keep the first grant to run in this process if it may; returns the grants left to publish."""
+    process = current()
+    state, seconds = process.handoff, settings.LOCAL_HANDOFF_SECONDS
+    if not grants or seconds <= 0 or state.kept is not None:
+        return grants
+    if state.running and time.monotonic() >= state.deadline:
+        return grants
+    if any(finished_request.timelimit or ()):
+        return grants  # the pool's timer of the message being run would cover the kept run too
+    try:
+        message = TaskMessage.decode(grants[0].message, app.conf.accept_content)
+    except MessageRefused:
+        return grants  # publishing refuses it too, and fails its task
+    traits = process.worker or WorkerTraits()
+    request = handoff.local_request(app, message, grants[0], finished_request.hostname, traits)
+    if request is None:
+        return grants
+    state.kept = handoff.Kept(grants[0], request, after=finished_request.id)
+    record_dispatched(message.task_id, timezone.now())
+    return grants[1:]
+
+
+def run_kept(app, task_id: str) -> None:
+    """After the run ``task_id`` is traced: run what it kept, and what those keep, within the budget.
+
+    A kept run's own ``task_postrun`` calls this again, nested, and returns at
+    once: the outermost call loops, so the stack does not grow with the chain.
+    """
+    process = current()
+    state = process.handoff
+    kept = state.kept
+    if kept is None or kept.after != task_id or state.running:
+        return
+    state.running = True
+    state.deadline = time.monotonic() + settings.LOCAL_HANDOFF_SECONDS
+    try:
+        while state.kept is not None:
+            kept, state.kept = state.kept, None
+            logger.debug("running key=%r ticket=%s here (local handoff)", kept.grant.key, kept.grant.ticket)
+            handoff.trace(app, app.tasks[kept.request["task"]], kept.request, process.worker or WorkerTraits())
+    finally:
+        state.running = False
+        left, state.kept = state.kept, None
+        if left is not None:  # the loop was interrupted: the grant goes out as usual
+            publish_grants(app, [left.grant])

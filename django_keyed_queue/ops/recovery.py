@@ -17,13 +17,16 @@ from celery.utils import uuid
 from django.db import models
 from django.utils import timezone
 
-from . import records
-from .connection import get_gate
-from .dispatch import Dispatched, Published, publish, publish_grants
-from .exceptions import ActionRefused, MessageRefused
-from .gate import MAX_KEY_LENGTH, Code, Recovery
-from .messages import TaskMessage
-from .statuses import TERMINAL_STATUSES, Status
+from ..exceptions import ActionRefused, MessageRefused
+from ..gate import MAX_KEY_LENGTH, Code, Recovery
+from ..records.idempotency import repoint
+from ..records.models import KeyedTask
+from ..records.statuses import Status
+from ..records.transitions import Transition
+from ..worker.dispatch import Dispatched, Published, publish, publish_grants
+from ..worker.messages import TaskMessage
+from ..worker.process import current, get_gate
+from ..worker.task import KeyedSerialTask
 
 logger = logging.getLogger(__name__)
 
@@ -86,8 +89,8 @@ def _act(app, recovery: Recovery, reason: str = "") -> bool:
     """Carry out one recovery; False if its message had to be published and the broker refused it."""
     if recovery.action == "outcome":
         # A run finished but its worker died before writing the record.
-        end = records.Transition.from_json(recovery.message or b"{}")
-        records.write(end)
+        end = Transition.from_json(recovery.message or b"{}")
+        KeyedTask.objects.apply(end)
         get_gate().forget_outcomes([(recovery.key, end.task_id)])
         return True
     if not recovery.message:  # a holder without a message: nothing to publish or record
@@ -100,10 +103,10 @@ def _act(app, recovery: Recovery, reason: str = "") -> bool:
     now = timezone.now()
     lost = reason or f"its worker was lost: the lease of attempt {recovery.attempts} expired"
     if recovery.action == "fail":
-        records.settle(task_id, Status.FAILED, finished_at=now, error=f"{lost}; no recoveries left")
+        KeyedTask.objects.settle(task_id, Status.FAILED, finished_at=now, error=f"{lost}; no recoveries left")
         return True
     if recovery.action == "redispatch":
-        records.settle(task_id, Status.DISPATCHED, dispatched_at=now, error=f"{lost}; dispatched again")
+        KeyedTask.objects.settle(task_id, Status.DISPATCHED, dispatched_at=now, error=f"{lost}; dispatched again")
     # A redispatch's record was settled above; any other publish records its dispatch.
     return publish(app, recovery, record=recovery.action != "redispatch") is not Published.BROKER_REFUSED
 
@@ -131,8 +134,6 @@ def rebuild(*, dry_run: bool = False, app=None) -> RebuildReport:
     running when Redis was lost runs again (fence its writes with its token).
     Delayed tasks not yet due are on the broker and join when due.
     """
-    from .models import KeyedTask
-
     app = app or current_app
     report = RebuildReport()
     gate = get_gate()
@@ -154,9 +155,9 @@ def rebuild(*, dry_run: bool = False, app=None) -> RebuildReport:
             report.skipped.append(key)
             continue
         report.restored[key] = len(waiting)
-        KeyedTask.objects.filter(task_id__in=[r.task_id for r in rows if r.message]).exclude(
-            status__in=TERMINAL_STATUSES
-        ).update(status=Status.WAITING, error="rebuilt after the gate's Redis was lost")
+        KeyedTask.objects.settle(
+            [r.task_id for r in rows if r.message], Status.WAITING, error="rebuilt after the gate's Redis was lost"
+        )
         task_ids = {r.ticket: r.task_id for r in rows}
         for grant in rebuilt.granted:
             task_id = task_ids[grant.ticket]
@@ -164,7 +165,7 @@ def rebuild(*, dry_run: bool = False, app=None) -> RebuildReport:
             if published is Published.BROKER_REFUSED:
                 report.unpublished.append(task_id)
             elif published is Published.SENT:
-                records.settle(task_id, Status.DISPATCHED, dispatched_at=timezone.now())
+                KeyedTask.objects.settle(task_id, Status.DISPATCHED, dispatched_at=timezone.now())
     logger.info("keyed queue rebuild %s%s", "(dry run) " if dry_run else "", report.summary())
     return report
 
@@ -192,41 +193,9 @@ def resume(key: str, *, by: str = "an operator", app=None) -> Dispatched:
     if not gate.is_paused(key):
         raise ActionRefused(f"key {checked_key(key)!r} is not paused")
     done = publish_grants(app or current_app, gate.resume(key))
-    records.recorder.flush()
+    current().recorder.flush()
     logger.info("keyed queue key %r resumed by %s: %s", key, by, done)
     return done
-
-
-#: How long a run's process has to die, once Celery kills it on purpose, before its key moves on.
-KILLED_RUN_GRACE_SECONDS = 2.0
-
-
-def end_killed_run(task_id: str, header: dict | None, *, status: str, reason: str) -> bool:
-    """Celery is killing a running task's process on purpose (revoked with terminate, hard time limit).
-
-    ``header`` is the ticket header of the killed run's message: it names the
-    attempt (its ticket and dispatch; one dispatch starts at most one attempt).
-    That attempt, and no other, is not dispatched again as it would be after a
-    lost lease: it is fenced now, its record ends with ``status`` and
-    ``reason``, and the reaper frees its slot once the process had
-    ``KILLED_RUN_GRACE_SECONDS`` to die. False, with nothing changed, when no
-    attempt is named (a delayed task that took its ticket on arrival: its lease
-    runs out instead) or the named one no longer runs (it ended, or a recovery
-    replaced it).
-    """
-    if header is None:
-        logger.info("keyed queue task %s was killed (%s); its message names no attempt to end", task_id, reason)
-        return False
-    key, ticket, dispatch = header["key"], int(header["ticket"]), int(header["dispatch"])
-    if not get_gate().give_up(key, ticket, dispatch, grace_seconds=KILLED_RUN_GRACE_SECONDS):
-        logger.info(
-            "keyed queue task %s key=%r ticket=%s dispatch=%s was killed (%s) after it stopped holding its key",
-            task_id, key, ticket, dispatch, reason,
-        )  # fmt: skip
-        return False
-    records.settle(task_id, status, finished_at=timezone.now(), error=reason)
-    logger.info("keyed queue task %s key=%r ticket=%s dispatch=%s ended: %s", task_id, key, ticket, dispatch, reason)
-    return True
 
 
 # -- the operator's actions ---------------------------------------------------
@@ -234,8 +203,6 @@ def end_killed_run(task_id: str, header: dict | None, *, status: str, reason: st
 
 def cancel(task_id: str, *, by: str = "an operator", app=None) -> None:
     """Cancel a task that has not started: it leaves its key's queue and never runs."""
-    from .models import KeyedTask
-
     row = _row(task_id)
     if row.status not in (Status.WAITING, Status.DISPATCHED):
         raise ActionRefused(f"task {task_id} is {row.status}: only a waiting or dispatched task can be cancelled")
@@ -246,24 +213,19 @@ def cancel(task_id: str, *, by: str = "an operator", app=None) -> None:
         if not gate.refuse_join(row.key, task_id, due_in_seconds=due_in):
             raise ActionRefused(f"task {task_id} joined its key's queue just now; look again and retry")
     else:
-        withdrawn = gate.cancel(row.key, row.ticket, limit=_limit(app, row.task_name))
+        withdrawn = gate.cancel(row.key, row.ticket)  # the key's own limit, as its submissions set it
         if withdrawn.code is Code.RUNNING:
             raise ActionRefused(f"task {task_id} started meanwhile; release its holder instead")
         if withdrawn.code is not Code.OK:
             raise ActionRefused(f"the gate holds no ticket {row.ticket} of key {row.key!r}: it ended meanwhile")
         publish_grants(app or current_app, withdrawn.granted)
-        records.recorder.flush()  # the operator sees the next task dispatched on their next look
-    KeyedTask.objects.filter(task_id=task_id).update(
-        status=Status.CANCELLED, finished_at=timezone.now(), error=f"cancelled by {by}"
-    )
+        current().recorder.flush()  # the operator sees the next task dispatched on their next look
+    KeyedTask.objects.settle(task_id, Status.CANCELLED, finished_at=timezone.now(), error=f"cancelled by {by}")
     logger.info("keyed queue task %s key=%r cancelled by %s", task_id, row.key, by)
 
 
 def retry(task_id: str, *, by: str = "an operator", app=None) -> str:
     """Submit a failed task again, with its arguments, at the end of its key's queue; the new task's id."""
-    from .idempotency import repoint
-    from .task import KeyedSerialTask
-
     app = app or current_app
     row = _row(task_id)
     if row.status != Status.FAILED:
@@ -303,14 +265,12 @@ def release(key: str, ticket: int, *, by: str = "an operator", app=None) -> list
         raise ActionRefused(f"ticket {ticket} of key {key!r} holds no slot: it finished or was recovered")
     for recovery in recoveries:
         _act(app, recovery, reason=f"released by {by}")
-    records.recorder.flush()
+    current().recorder.flush()
     logger.info("keyed queue key=%r ticket=%s released by %s", key, ticket, by)
     return recoveries
 
 
-def _row(task_id: str):
-    from .models import KeyedTask
-
+def _row(task_id: str) -> KeyedTask:
     try:
         return KeyedTask.objects.get(task_id=task_id)
     except KeyedTask.DoesNotExist:

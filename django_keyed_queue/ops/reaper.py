@@ -9,8 +9,8 @@ import time
 
 from django.db import close_old_connections
 
-from .conf import settings
-from .connection import TRANSIENT
+from ..conf import settings
+from ..worker.outage import TRANSIENT
 
 logger = logging.getLogger(__name__)
 

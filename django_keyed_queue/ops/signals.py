@@ -1,4 +1,4 @@
-"""Signal handlers wired in ``AppConfig.ready``."""
+"""Wiring only: Celery's and Django's signals to the code that acts on them. Connected in ``AppConfig.ready``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from celery.signals import (
     task_postrun,
     task_revoked,
     worker_init,
-    worker_process_init,
     worker_process_shutdown,
     worker_ready,
     worker_shutdown,
@@ -18,13 +17,17 @@ from celery.signals import (
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from . import handoff
-from .conf import PREFIX, settings
-from .connection import reset_gate
-from .messages import HEADER
+from ..conf import PREFIX, settings
+from ..exceptions import ActionRefused
+from ..records.statuses import Status
+from ..worker.dispatch import run_kept
+from ..worker.messages import HEADER
+from ..worker.process import WorkerTraits, current, note_worker
+from ..worker.reconnect import republish_after_reconnect, tolerate_lost_brpop_on_close
+from ..worker.run import end_killed_run
+from ..worker.task import KeyedSerialTask
 from .reaper import WorkerReaper
-from .reconnect import republish_after_reconnect, tolerate_lost_brpop_on_close
-from .records import recorder
+from .recovery import cancel
 
 logger = logging.getLogger(__name__)
 #: Signals that end a pool process: a run terminated with them never finishes by itself.
@@ -33,22 +36,17 @@ _ENDING_SIGNALS = (signal.SIGTERM, signal.SIGKILL)
 
 @worker_init.connect
 def _note_worker(sender=None, **_: object) -> None:
-    """Before the worker builds its consumer: survive a lost broker connection and recover after it."""
-    handoff.note_worker(sender)
+    """Before the worker builds its consumer and forks its pool: what its processes need to know."""
+    note_worker(WorkerTraits((sender.time_limit, sender.soft_time_limit), bool(sender.task_events)))
     tolerate_lost_brpop_on_close()
     reaper = sender.keyed_queue_reaper = WorkerReaper(sender.app, periodic=settings.WORKER_REAPER)
     sender.app.steps["consumer"].add(republish_after_reconnect(reaper.republish_unstarted))
 
 
-@worker_process_init.connect
-def _fresh_client_per_process(**_: object) -> None:
-    reset_gate()
-
-
 @task_postrun.connect
 def _run_kept_grant(sender=None, task_id: str = "", **_: object) -> None:
     """The finished task's result is stored: run the next task of its key here (local handoff)."""
-    handoff.run_kept(sender.app, task_id)
+    run_kept(sender.app, task_id)
 
 
 @task_revoked.connect
@@ -56,11 +54,6 @@ def _end_revoked(
     sender=None, request=None, terminated: bool = False, signum=None, expired: bool = False, **_: object
 ) -> None:
     """Celery dropped a keyed task's message (expired, revoked), or killed its run: its key passes on."""
-    from .exceptions import ActionRefused
-    from .recovery import cancel, end_killed_run
-    from .statuses import Status
-    from .task import KeyedSerialTask
-
     if request is None or not isinstance(sender, KeyedSerialTask):
         return
     try:
@@ -82,14 +75,14 @@ def _end_revoked(
 
 
 @worker_process_shutdown.connect
-def _flush_records(**_: object) -> None:
-    recorder.flush()
+def _close_process(**_: object) -> None:
+    current().close()
 
 
 @receiver(setting_changed)
 def _settings_changed(setting: str, **_: object) -> None:
     if setting.startswith(PREFIX):
-        reset_gate()
+        current().reset_gate()
 
 
 @worker_ready.connect

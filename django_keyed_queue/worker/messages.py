@@ -1,7 +1,10 @@
-"""The task message the gate stores with each ticket, and how it is (de)coded.
+"""The task message the gate stores with each ticket: built here only, and (de)coded here.
 
-Arguments are encoded with the task's own serializer at submission, which is
-also how unserializable arguments are refused before anything is written.
+A submission, a retry in place and a delayed task joining its key's queue all
+store the message ``gate_message`` builds, with the options ``send_options``
+gives (what ``Task.apply_async`` would publish with). Arguments are encoded
+with the task's serializer at submission, which is also how unserializable
+arguments are refused before anything is written.
 """
 
 from __future__ import annotations
@@ -11,17 +14,22 @@ import binascii
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
 
+from django.utils import timezone
 from kombu.exceptions import DecodeError, EncodeError
 from kombu.serialization import dumps, loads, prepare_accept_content
 
-from .exceptions import InvalidArguments, MessageRefused
+from ..exceptions import InvalidArguments, MessageRefused
 
 #: Message header carrying a granted ticket: {"key", "ticket", "dispatch"}.
 HEADER = "keyed_queue"
 
 # Options that only make sense in the process that called apply_async.
 LOCAL_OPTIONS = frozenset({"producer", "connection", "router", "publisher", "add_to_parent"})
+#: Options of a delayed task: it takes its ticket when due, and its stored message is published at once.
+DELAY_OPTIONS = frozenset({"countdown", "eta"})
 
 
 @dataclass(frozen=True)
@@ -91,6 +99,32 @@ def ticket_header(key: str, ticket: int, dispatch: int) -> dict:
     return {HEADER: {"key": key, "ticket": ticket, "dispatch": dispatch}}
 
 
-def portable_options(options: dict, *, drop: tuple[str, ...] = ()) -> dict:
-    """The apply_async options worth storing for a later publish from another process."""
-    return {k: v for k, v in options.items() if k not in LOCAL_OPTIONS and k not in drop and v is not None}
+def send_options(task: Any, args: tuple, kwargs: dict, options: dict) -> dict:
+    """The options ``Task.apply_async`` would publish with: the task's own under the caller's.
+
+    A relative ``expires`` becomes a time counted from now, as Celery counts it,
+    not from when a parked task is finally published.
+    """
+    sent = {name: value for name, value in task._get_exec_options().items() if value is not None}
+    sent.update(options)
+    sent.setdefault("ignore_result", task.ignore_result)
+    if sent.get("shadow") is None:
+        sent["shadow"] = task.shadow_name(args, kwargs, options)
+    expires = sent.get("expires")
+    if isinstance(expires, (int, float)) and not isinstance(expires, bool):
+        sent["expires"] = timezone.now() + timedelta(seconds=expires)
+    return sent
+
+
+def gate_message(task: Any, task_id: str, args: tuple, kwargs: dict, options: dict) -> bytes:
+    """The message stored with a ticket of ``task``: every option another process needs to publish it by name.
+
+    ``options`` as ``send_options`` gives them, or as a worker's request holds them.
+    """
+    stored = {
+        name: value
+        for name, value in options.items()
+        if name not in LOCAL_OPTIONS and name not in DELAY_OPTIONS and name != "task_id" and value is not None
+    }
+    message = TaskMessage(task.name, task_id, tuple(args), dict(kwargs), stored)
+    return message.encode(options.get("serializer") or task.serializer)

@@ -1,0 +1,1 @@
+"""The benchmarks and the crash soak, each run from the repo root as ``python -m bench.<name>``."""

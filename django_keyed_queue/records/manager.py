@@ -1,0 +1,157 @@
+"""Every read helper and every write of keyed task records, through the project's database routers.
+
+Rows are written in four ways, each a method here:
+
+- ``insert_submission``: a new submission's row (a raw INSERT: it runs on every
+  submission, and the ORM's model machinery would cost about as much as the write);
+- ``apply``: worker-side transitions, forward only: a write applies only if it
+  moves the row to a later attempt, or to a later status of the same attempt;
+- ``settle``: recovery's word, which overrides any status but a terminal one;
+- ``forget``: a submission that failed after its row was written.
+
+The database is ``router.db_for_write(KeyedTask)``: with ``KeyedQueueRouter`` in
+``DATABASE_ROUTERS``, ``KEYED_QUEUE_DATABASE`` (see ``router``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from contextlib import nullcontext
+from datetime import datetime
+from functools import cache
+from typing import Any
+
+from django.db import IntegrityError, connections, models, router, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils import timezone
+
+from .statuses import ACTIVE_STATUSES, STATUS_RANK, TERMINAL_STATUSES
+from .transitions import FIELDS, Transition
+
+
+class KeyedTaskQuerySet(models.QuerySet):
+    def active(self) -> KeyedTaskQuerySet:
+        return self.filter(status__in=ACTIVE_STATUSES)
+
+    def for_key(self, key: str) -> KeyedTaskQuerySet:
+        return self.filter(key=key)
+
+
+class KeyedTaskManager(models.Manager.from_queryset(KeyedTaskQuerySet)):  # type: ignore[misc]
+    def db_for_write(self) -> str:
+        return router.db_for_write(self.model)
+
+    def insert_submission(self, **row: Any) -> None:
+        """Write a new submission's row now (the producer's one synchronous write).
+
+        A granted ticket can run, and its worker create the row from the message,
+        before this write commits; then the row is already there and only the
+        submission's own facts are added.
+        """
+        row.setdefault("enqueued_at", timezone.now())
+        db = connections[self.db_for_write()]
+        sql, fields, defaults = _insert_sql(self.model, db.alias)
+        params = [_db_value(db, f, row.get(f.attname, d)) for f, d in zip(fields, defaults, strict=True)]
+        try:
+            # A savepoint only inside the caller's transaction: in autocommit the INSERT is atomic alone.
+            with transaction.atomic(using=db.alias) if db.in_atomic_block else nullcontext():
+                with db.cursor() as cursor:
+                    cursor.execute(sql, params)
+        except IntegrityError:
+            ticket = row.get("ticket")
+            made_by_worker = self.using(db.alias).filter(task_id=row["task_id"], key=row["key"], ticket=ticket)
+            if ticket is None or not made_by_worker.update(enqueued_at=row["enqueued_at"], arguments=row["arguments"]):
+                raise
+
+    def apply(self, *transitions: Transition) -> None:
+        """Apply transitions now, in one transaction; each moves its row forward or fills its gaps."""
+        db = connections[self.db_for_write()]
+        params = [_update_params(self.model, t, db) for t in transitions]
+        with transaction.atomic(using=db.alias):
+            with db.cursor() as cursor:
+                cursor.executemany(_update_sql(self.model, db.alias), params)
+                # Every row matched (task ids are distinct): none to create, no need to look.
+                all_found = cursor.rowcount == len(transitions)
+            creatable = {t.task_id: t for t in transitions if t.create is not None}
+            if creatable and not all_found:
+                existing = set(self.using(db.alias).filter(task_id__in=creatable).values_list("task_id", flat=True))
+                for task_id in creatable.keys() - existing:
+                    self._create_missing(creatable[task_id], db)
+
+    def _create_missing(self, t: Transition, db: BaseDatabaseWrapper) -> None:
+        """The producer died before writing the row, or its transaction has not committed."""
+        try:
+            with transaction.atomic(using=db.alias):
+                self.using(db.alias).create(**t.row_to_create())
+        except IntegrityError:  # the producer's row committed meanwhile
+            with db.cursor() as cursor:
+                cursor.execute(_update_sql(self.model, db.alias), _update_params(self.model, t, db))
+
+    def settle(self, task_ids: str | Iterable[str], status: str, **fields: Any) -> int:
+        """Set records' status now, whatever it was, unless they already ended (recovery's write).
+
+        Recovery knows better than the buffered writes of a worker it gave up on;
+        a record that reached a terminal status keeps it. Returns how many changed.
+        """
+        ids = [task_ids] if isinstance(task_ids, str) else list(task_ids)
+        unfinished = self.using(self.db_for_write()).filter(task_id__in=ids).exclude(status__in=TERMINAL_STATUSES)
+        return unfinished.update(status=status, **fields)
+
+    def forget(self, task_id: str) -> None:
+        """Delete the row of a submission that failed after it was written."""
+        self.using(self.db_for_write()).filter(task_id=task_id).delete()
+
+
+@cache
+def _update_sql(model: type[models.Model], alias: str) -> str:
+    """One UPDATE for any transition, run with executemany over a batch.
+
+    A transition that moves the row forward sets its fields; one that does not
+    (it arrived late) only fills fields still empty, so no timestamp is lost.
+    """
+    qn = connections[alias].ops.quote_name
+    rank = "CASE {} {} END".format(
+        qn("status"), " ".join(f"WHEN '{status}' THEN {r}" for status, r in STATUS_RANK.items())
+    )
+    # Named parameters: each value is sent once however often the statement uses it.
+    forward = f"({qn('attempts')} < %(attempts)s OR ({qn('attempts')} = %(attempts)s AND {rank} <= %(rank)s))"
+    sets = [
+        f"{qn(f)} = CASE WHEN {forward} THEN COALESCE(%({f})s, {qn(f)}) ELSE COALESCE({qn(f)}, %({f})s) END"
+        for f in FIELDS
+    ]
+    # Status and attempts last: every SET must see the row as it was.
+    sets += [f"{qn(f)} = CASE WHEN {forward} THEN %({f})s ELSE {qn(f)} END" for f in ("status", "attempts")]
+    return f"UPDATE {qn(model._meta.db_table)} SET {', '.join(sets)} WHERE {qn('task_id')} = %(task_id)s"
+
+
+@cache
+def _fields(model: type[models.Model]) -> tuple[tuple[str, models.Field], ...]:
+    return tuple((name, model._meta.get_field(name)) for name in FIELDS)  # type: ignore[misc]
+
+
+def _update_params(model: type[models.Model], t: Transition, db: BaseDatabaseWrapper) -> dict[str, Any]:
+    given = t.fields
+    params = {name: _db_value(db, model_field, given.get(name)) for name, model_field in _fields(model)}
+    params.update(status=t.status, attempts=t.attempts, rank=STATUS_RANK[t.status], task_id=t.task_id)
+    return params
+
+
+@cache
+def _insert_sql(model: type[models.Model], alias: str) -> tuple[str, tuple[models.Field, ...], tuple]:
+    """The submission INSERT, its fields and their defaults, built once per database."""
+    fields = tuple(f for f in model._meta.concrete_fields if not f.primary_key)
+    qn = connections[alias].ops.quote_name
+    columns = ", ".join(qn(f.column) for f in fields)
+    placeholders = ", ".join(["%s"] * len(fields))
+    defaults = tuple(f.get_default() for f in fields)  # constants: no field has a callable default
+    return f"INSERT INTO {qn(model._meta.db_table)} ({columns}) VALUES ({placeholders})", fields, defaults
+
+
+def _db_value(db: BaseDatabaseWrapper, model_field: models.Field, value: Any) -> Any:
+    # Text, numbers and None go to the driver as they are; an aware datetime needs only the
+    # backend's conversion (the field's own checks cost twice as much, on every write).
+    if value is None or isinstance(value, (str, int)):
+        return value
+    if isinstance(value, datetime) and value.tzinfo is not None:
+        return db.ops.adapt_datetimefield_value(value)
+    return model_field.get_db_prep_save(value, db)

@@ -1,0 +1,95 @@
+"""The record of what happened to every keyed submission. Redis decides; these record."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+from ..gate import MAX_KEY_LENGTH
+from .manager import KeyedTaskManager
+from .statuses import ACTIVE_STATUSES, Status
+
+
+class KeyedTask(models.Model):
+    task_id = models.CharField(_("task id"), max_length=255, unique=True)
+    task_name = models.CharField(_("task name"), max_length=255)
+    key = models.CharField(_("key"), max_length=MAX_KEY_LENGTH)
+    ticket = models.BigIntegerField(_("ticket"), null=True, blank=True)
+    status = models.CharField(_("status"), max_length=16, choices=Status.choices, default=Status.WAITING)
+    arguments = models.TextField(_("arguments"), blank=True)
+    #: The task message as the gate stores it: what rebuilding the gate after a loss of Redis needs.
+    message = models.TextField(_("message"), blank=True, editable=False)
+    attempts = models.PositiveIntegerField(_("attempts"), default=0)
+    worker = models.CharField(_("worker"), max_length=255, blank=True)
+    enqueued_at = models.DateTimeField(_("enqueued at"))
+    #: When a task sent with a countdown or eta joins its key's queue.
+    due_at = models.DateTimeField(_("due at"), null=True, blank=True)
+    dispatched_at = models.DateTimeField(_("dispatched at"), null=True, blank=True)
+    started_at = models.DateTimeField(_("started at"), null=True, blank=True)
+    heartbeat_at = models.DateTimeField(_("heartbeat at"), null=True, blank=True)
+    finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
+    error = models.TextField(_("error"), blank=True)
+
+    objects = KeyedTaskManager()
+
+    class Meta:
+        verbose_name = _("keyed task")
+        verbose_name_plural = _("keyed tasks")
+        ordering = ["-id"]
+        indexes = [
+            models.Index(fields=["key", "-id"], name="keyed_task_key_recent"),
+            models.Index(fields=["status", "-id"], name="keyed_task_status_recent"),
+            models.Index(fields=["task_name", "-id"], name="keyed_task_name_recent"),
+            models.Index(
+                fields=["enqueued_at"],
+                name="keyed_task_active",
+                condition=models.Q(status__in=ACTIVE_STATUSES),
+            ),
+        ]
+        # The operator's actions, each granted on its own (the admin and its log check them).
+        permissions = [
+            ("cancel_keyedtask", _("Can cancel a waiting keyed task")),
+            ("retry_keyedtask", _("Can retry a failed keyed task")),
+            ("release_keyedtask", _("Can release the stuck holder of a key")),
+            ("pause_key", _("Can pause a key")),
+            ("resume_key", _("Can resume a key")),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_name}[{self.task_id}] {self.key}#{self.ticket}"
+
+    @property
+    def waited(self) -> timedelta | None:
+        """From submission, or from its due time if it was delayed, to its start: the wait for its key."""
+        if self.started_at is None:
+            return None
+        return max(self.started_at - (self.due_at or self.enqueued_at), timedelta(0))
+
+    @property
+    def ran(self) -> timedelta | None:
+        """From its (last) start to its end."""
+        if self.started_at is None or self.finished_at is None:
+            return None
+        return self.finished_at - self.started_at
+
+
+class IdempotencyKey(models.Model):
+    """A submission that a duplicate within the window resolves to instead of running again."""
+
+    fingerprint = models.CharField(_("fingerprint"), max_length=64, unique=True)
+    task_id = models.CharField(_("task id"), max_length=255)
+    task_name = models.CharField(_("task name"), max_length=255)
+    #: SHA-256 of the arguments an explicit key was claimed with ('' when not compared).
+    arguments = models.CharField(_("arguments digest"), max_length=64, blank=True, default="")
+    created_at = models.DateTimeField(_("created at"))
+    expires_at = models.DateTimeField(_("expires at"), db_index=True)
+
+    class Meta:
+        verbose_name = _("idempotency key")
+        verbose_name_plural = _("idempotency keys")
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"{self.task_name} {self.fingerprint[:12]} -> {self.task_id}"

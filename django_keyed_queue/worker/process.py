@@ -1,0 +1,143 @@
+"""Everything one OS process keeps for the keyed queue, in one object: ``current()``.
+
+A web process, a management command, a worker's main process and each of its
+pool processes has its own: the gate's Redis client, the record buffer, the
+lease keeper and the local handoff's state. It is made on first use in each
+process, never shared across a fork (a forked child makes its own and never
+touches its parent's sockets or threads), and closed at exit: what is
+buffered is written.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+from dataclasses import dataclass
+
+import redis
+
+from ..conf import settings
+from ..gate import Gate
+from ..records.recorder import Recorder
+from .leases import LeaseKeeper
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerTraits:
+    """What a Celery worker applies to every message, noted in its main process (``worker_init``)
+    and inherited by its pool processes: a task run by local handoff gets the same."""
+
+    time_limits: tuple[float | None, float | None] = (None, None)
+    sends_task_events: bool = False
+
+
+class Handoff(threading.local):
+    """The local handoff's state, per thread (see ``handoff``)."""
+
+    running = False
+    deadline = 0.0
+    kept = None
+
+
+class Process:
+    def __init__(self, worker: WorkerTraits | None = None) -> None:
+        self.pid = os.getpid()
+        #: Set in a Celery worker and its pool processes; None elsewhere.
+        self.worker = worker
+        self._lock = threading.Lock()
+        self._gate: Gate | None = None
+        self.recorder = Recorder(on_written=self._forget_outcomes)
+        self.leases = LeaseKeeper(lambda: self.gate, self.recorder)
+        self.handoff = Handoff()
+
+    @property
+    def gate(self) -> Gate:
+        gate = self._gate
+        if gate is None:
+            with self._lock:
+                if self._gate is None:
+                    self._gate = _connect()
+                gate = self._gate
+        return gate
+
+    def reset_gate(self) -> None:
+        """Drop the Redis client: the next use connects with the settings as they are now."""
+        with self._lock:
+            gate, self._gate = self._gate, None
+        if gate is not None:
+            gate.client.close()
+
+    def close(self) -> None:
+        """Write what is buffered and let go of the connection (process exit, pool process shutdown)."""
+        if self.pid != os.getpid():
+            return  # a forked child exiting: its parent's buffer and sockets are not its own
+        self.leases.close()
+        try:
+            self.recorder.close()
+        except Exception:
+            logger.warning("the keyed queue's last record writes failed at shutdown", exc_info=True)
+        self.reset_gate()
+
+    def _forget_outcomes(self, written: list[tuple[str, str]]) -> None:
+        try:
+            self.gate.forget_outcomes(written)
+        except Exception:  # the reaper writes them again later, which changes nothing
+            logger.warning("could not delete %d written outcomes from the gate", len(written), exc_info=True)
+
+
+def _connect() -> Gate:
+    client = redis.Redis.from_url(
+        settings.REDIS_URL, socket_connect_timeout=5, socket_timeout=30, health_check_interval=30
+    )
+    return Gate(
+        client,
+        lease_seconds=settings.LEASE_SECONDS,
+        dispatch_timeout_seconds=settings.DISPATCH_TIMEOUT_SECONDS,
+        idle_horizon_seconds=settings.IDLE_HORIZON_SECONDS,
+    )
+
+
+_current: Process | None = None
+_lock = threading.Lock()
+#: A worker's traits, carried from its main process into each forked pool process.
+_inherited: WorkerTraits | None = None
+
+
+def current() -> Process:
+    """This process's keyed queue state, made on first use."""
+    global _current
+    process = _current
+    if process is not None and process.pid == os.getpid():
+        return process
+    with _lock:
+        if _current is None or _current.pid != os.getpid():
+            _current = Process(worker=_inherited)
+            atexit.register(_current.close)
+        return _current
+
+
+def get_gate() -> Gate:
+    """This process's gate client."""
+    return current().gate
+
+
+def note_worker(traits: WorkerTraits) -> None:
+    """In a worker's main process, before its pool forks: the traits its processes run tasks with."""
+    global _inherited
+    _inherited = traits
+    current().worker = traits
+
+
+def _after_fork_in_child() -> None:
+    # Another thread of the parent may have held the lock when it forked: the child gets a
+    # new one. The parent's object stays the parent's; the child makes its own on first use.
+    global _lock, _current
+    _lock = threading.Lock()
+    _current = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

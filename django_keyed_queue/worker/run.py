@@ -1,0 +1,234 @@
+"""A run: one attempt of a keyed task in a worker process, from taking its slot to ending it.
+
+``Run.begin`` starts the ticket its message names (or, for a delayed task now
+due, takes one), ``finish`` ends it at the gate and dispatches what that
+grants, ``retry_in_place`` keeps the slot through ``self.retry()``, and
+``end_killed_run`` ends the attempt Celery killed. Every gate call here is made
+after the fact, so each waits out a Redis restart (``outage``): giving up would
+leave the key held until its lease expires.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from datetime import datetime
+from typing import Any
+
+import redis
+from celery.exceptions import Ignore
+from django.utils import timezone
+
+from ..gate import Code, Lease
+from ..records.models import KeyedTask
+from ..records.statuses import Status
+from ..records.transitions import Transition
+from .dispatch import hand_over, send
+from .messages import DELAY_OPTIONS, HEADER, TaskMessage, gate_message, send_options
+from .outage import outlast_restart
+from .process import current
+from .submit import take_ticket
+
+logger = logging.getLogger(__name__)
+
+#: How much of a failed run's traceback its record keeps (the end of it, where the error is).
+TRACEBACK_CHARS = 4000
+
+
+class Run:
+    def __init__(self, task: Any, lease: Lease, attempts: int) -> None:
+        self.task = task
+        self.lease = lease
+        self.attempts = attempts
+        #: ``self.retry()`` handed the slot to the retry: this attempt's end finishes nothing.
+        self.retried = False
+
+    @classmethod
+    def begin(cls, task: Any, args: tuple, kwargs: dict) -> Run:
+        """Take the slot the message's ticket was granted; raises Ignore when this message may not run."""
+        request = task.request
+        header = getattr(request, HEADER, None)
+        lease, attempts = _join(task, args, kwargs) if header is None else _start(task, header, args, kwargs)
+        now = timezone.now()
+        process = current()
+        process.recorder.record(
+            Transition(
+                request.id,
+                Status.RUNNING,
+                attempts,
+                {"ticket": lease.ticket, "started_at": now, "heartbeat_at": now, "worker": request.hostname or ""},
+                create={"task_name": task.name, "key": lease.key, "args": args, "kwargs": kwargs, "enqueued_at": now},
+            )
+        )
+        process.leases.hold(lease, request.id, attempts)
+        return cls(task, lease, attempts)
+
+    def holds_key(self) -> bool:
+        """True while the lease was not lost (one round trip)."""
+        process = current()
+        if process.leases.is_lost(self.lease):
+            return False
+        return outlast_restart(lambda: process.gate.holds(self.lease))[0]
+
+    def let_go(self) -> None:
+        """Stop renewing the lease without ending the run: a retry went out, or the process is going down."""
+        current().leases.release(self.lease)
+
+    def succeed(self) -> bool:
+        return self.finish(Status.SUCCEEDED)
+
+    def fail(self, exc: BaseException) -> bool:
+        return self.finish(Status.FAILED, error=failure_text(exc))
+
+    def finish(self, status: str, error: str = "") -> bool:
+        """End the run at the gate; False if this attempt no longer held its key (fenced)."""
+        self.let_go()
+        if self.retried:
+            return True  # self.retry() handed the slot to the retry (also with throw=False)
+        task, lease, request = self.task, self.lease, self.task.request
+        process = current()
+        gate = process.gate
+        # The gate keeps the run's outcome until its record is written: a kill of this process
+        # after the finish loses nothing (the reaper writes it).
+        end = Transition(request.id, status, self.attempts, {"finished_at": timezone.now(), "error": error})
+        buffered = process.recorder.peek(request.id)
+        end = buffered.merged_with(end) if buffered else end
+        end.outcome_key = lease.key
+        outcome = (request.id, end.to_json())
+        try:
+            finished, retried = outlast_restart(
+                lambda: gate.finish(lease.key, lease.ticket, lease.token, limit=task.serial_limit, outcome=outcome)
+            )
+        except redis.RedisError:
+            logger.exception("finishing key=%r ticket=%s failed; its lease will expire", lease.key, lease.ticket)
+            return True
+        if not finished.ok and retried and not gate.inspect(lease.key, waiting_shown=0)["holders"].get(lease.ticket):
+            # The first try went through but its reply was lost: the ticket is done. Whatever it
+            # granted was not published; the dispatch timeout publishes it.
+            logger.warning("finish of key=%r ticket=%s was applied before Redis went away", lease.key, lease.ticket)
+            process.recorder.record(end)
+            return True
+        if not finished.ok:
+            # The lease was lost and the reaper acted: the record follows the run it dispatched.
+            logger.warning(
+                "%s[%s] finished after losing its lease (fenced) key=%r ticket=%s",
+                task.name, request.id, lease.key, lease.ticket,
+            )  # fmt: skip
+            return False
+        process.recorder.record(end)
+        hand_over(task.app, request, finished.granted)
+        return True
+
+    def retry_in_place(self, args: tuple, kwargs: dict, options: dict):
+        """``self.retry()``: keep the key held through the countdown; the retry runs next."""
+        task, lease = self.task, self.lease
+        countdown = options.get("countdown") or 0
+        eta = options.get("eta")
+        if isinstance(eta, datetime):
+            countdown = max(0.0, (eta - timezone.now()).total_seconds())
+        options = send_options(task, args, kwargs, options)
+        task_id = options.pop("task_id")
+        message = gate_message(task, task_id, args, kwargs, options)
+        gate = current().gate
+        dispatch, _ = outlast_restart(
+            lambda: gate.retry(lease.key, lease.ticket, lease.token, message, countdown_seconds=countdown)
+        )
+        if dispatch is None:
+            logger.warning("retry of a fenced ticket dropped key=%r ticket=%s", lease.key, lease.ticket)
+            return task.AsyncResult(task_id)
+        self.retried = True
+        current().recorder.record(Transition(task_id, Status.RETRYING, self.attempts))
+        return send(task.app, TaskMessage(task.name, task_id, args, kwargs, options), lease.key, lease.ticket,
+                    dispatch, task=task)  # fmt: skip
+
+
+def _start(task: Any, header: dict, args: tuple, kwargs: dict) -> tuple[Lease, int]:
+    request = task.request
+    key, ticket = header["key"], int(header["ticket"])
+    if task.key_for(args, kwargs) != key:
+        # A header copied onto other arguments: never let it take another key's ticket.
+        logger.warning(
+            "refusing message of %s[%s]: its header names key=%r ticket=%s, its arguments another key",
+            task.name, request.id, key, ticket,
+        )  # fmt: skip
+        raise Ignore()
+    gate = current().gate
+    started, _ = outlast_restart(
+        lambda: gate.start(key, ticket, int(header["dispatch"]), max_lost=task.max_recoveries, task_id=request.id)
+    )
+    if not started.ok:
+        # A duplicate is routine; a message that is not the ticket's own is not.
+        log = logger.warning if started.code is Code.FOREIGN_MESSAGE else logger.info
+        log("dropping message of %s[%s] key=%r ticket=%s: %s", task.name, request.id, key, ticket, started.code.name)
+        raise Ignore()
+    return Lease(key, ticket, started.token), started.attempts
+
+
+def _join(task: Any, args: tuple, kwargs: dict) -> tuple[Lease, int]:
+    """A message without a ticket (a delayed task now due): take a ticket now."""
+    request = task.request
+    key = task.key_for(args, kwargs)
+    options = {k: v for k, v in request.as_execution_options().items() if k not in DELAY_OPTIONS}
+    routing = request.delivery_info or {}
+    if routing.get("routing_key"):
+        options.setdefault("queue", routing["routing_key"])
+    message = gate_message(task, request.id, args, kwargs, options)
+    submitted = take_ticket(
+        current().gate,
+        task.name,
+        key,
+        message,
+        task_id=request.id,
+        wait_out_outage=True,
+        limit=task.serial_limit,
+        start=True,
+        join_id=request.id,
+        max_lost=task.max_recoveries,
+    )
+    if submitted is None:
+        logger.info("dropping duplicate of %s[%s] key=%r", task.name, request.id, key)
+        raise Ignore()
+    if not submitted.token:
+        current().recorder.record(Transition(request.id, Status.WAITING, 0, {"ticket": submitted.ticket}))
+        raise Ignore()
+    return Lease(key, submitted.ticket, submitted.token), 1
+
+
+def failure_text(exc: BaseException) -> str:
+    """The error of a failed run, as its record keeps it: the exception, then its traceback."""
+    trace = "".join(traceback.format_exception(exc)).rstrip()
+    if len(trace) > TRACEBACK_CHARS:
+        trace = "…" + trace[-TRACEBACK_CHARS:]
+    return f"{type(exc).__name__}: {exc}\n\n{trace}"
+
+
+#: How long a run's process has to die, once Celery kills it on purpose, before its key moves on.
+KILLED_RUN_GRACE_SECONDS = 2.0
+
+
+def end_killed_run(task_id: str, header: dict | None, *, status: str, reason: str) -> bool:
+    """Celery is killing a running task's process on purpose (revoked with terminate, hard time limit).
+
+    ``header`` is the ticket header of the killed run's message: it names the
+    attempt (its ticket and dispatch; one dispatch starts at most one attempt).
+    That attempt, and no other, is not dispatched again as it would be after a
+    lost lease: it is fenced now, its record ends with ``status`` and
+    ``reason``, and the reaper frees its slot once the process had
+    ``KILLED_RUN_GRACE_SECONDS`` to die. False, with nothing changed, when no
+    attempt is named (a delayed task that took its ticket on arrival: its lease
+    runs out instead) or the named one no longer runs (it ended, or a recovery
+    replaced it).
+    """
+    if header is None:
+        logger.info("keyed queue task %s was killed (%s); its message names no attempt to end", task_id, reason)
+        return False
+    key, ticket, dispatch = header["key"], int(header["ticket"]), int(header["dispatch"])
+    if not current().gate.give_up(key, ticket, dispatch, grace_seconds=KILLED_RUN_GRACE_SECONDS):
+        logger.info(
+            "keyed queue task %s key=%r ticket=%s dispatch=%s was killed (%s) after it stopped holding its key",
+            task_id, key, ticket, dispatch, reason,
+        )  # fmt: skip
+        return False
+    KeyedTask.objects.settle(task_id, status, finished_at=timezone.now(), error=reason)
+    logger.info("keyed queue task %s key=%r ticket=%s dispatch=%s ended: %s", task_id, key, ticket, dispatch, reason)
+    return True

@@ -1,0 +1,189 @@
+"""The producer's submission: check, claim idempotency, take a ticket, write the row, publish if granted.
+
+Nothing is left behind when a step fails: no ticket, no row, no message, no claim.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from functools import partial
+from typing import Any
+
+import redis
+from celery.utils import uuid
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from ..conf import settings
+from ..exceptions import GateUnavailable, InvalidArguments, KeyQueueFull
+from ..gate import Gate, NotSent, QueueFull, SubmitResult
+from ..records import idempotency
+from ..records.models import KeyedTask
+from ..records.statuses import Status
+from ..records.transitions import describe_arguments
+from .dispatch import publish_grants, send
+from .messages import DELAY_OPTIONS, TaskMessage, gate_message, send_options
+from .outage import TRANSIENT, outlast_restart
+from .process import current
+
+logger = logging.getLogger(__name__)
+
+#: How long a submission whose reply was lost keeps asking the gate for its ticket before it fails.
+SUBMIT_RETRY_SECONDS = 5.0
+
+
+def submit(task, args: tuple, kwargs: dict, options: dict, idempotency_key: str | None):
+    """``task.apply_async(args, kwargs, **options)`` through the key's queue; the task's AsyncResult."""
+    bound = task._bind(args, kwargs)
+    key = task.key_for(args, kwargs, bound)
+    task_id = options.pop("task_id", None) or uuid()
+    options = send_options(task, args, kwargs, options)
+    message = gate_message(task, task_id, args, kwargs, options)
+    limit = settings.MAX_MESSAGE_BYTES
+    if limit and len(message) > limit:
+        raise InvalidArguments(
+            f"{task.name}: the task message is {len(message)} bytes, over KEYED_QUEUE_MAX_MESSAGE_BYTES "
+            f"({limit}); pass a reference to large data instead of the data"
+        )
+    fingerprint, claimed_with = None, {}
+    if idempotency_key is not None:
+        fingerprint = idempotency.explicit_fingerprint(task.name, idempotency_key)
+        claimed_with = {
+            "key": idempotency_key,
+            "arguments": idempotency.arguments_digest(task.name, bound.arguments),
+        }
+    elif task.idempotent:
+        fingerprint = idempotency.arguments_fingerprint(task.name, bound.arguments)
+    if fingerprint is not None:
+        original = idempotency.claim(fingerprint, task.name, task_id, **claimed_with)
+        if original is not None:
+            logger.debug("duplicate of %s[%s] key=%r: returning the original", task.name, original, key)
+            return task.AsyncResult(original)
+    try:
+        return _enqueue(task, key, task_id, message, args, kwargs, options)
+    except BaseException:
+        if fingerprint is not None:
+            idempotency.release(fingerprint, task_id)
+        raise
+
+
+def _enqueue(task, key: str, task_id: str, message: bytes, args: tuple, kwargs: dict, options: dict):
+    """Take the ticket, write the record and, if granted, publish: nothing left behind on failure."""
+    row = {
+        "task_id": task_id,
+        "task_name": task.name,
+        "key": key,
+        "arguments": describe_arguments(task.name, args, kwargs),
+        "message": message.decode(),
+    }
+    if any(options.get(name) is not None for name in DELAY_OPTIONS):
+        # A delayed task joins its key's queue when due, on the worker (see ``run.Run.begin``).
+        with transaction.atomic(using=KeyedTask.objects.db_for_write()):
+            KeyedTask.objects.insert_submission(status=Status.WAITING, due_at=_due_at(options), **row)
+            task.send_plain(args, kwargs, task_id=task_id, **options)
+        return task.AsyncResult(task_id)
+
+    gate = current().gate
+    max_waiting = waiting_limit(task)
+    try:
+        submitted = take_ticket(
+            gate, task.name, key, message, task_id=task_id, limit=task.serial_limit, max_waiting=max_waiting
+        )
+    except QueueFull as full:
+        raise KeyQueueFull(
+            f"{task.name}: key {key!r} has {full.waiting} tasks waiting, the most it may have "
+            f"(max_waiting={max_waiting}); nothing was submitted"
+        ) from full
+    except redis.RedisError as exc:
+        raise GateUnavailable(f"{task.name}: the keyed queue's Redis is unreachable: {exc}") from exc
+    assert submitted is not None  # only joins can be duplicates
+    try:
+        KeyedTask.objects.insert_submission(
+            ticket=submitted.ticket,
+            status=Status.DISPATCHED if submitted.granted else Status.WAITING,
+            dispatched_at=timezone.now() if submitted.granted else None,
+            **row,
+        )
+    except BaseException as exc:
+        # Nobody saw the ticket: its number can be given back.
+        withdraw(task, key, submitted.ticket, forget=True)
+        if isinstance(exc, IntegrityError):
+            raise InvalidArguments(f"{task.name}: task_id {task_id!r} is already used by another task") from exc
+        raise
+    if not submitted.granted:
+        return task.AsyncResult(task_id)
+    try:
+        # Celery's own result: dropping it and making another would unsubscribe and resubscribe.
+        return send(
+            task.app, TaskMessage(task.name, task_id, args, kwargs, options), key, submitted.ticket, 1, task=task
+        )
+    except BaseException as exc:
+        # The message may have left before the error: keep the number so it can never start another.
+        try:
+            withdraw(task, key, submitted.ticket, forget=False)
+        except redis.RedisError as gate_error:
+            # The ticket keeps its message and its record: the reaper publishes it again.
+            raise GateUnavailable(
+                f"{task.name}: publishing failed ({exc!r}) and the keyed queue's Redis is unreachable, "
+                f"so the task stays queued and may still run: {gate_error}"
+            ) from exc
+        KeyedTask.objects.forget(task_id)
+        raise
+
+
+def waiting_limit(task) -> int:
+    """Most tickets that may wait behind the task's key (0: no limit)."""
+    limit = task.max_waiting if task.max_waiting is not None else settings.MAX_WAITING
+    return limit or 0
+
+
+def take_ticket(
+    gate: Gate,
+    task_name: str,
+    key: str,
+    message: bytes,
+    *,
+    task_id: str,
+    wait_out_outage: bool = False,
+    **submit_options: Any,
+) -> SubmitResult | None:
+    """Take a ticket of ``key`` for ``message``: the submission of a producer, or a delayed task's join.
+
+    A reply lost with the connection may hide a ticket taken: the gate is asked
+    again, and returns the ticket this message holds. A producer (the default)
+    fails at once when Redis is down and asks again for ``SUBMIT_RETRY_SECONDS``;
+    a worker (``wait_out_outage``) waits out a restart, as for every call after the fact.
+    """
+    call = partial(gate.submit, key, message, task_id=task_id, **submit_options)
+    try:
+        return call()
+    except NotSent:
+        if not wait_out_outage:
+            raise  # Redis is down: nothing was taken, fail at once
+    except TRANSIENT:
+        logger.warning("submitting to key=%r lost its reply; asking the gate again", key)
+    seconds = {} if wait_out_outage else {"seconds": SUBMIT_RETRY_SECONDS}
+    try:
+        return outlast_restart(partial(call, retried=True), **seconds)[0]
+    except redis.RedisError as exc:
+        if wait_out_outage:
+            raise
+        raise GateUnavailable(
+            f"{task_name}: the keyed queue's Redis went away during the submission, which may have "
+            f"been queued and may still run: {exc}"
+        ) from exc
+
+
+def withdraw(task, key: str, ticket: int, *, forget: bool) -> None:
+    """Give back a ticket no one has seen run; what it frees is dispatched."""
+    withdrawn = current().gate.cancel(key, ticket, limit=task.serial_limit, forget=forget)
+    publish_grants(task.app, withdrawn.granted)
+
+
+def _due_at(options: dict) -> datetime:
+    eta = options.get("eta")
+    if eta is not None:
+        eta = datetime.fromisoformat(eta) if isinstance(eta, str) else eta
+        return timezone.make_aware(eta) if timezone.is_naive(eta) else eta
+    return timezone.now() + timedelta(seconds=float(options["countdown"]))

@@ -1,0 +1,139 @@
+"""The Celery task base class of keyed serial tasks: hooks only.
+
+The gate decides who may run. This class hands a submission to ``submit`` and
+a run to ``run.Run``, which call the gate, dispatch what it grants and record it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable
+from functools import cached_property
+from typing import Any
+
+from celery import Task
+from celery.exceptions import Ignore, Retry
+
+from ..exceptions import InvalidArguments, InvalidKey
+from ..gate import MAX_KEY_LENGTH, Lease
+from .run import Run
+from .submit import submit
+
+logger = logging.getLogger(__name__)
+
+
+class KeyedSerialTask(Task):
+    """Tasks sharing a key run one at a time (``serial_limit`` at a time), in submission order."""
+
+    #: A ``str.format`` template over the task's arguments, or a callable taking them.
+    serial_key: str | Callable[..., str] = ""
+    #: How many tasks of one key may run at once.
+    serial_limit: int = 1
+    #: How many times a run whose worker was lost (its lease expired) is dispatched
+    #: again; after that the task is failed and its key passes on.
+    max_recoveries: int = 3
+    #: A duplicate submission (same task, same arguments) within the idempotency
+    #: window returns the original task instead of running again.
+    idempotent: bool = False
+    #: Most tasks that may wait behind one key; a submission past it raises KeyQueueFull.
+    #: None: ``KEYED_QUEUE_MAX_WAITING`` (no limit unless set).
+    max_waiting: int | None = None
+    #: The worker's request: ends the attempt its hard time limit kills, and only that one.
+    Request = "django_keyed_queue.worker.request:KeyedRequest"
+
+    # -- submission -------------------------------------------------------
+
+    def apply_async(self, args=None, kwargs=None, *, idempotency_key: str | None = None, **options):  # type: ignore[override]
+        """Celery's ``apply_async``, through the key's queue: returns at once, whether the key is free or busy.
+
+        The key and arguments are checked first (``InvalidKey``, ``InvalidArguments``,
+        ``KeyQueueFull``: nothing is written). ``idempotency_key`` makes a duplicate
+        within ``KEYED_QUEUE_IDEMPOTENCY_TTL_SECONDS`` return the original task.
+        A ``countdown`` or ``eta`` task joins its key's queue when it is due.
+        """
+        args, kwargs = tuple(args or ()), dict(kwargs or {})
+        if self.app.conf.task_always_eager:
+            return super().apply_async(args, kwargs, **options)
+        run: Run | None = getattr(self.request, "keyed_run", None)
+        if run is not None and options.get("task_id") == self.request.id:
+            return run.retry_in_place(args, kwargs, options)
+        return submit(self, args, kwargs, options, idempotency_key)
+
+    def send_plain(self, args: tuple, kwargs: dict, **options: Any):
+        """Publish as Celery's own ``apply_async`` does, past the key's queue (a delayed task's message)."""
+        return super().apply_async(args, kwargs, **options)
+
+    def key_for(self, args: tuple, kwargs: dict, bound: inspect.BoundArguments | None = None) -> str:
+        """This task's key for these arguments; raises InvalidKey or InvalidArguments."""
+        bound = bound or self._bind(args, kwargs)
+        spec = self.serial_key
+        try:
+            key = spec.format(**bound.arguments) if isinstance(spec, str) else spec(*args, **kwargs)
+        except Exception as exc:
+            raise InvalidKey(f"{self.name}: cannot make the key from {spec!r}: {exc!r}") from exc
+        if not isinstance(key, str):
+            raise InvalidKey(f"{self.name}: the key must be a str, got {type(key).__name__}: {key!r}")
+        if not key:
+            raise InvalidKey(f"{self.name}: the key is empty")
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidKey(f"{self.name}: the key is not valid text: {exc}") from exc
+        if len(key) > MAX_KEY_LENGTH:
+            raise InvalidKey(
+                f"{self.name}: the key is {len(key)} characters long, over the maximum of {MAX_KEY_LENGTH}"
+            )
+        return key
+
+    def _bind(self, args: tuple, kwargs: dict) -> inspect.BoundArguments:
+        try:
+            bound = self._signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise InvalidArguments(f"{self.name}: {exc}") from exc
+        bound.apply_defaults()
+        return bound
+
+    @cached_property
+    def _signature(self) -> inspect.Signature:
+        return inspect.signature(self.run)
+
+    # -- execution --------------------------------------------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        request = self.request
+        if request.called_directly or request.is_eager:
+            return self.run(*args, **kwargs)
+        run = Run.begin(self, args, kwargs)
+        request.keyed_run, request.keyed_lease, request.keyed_attempts = run, run.lease, run.attempts
+        try:
+            result = self.run(*args, **kwargs)
+        except Retry:
+            run.let_go()
+            raise
+        except Exception as exc:
+            if not run.fail(exc):
+                raise Ignore() from exc  # see below
+            raise
+        except BaseException:
+            run.let_go()  # the process is going down; the lease expires and is reaped
+            raise
+        if not run.succeed():
+            # Fenced: another attempt holds the key and will store the task's result. Celery stores
+            # none for an ignored run, so a caller waiting on the result never sees this one's.
+            raise Ignore()
+        return result
+
+    @property
+    def keyed_lease(self) -> Lease | None:
+        """The running task's lease; ``keyed_lease.token`` is its fencing token."""
+        return getattr(self.request, "keyed_lease", None)
+
+    def holds_key(self) -> bool:
+        """True while this run still holds its key: its lease was not lost (one round trip).
+
+        Check it before a write that must not happen twice, or store
+        ``keyed_lease.token`` with the write and refuse smaller tokens.
+        """
+        run: Run | None = getattr(self.request, "keyed_run", None)
+        return run is not None and run.holds_key()
