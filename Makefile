@@ -40,6 +40,7 @@ test: redis-server postgresql chromium $(BIN)/.installed lint
 lint: $(BIN)/.installed
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/mypy
 
 # The docs site from docs/ into site/; strict: a broken link, anchor or reference fails the build.
 docs: $(BIN)/.installed

@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster = Cluster(workers=0, concurrency=1)
     try:
         cluster.start()
+        from django_keyed_queue.gate import Outcome
         from django_keyed_queue.worker.process import get_gate
 
         gate = get_gate()
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
             "script returning 1": lambda key: trivial(),
             "submit (free key, granted)": lambda key: gate.submit(key, MESSAGE, task_id=key),
             "start": start,
-            "finish (with outcome)": lambda key: gate.finish(key, 1, tokens[key], outcome=(key, OUTCOME)),
+            "finish (with outcome)": lambda key: gate.finish(key, 1, tokens[key], outcome=Outcome(key, OUTCOME)),
         }
         for r in range(args.rounds):
             keys = [f"bench-{r}-{i}" for i in range(args.calls)]

@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             """A real stored message of ``step(key, n)``, and its task id."""
             gate.pause(key)
             result = step.apply_async((key, n), queue=QUEUE)
-            ticket = gate.inspect(key)["last_ticket"]
+            ticket = gate.inspect(key).last_ticket
             return client.hget(KeyNames(key).messages, ticket), result.id
 
         def park(key: str, message: bytes, old_id: str, count: int) -> list[tuple[str, bytes]]:

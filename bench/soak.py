@@ -169,8 +169,8 @@ class Soak:
         from django_keyed_queue.worker.process import get_gate
 
         gate = get_gate()
-        holders = gate.inspect(key)["holders"].items()
-        expired = {t: h for t, h in holders if h["state"] == "running" and (h["attempts"], h["lost"]) == (1, 0)}
+        holders = gate.inspect(key).holders.items()
+        expired = {t: h for t, h in holders if h.state == "running" and (h.attempts, h.lost) == (1, 0)}
         if not expired:
             return ""
         seconds, micros = gate.client.time()

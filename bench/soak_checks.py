@@ -14,8 +14,12 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .stats import median
+
+if TYPE_CHECKING:
+    from django_keyed_queue.gate import KeySnapshot
 
 TIMINGS = {"LEASE_SECONDS": 1.5, "DISPATCH_TIMEOUT_SECONDS": 3.0, "REAP_INTERVAL_SECONDS": 0.3}
 FAULTS = ("kill-pool", "kill-worker", "stall", "lost-message", "redis-restart")
@@ -141,7 +145,7 @@ def check_round(
     start: int,
     tasks: list[Task],
     records: dict[str, Record],
-    gate: dict[str, dict],
+    gate: dict[str, KeySnapshot],
     alive: Callable[[int], bool],
 ) -> Verdict:
     """Exclusion, order, one successful end per task, terminal records, an empty gate."""
@@ -243,11 +247,10 @@ def check_round(
             )
 
     for key, state in sorted(gate.items()):
-        if state["holders"] or state["waiting"] or state["messages"]:
+        if state.holders or state.waiting or state.messages:
             bad(
                 "G3 gate busy",
-                f"{key} after the round: holders {state['holders']}, waiting {state['waiting']}, "
-                f"messages {state['messages']}",
+                f"{key} after the round: holders {state.holders}, waiting {state.waiting}, messages {state.messages}",
             )
     return verdict
 

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
 from urllib.parse import urlparse
 
+from django.apps import AppConfig
 from django.conf import settings as django_settings
-from django.core.checks import Error, Warning, register
+from django.core.checks import CheckMessage, Error, Warning, register
 
 from .conf import DEFAULTS, PREFIX, settings
 
 
 @register()
-def check_settings(app_configs=None, **kwargs) -> list:
-    problems = []
+def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    problems: list[CheckMessage] = []
     for name in dir(django_settings):
         if name.startswith(PREFIX) and name[len(PREFIX) :] not in DEFAULTS:
             problems.append(
@@ -67,7 +70,7 @@ def check_settings(app_configs=None, **kwargs) -> list:
 ROUTER = "django_keyed_queue.records.router.KeyedQueueRouter"
 
 
-def _database_problems() -> list:
+def _database_problems() -> list[CheckMessage]:
     alias = settings.DATABASE
     if alias is None:
         return []

@@ -5,7 +5,20 @@
 
 from .gate import Gate, NotSent
 from .keys import MAX_KEY_LENGTH
-from .results import FinishResult, Grant, Lease, QueueFull, Recovery, StartResult, SubmitResult
+from .results import (
+    FinishResult,
+    Grant,
+    Holder,
+    HolderState,
+    KeySnapshot,
+    Lease,
+    Outcome,
+    QueueFull,
+    Recovery,
+    RecoveryAction,
+    StartResult,
+    SubmitResult,
+)
 from .scripts import Code
 
 __all__ = [
@@ -14,10 +27,15 @@ __all__ = [
     "FinishResult",
     "Gate",
     "Grant",
+    "Holder",
+    "HolderState",
+    "KeySnapshot",
     "Lease",
     "NotSent",
+    "Outcome",
     "QueueFull",
     "Recovery",
+    "RecoveryAction",
     "StartResult",
     "SubmitResult",
 ]

@@ -5,12 +5,27 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Sequence
+from typing import Any, cast
 
 import redis
+from redis.connection import Connection
 from redis.exceptions import NoScriptError, ResponseError
+from redis.typing import EncodableT
 
 from .keys import DEADLINE_INDEX, PAUSED_KEYS, KeyNames
-from .results import FinishResult, Grant, Lease, QueueFull, Recovery, StartResult, SubmitResult
+from .results import (
+    FinishResult,
+    Grant,
+    Holder,
+    KeySnapshot,
+    Lease,
+    Outcome,
+    QueueFull,
+    Recovery,
+    RecoveryAction,
+    StartResult,
+    SubmitResult,
+)
 from .scripts import SCRIPT_NAMES, Code, ms_to_seconds, seconds_to_ms, source
 
 logger = logging.getLogger(__name__)
@@ -53,12 +68,14 @@ class Gate:
         self.outcome_grace_ms = seconds_to_ms(outcome_grace_seconds)
         self._scripts = {name: client.register_script(source(name)) for name in SCRIPT_NAMES}
 
-    def _call(self, name: str, keys: Sequence[str], args: Sequence[object]) -> list:
-        return self._scripts[name](keys=keys, args=args)
+    def _call(self, name: str, keys: Sequence[str], args: Sequence[EncodableT]) -> list[Any]:
+        reply: list[Any] = self._scripts[name](keys=keys, args=args)
+        return reply
 
-    def _call_and_index(self, name: str, key: str, keys: Sequence[str], args: Sequence[object]) -> list:
+    def _call_and_index(self, name: str, key: str, keys: Sequence[str], args: Sequence[EncodableT]) -> list[Any]:
         """Run a script that may create a holder of ``key``, and index the key, in one round trip."""
-        return self._pipelined(name, [(keys, args)], index=key)[0]
+        reply: list[Any] = self._pipelined(name, [(keys, args)], index=key)[0]
+        return reply
 
     def _deadline_hint_ms(self, within_ms: int | None = None) -> int:
         # A holder created now has a deadline no earlier than ``within_ms`` from now (by default the
@@ -142,15 +159,15 @@ class Gate:
         return result
 
     def finish(
-        self, key: str, ticket: int, token: int, *, limit: int = 1, outcome: tuple[str, bytes] | None = None
+        self, key: str, ticket: int, token: int, *, limit: int = 1, outcome: Outcome | None = None
     ) -> FinishResult:
         """End a running ticket and grant the next ones; their messages are returned.
 
-        ``outcome`` (task id, record) is kept with the key until
+        ``outcome`` is kept with the key until
         :meth:`forget_outcomes`; the reaper hands back outcomes left too long.
         """
         names = KeyNames(key)
-        task_id, record = outcome or ("", b"")
+        task_id, record = (outcome.task_id, outcome.record) if outcome else ("", b"")
         reply = self._call_and_index(
             "finish",
             key,
@@ -210,7 +227,7 @@ class Gate:
             index_within_ms=grace_ms,
         )
         logger.debug("give_up key=%r ticket=%s code=%s", key, ticket, Code(code).name)
-        return code == Code.OK
+        return Code(code) is Code.OK
 
     def renew(self, leases: Iterable[Lease]) -> dict[Lease, bool]:
         """Extend many leases in one round trip (one script call per key, pipelined)."""
@@ -231,7 +248,7 @@ class Gate:
     def overdue_keys(self, seconds: float, *, limit: int = 1000) -> list[str]:
         """Keys that have needed the reaper for longer than ``seconds`` (none, while it runs); at most ``limit``."""
         due = self._server_time_ms() - seconds_to_ms(seconds)
-        return [m.decode() for m in self.client.zrangebyscore(DEADLINE_INDEX, "-inf", due, start=0, num=limit)]
+        return [_text(m) for m in self._index_range(due, num=limit)]
 
     def pause(self, key: str) -> None:
         """Grant nothing more on ``key``: running tasks finish, submissions queue in order."""
@@ -256,10 +273,10 @@ class Gate:
     def paused_keys(self, *, limit: int | None = None) -> list[str]:
         """The keys paused by :meth:`pause` and not resumed since; at most ``limit`` of them, read in steps."""
         if limit is None:
-            return sorted(member.decode() for member in self.client.smembers(PAUSED_KEYS))
+            return sorted(_text(member) for member in self.client.smembers(PAUSED_KEYS))
         found: list[str] = []
         for member in self.client.sscan_iter(PAUSED_KEYS, count=min(limit, 1000)):
-            found.append(member.decode())
+            found.append(_text(member))
             if len(found) == limit:
                 break
         return sorted(found)
@@ -272,7 +289,7 @@ class Gate:
         due_ms = self._server_time_ms() + seconds_to_ms(due_in_seconds) if due_in_seconds > 0 else 0
         [code] = self._call("refuse_join", [KeyNames(key).joined], [task_id, due_ms, self.idle_horizon_ms])
         logger.debug("refuse join key=%r task_id=%s code=%s", key, task_id, Code(code).name)
-        return code == Code.OK
+        return Code(code) is Code.OK
 
     def forget_outcomes(self, written: Iterable[tuple[str, str]]) -> None:
         """Delete the outcomes of runs whose records are written: (key, task id) pairs, one round trip."""
@@ -288,7 +305,7 @@ class Gate:
         Returns the tickets granted at once; ``Code.EXISTS`` if the key has
         any state in Redis (nothing is changed then).
         """
-        args: list[object] = [last_ticket, limit, self.dispatch_timeout_ms]
+        args: list[EncodableT] = [last_ticket, limit, self.dispatch_timeout_ms]
         for ticket, message in waiting:
             args += [ticket, message]
         reply = self._call_and_index("rebuild", key, KeyNames(key).all(), args)
@@ -299,8 +316,8 @@ class Gate:
         raw = self.client.hget(KeyNames(lease.key).holders, lease.ticket)
         if raw is None:
             return False
-        state, _, token, *_ = raw.decode().split("|")
-        return state == "r" and int(token) == lease.token
+        holder = _decode_holder(raw, now_ms=0)  # its deadline is not read
+        return holder.state == "running" and holder.token == lease.token
 
     def reap(self, *, batch: int = 500, dry_run: bool = False) -> tuple[int, list[Recovery]]:
         """Recover the holders whose deadline passed, over up to ``batch`` due keys.
@@ -311,7 +328,7 @@ class Gate:
         Returns how many due keys were visited, and the recoveries.
         """
         now_ms = self._server_time_ms()
-        due = self.client.zrangebyscore(DEADLINE_INDEX, "-inf", now_ms, start=0, num=batch, withscores=True)
+        due = self._index_range_with_scores(now_ms, num=batch)
         return len(due), self._visit(due, now_ms, dry_run=dry_run)
 
     def republish_unstarted(self, *, granted_seconds_ago: float, batch: int = 500) -> list[Recovery]:
@@ -325,26 +342,31 @@ class Gate:
         now_ms = self._server_time_ms()
         # A granted ticket's dispatch deadline is its grant's time plus the dispatch timeout.
         before = now_ms - seconds_to_ms(granted_seconds_ago) + self.dispatch_timeout_ms
-        candidates = self.client.zrangebyscore(DEADLINE_INDEX, "-inf", before, withscores=True)
+        candidates = self._index_range_with_scores(before)
         recoveries: list[Recovery] = []
         for start in range(0, len(candidates), batch):
             recoveries += self._visit(candidates[start : start + batch], now_ms, republish_before=before)
         return recoveries
 
     def _visit(
-        self, due: list[tuple[bytes, float]], now_ms: int, *, dry_run: bool = False, republish_before: int | str = ""
+        self,
+        due: list[tuple[bytes | str, float]],
+        now_ms: int,
+        *,
+        dry_run: bool = False,
+        republish_before: int | str = "",
     ) -> list[Recovery]:
         """Run the reap script on each (key, index score) and move each key to its next deadline."""
         if not due:
             return []
-        calls = [self._reap_call(m.decode(), dry_run=dry_run, republish_before=republish_before) for m, _ in due]
+        calls = [self._reap_call(_text(m), dry_run=dry_run, republish_before=republish_before) for m, _ in due]
         replies = self._pipelined("reap", calls)
         recoveries: list[Recovery] = []
-        reindex: list[object] = []
+        reindex: list[EncodableT] = []
         longest_gap = min(self.lease_ms, self.dispatch_timeout_ms)
         for (member, seen), reply in zip(due, replies, strict=True):
             next_deadline = int(reply[0])
-            recoveries += self._recoveries(member.decode(), reply)
+            recoveries += self._recoveries(_text(member), reply)
             # Look again at the key's next deadline, and at least that often while it has holders.
             next_score = -1 if next_deadline < 0 else min(next_deadline, now_ms + longest_gap)
             reindex += [member, repr(seen) if seen != int(seen) else int(seen), next_score]
@@ -367,7 +389,7 @@ class Gate:
             index_within_ms=delay_ms,
         )
         logger.debug("republish_soon key=%r ticket=%s code=%s", key, ticket, Code(code).name)
-        return code == Code.OK
+        return Code(code) is Code.OK
 
     def release(self, key: str, ticket: int) -> list[Recovery]:
         """Recover ``ticket``'s holder now, as the reaper does when its deadline passes.
@@ -381,27 +403,29 @@ class Gate:
 
     def _reap_call(
         self, key: str, *, dry_run: bool = False, release: int | str = "", republish_before: int | str = ""
-    ) -> tuple[list[str], list]:
+    ) -> tuple[list[str], list[EncodableT]]:
         names = KeyNames(key)
-        args = [self.dispatch_timeout_ms, self.idle_horizon_ms, int(dry_run), self.outcome_grace_ms]
+        args: list[EncodableT] = [self.dispatch_timeout_ms, self.idle_horizon_ms, int(dry_run), self.outcome_grace_ms]
         return [*names.all(), names.outcomes], [*args, release, republish_before]
 
     @staticmethod
-    def _recoveries(key: str, reply: list) -> list[Recovery]:
+    def _recoveries(key: str, reply: list[Any]) -> list[Recovery]:
         flat = reply[1:]
         return [
-            Recovery(key, flat[i].decode(), int(flat[i + 1]), int(flat[i + 2]), int(flat[i + 3]), flat[i + 4])
+            Recovery(
+                key, RecoveryAction(flat[i].decode()), int(flat[i + 1]), int(flat[i + 2]), int(flat[i + 3]), flat[i + 4]
+            )
             for i in range(0, len(flat), 5)
         ]
 
     def _pipelined(
         self,
         name: str,
-        calls: Sequence[tuple[Sequence[str], Sequence[object]]],
+        calls: Sequence[tuple[Sequence[str], Sequence[EncodableT]]],
         *,
         index: str | None = None,
         index_within_ms: int | None = None,
-    ) -> list:
+    ) -> list[Any]:
         """Run script ``name`` once per (keys, args) in one round trip, loading it if Redis lost it.
 
         With ``index``, also move that key early in the deadline index (``ZADD LT``): to when a
@@ -409,7 +433,9 @@ class Gate:
         """
         script = self._scripts[name]
         for attempt in (1, 2):
-            commands: list[tuple] = [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
+            commands: list[tuple[EncodableT, ...]] = [
+                ("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls
+            ]
             if index is not None:
                 commands.append(("ZADD", DEADLINE_INDEX, "LT", self._deadline_hint_ms(index_within_ms), index))
             replies = self._round_trip(commands)
@@ -422,7 +448,7 @@ class Gate:
             return replies[: len(calls)]
         raise AssertionError("unreachable")
 
-    def _round_trip(self, commands: list[tuple]) -> list:
+    def _round_trip(self, commands: list[tuple[EncodableT, ...]]) -> list[Any]:
         """Send ``commands`` in one write and read all their replies; error replies are returned.
 
         What ``pipeline().execute(raise_on_error=False)`` does, with the same retry on a
@@ -442,19 +468,32 @@ class Gate:
         finally:
             pool.release(conn)
 
+    def _index_range(self, max_score: int, *, num: int) -> list[bytes | str]:
+        """The keys of the deadline index scored at most ``max_score``, earliest first; at most ``num``."""
+        # redis-py annotates every form of ZRANGEBYSCORE's reply as one union: without scores, members.
+        return cast("list[bytes | str]", self.client.zrangebyscore(DEADLINE_INDEX, "-inf", max_score, start=0, num=num))
+
+    def _index_range_with_scores(self, max_score: int, *, num: int | None = None) -> list[tuple[bytes | str, float]]:
+        """(key, score) pairs of the deadline index scored at most ``max_score``, earliest first; all with None."""
+        start = None if num is None else 0
+        due = self.client.zrangebyscore(DEADLINE_INDEX, "-inf", max_score, start=start, num=num, withscores=True)
+        return cast("list[tuple[bytes | str, float]]", due)  # withscores=True: (member, score) pairs
+
     def _server_time_ms(self) -> int:
         seconds, micros = self.client.time()
         return seconds * 1000 + micros // 1000
 
-    def inspect(self, key: str, *, waiting_shown: int | None = None) -> dict:
-        """A read-only snapshot of one key (several reads in one pipelined round trip)."""
+    def inspect(self, key: str, *, waiting_shown: int | None = None) -> KeySnapshot:
+        """A read-only snapshot of one key, a ``KeySnapshot`` (several reads in one pipelined round trip)."""
         return self.inspect_many([key], waiting_shown=waiting_shown)[0]
 
-    def inspect_many(self, keys: Sequence[str], *, waiting_shown: int | None = None) -> list[dict]:
-        """Snapshots of many keys, in one pipelined round trip.
+    def inspect_many(self, keys: Sequence[str], *, waiting_shown: int | None = None) -> list[KeySnapshot]:
+        """Snapshots of many keys, one ``KeySnapshot`` per key in order, in one pipelined round trip.
 
         ``waiting`` lists the oldest ``waiting_shown`` waiting tickets (all with None);
-        ``depth`` counts them all. Holders are at most the key's limit.
+        ``depth`` counts them all. ``holders`` maps each ticket holding a slot (at most the
+        key's limit) to its ``Holder``: its state, ``running`` or ``granted``, its dispatch,
+        token, attempts and lost leases, and the seconds left before its deadline.
         """
         # LRANGE's end is inclusive and -1 is the last element: (1, 0) is the empty range.
         shown = (0, -1) if waiting_shown is None else (0, waiting_shown - 1) if waiting_shown else (1, 0)
@@ -474,27 +513,27 @@ class Gate:
         for i, key in enumerate(keys):
             meta, queue, depth, holders, messages, ttl_ms = replies[6 * i : 6 * i + 6]
             snapshots.append(
-                {
-                    "key": key,
-                    "last_ticket": int(meta.get(b"seq", 0)),
-                    "last_token": int(meta.get(b"fence", 0)),
-                    "paused": b"paused" in meta,
-                    "waiting": [int(t) for t in queue],
-                    "depth": depth,
-                    "holders": {int(t): _decode_holder(raw, now_ms) for t, raw in holders.items()},
-                    "messages": messages,
-                    "idle_expires_in": ms_to_seconds(ttl_ms) if ttl_ms >= 0 else None,
-                }
+                KeySnapshot(
+                    key=key,
+                    last_ticket=int(meta.get(b"seq", 0)),
+                    last_token=int(meta.get(b"fence", 0)),
+                    paused=b"paused" in meta,
+                    waiting=[int(t) for t in queue],
+                    depth=depth,
+                    holders={int(t): _decode_holder(raw, now_ms) for t, raw in holders.items()},
+                    messages=messages,
+                    idle_expires_in=ms_to_seconds(ttl_ms) if ttl_ms >= 0 else None,
+                )
             )
         return snapshots
 
-    def _grants(self, key: str, flat: list) -> list[Grant]:
+    def _grants(self, key: str, flat: list[Any]) -> list[Grant]:
         return [Grant(key, int(flat[i]), int(flat[i + 1]), flat[i + 2]) for i in range(0, len(flat), 3)]
 
 
-def _send_and_read(conn, commands: list[tuple]) -> list:
+def _send_and_read(conn: Connection, commands: list[tuple[EncodableT, ...]]) -> list[Any]:
     conn.send_packed_command(conn.pack_commands(commands))
-    replies: list = []
+    replies: list[Any] = []
     for _ in commands:
         try:
             replies.append(conn.read_response())
@@ -503,17 +542,23 @@ def _send_and_read(conn, commands: list[tuple]) -> list:
     return replies
 
 
-def _decode_holder(raw: bytes, now_ms: int) -> dict:
-    state, dispatch, token, deadline, attempts, lost, max_lost = raw.decode().split("|")
-    return {
-        "state": "running" if state == "r" else "granted",
-        "dispatch": int(dispatch),
-        "token": int(token),
-        "attempts": int(attempts),
-        "lost": int(lost),
-        "max_lost": int(max_lost),
-        "deadline_in": ms_to_seconds(int(deadline) - now_ms),
-    }
+def _text(reply: bytes | str) -> str:
+    """A reply as text (the gate's client reads bytes; redis-py's annotations allow either)."""
+    return reply.decode() if isinstance(reply, bytes) else reply
+
+
+def _decode_holder(raw: bytes | str, now_ms: int) -> Holder:
+    """A holder record (``lua/includes/common.lua`` describes it); its deadline made relative to ``now_ms``."""
+    state, dispatch, token, deadline, attempts, lost, max_lost = _text(raw).split("|")
+    return Holder(
+        state="running" if state == "r" else "granted",
+        dispatch=int(dispatch),
+        token=int(token),
+        attempts=int(attempts),
+        lost=int(lost),
+        max_lost=int(max_lost),
+        deadline_in=ms_to_seconds(int(deadline) - now_ms),
+    )
 
 
 __all__ = ["Gate", "NotSent"]

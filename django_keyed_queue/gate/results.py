@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
+from typing import Literal
 
 from .scripts import Code
+
+#: What a holder is doing: ``running`` (started, its lease runs), or ``granted`` (its message
+#: is published and it has not started yet).
+HolderState = Literal["running", "granted"]
 
 
 @dataclass(frozen=True)
@@ -56,12 +62,42 @@ class FinishResult:
 
 
 @dataclass(frozen=True)
+class Outcome:
+    """A finished run's record, kept with its key by ``finish`` until written (opaque to the gate).
+
+    The reaper hands back one left too long as a ``Recovery`` with action ``outcome``.
+    """
+
+    task_id: str
+    record: bytes
+
+
+@dataclass(frozen=True)
 class Lease:
     """A running ticket as its worker process knows it."""
 
     key: str
     ticket: int
     token: int
+
+
+class RecoveryAction(str, enum.Enum):
+    """What the reaper does to a ticket (a ``str``: each member equals, and prints as, its value)."""
+
+    #: Its lease expired (its worker died or stalled): publish it again, with the next dispatch.
+    REDISPATCH = "redispatch"
+    #: Granted but never started (its message was lost): publish it again, same dispatch.
+    REPUBLISH = "republish"
+    #: It lost too many leases: it failed and gave up its slot.
+    FAIL = "fail"
+    #: A parked ticket took a freed slot: publish it.
+    GRANT = "grant"
+    #: A finished run whose worker died before writing its record: write it.
+    OUTCOME = "outcome"
+
+    def __str__(self) -> str:
+        # As ``enum.StrEnum`` (3.11+) does: log lines and reports show the value, not ``RecoveryAction.FAIL``.
+        return self.value
 
 
 @dataclass(frozen=True)
@@ -76,7 +112,7 @@ class Recovery:
     """
 
     key: str
-    action: str
+    action: RecoveryAction
     ticket: int
     dispatch: int
     attempts: int
@@ -84,4 +120,46 @@ class Recovery:
 
     @property
     def publishes(self) -> bool:
-        return self.action in ("redispatch", "republish", "grant")
+        return self.action in (RecoveryAction.REDISPATCH, RecoveryAction.REPUBLISH, RecoveryAction.GRANT)
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A ticket holding one of its key's slots, as :meth:`Gate.inspect` read it."""
+
+    state: HolderState
+    #: Generation of the message allowed to start it: 1, then one more per retry or recovery.
+    dispatch: int
+    #: Fencing token of the running attempt; 0 while granted.
+    token: int
+    #: How many times the ticket has started.
+    attempts: int
+    #: How many of its leases expired (its worker died or stalled).
+    lost: int
+    #: How many lost leases are dispatched again; the next one fails the ticket.
+    max_lost: int
+    #: Seconds until the reaper may act (its lease end when running, its dispatch timeout when
+    #: granted); negative once overdue.
+    deadline_in: float
+
+
+@dataclass(frozen=True)
+class KeySnapshot:
+    """One key's state in the gate, as :meth:`Gate.inspect` read it (one round trip, not atomic)."""
+
+    key: str
+    #: The last ticket taken (0: none yet, or the key expired idle).
+    last_ticket: int
+    #: The last fencing token given (0: none in this epoch of the key).
+    last_token: int
+    paused: bool
+    #: The oldest waiting tickets, as many as were asked for.
+    waiting: list[int]
+    #: How many tickets wait, shown or not.
+    depth: int
+    #: The tickets holding a slot (at most the key's limit), by ticket.
+    holders: dict[int, Holder]
+    #: How many tickets have a stored message (waiting, granted or running).
+    messages: int
+    #: Seconds until the idle key's counters expire; None while the key has work (or no state).
+    idle_expires_in: float | None

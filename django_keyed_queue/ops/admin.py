@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 import redis
 from django.contrib import admin, messages
@@ -31,6 +32,9 @@ from . import recovery
 from .changelist import CursorChangeList, TaskNameFilter
 from .live import live_keys
 from .timeline import key_timeline
+
+if TYPE_CHECKING:
+    from django_stubs_ext import StrOrPromise
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +83,7 @@ def _took(span: timedelta | None) -> str | None:
     return f"{minutes} min {seconds} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"
 
 
-def _at_ms(field: str, label: str) -> Callable:
+def _at_ms(field: str, label: StrOrPromise) -> Callable:
     return admin.display(description=label)(lambda self, task: _at(getattr(task, field), ms=True))
 
 
@@ -240,7 +244,7 @@ class KeyedTaskAdmin(admin.ModelAdmin):
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         task = self.get_object(request, object_id)
-        extra = {"timeline": key_timeline(task)} if task is not None else {}
+        extra: dict[str, object] = {"timeline": key_timeline(task)} if task is not None else {}
         extra["live_keys_url"] = reverse("admin:keyed_queue_keys")
         return super().change_view(request, object_id, form_url, {**extra, **(extra_context or {})})
 
@@ -310,6 +314,7 @@ def _who(request: HttpRequest) -> str:
 
 def _log_key(request: HttpRequest, key: str, text: str) -> None:
     """An action on a key, not on one task: logged against the keyed task model, with the key."""
+    assert request.user.is_authenticated  # the admin's views let only staff in
     LogEntry.objects.create(
         user_id=request.user.pk,
         content_type=ContentType.objects.get_for_model(KeyedTask),

@@ -34,8 +34,9 @@ class TaskNameFilter(admin.SimpleListFilter):
         _import_task_modules()
         registered = [name for name, task in current_app.tasks.items() if isinstance(task, KeyedSerialTask)]
         names = {name for name in registered if model_admin.model.objects.filter(task_name=name).exists()}
-        if self.value():
-            names.add(self.value())  # a task no longer registered still has its records
+        chosen = self.value()
+        if chosen:
+            names.add(chosen)  # a task no longer registered still has its records
         return [(name, name) for name in sorted(names)]
 
     def queryset(self, request, queryset):
@@ -162,7 +163,11 @@ class CursorChangeList(ChangeList):
     def newer_url(self) -> str | None:
         if not self.has_newer:
             return None
-        first = self.result_list[0].pk if self.result_list else max(self.cursor - 1, 0)
+        if self.result_list:
+            first = self.result_list[0].pk
+        else:
+            assert self.cursor is not None  # newer rows and none here: the page began at a cursor
+            first = max(self.cursor - 1, 0)
         return self.get_query_string({BEFORE_VAR: first})
 
     @property

@@ -13,16 +13,18 @@ from django.db.models import Count, F, Min, Q
 from django.utils import timezone
 
 from ..conf import settings
-from ..gate import Gate
+from ..gate import Gate, HolderState
 from ..records.models import KeyedTask
 from ..records.statuses import Status
 from ..worker.process import get_gate
 
 
 @dataclass
-class Holder:
+class HolderRow:
+    """One holder of a key as the live keys page shows it: the gate's ``Holder`` and its record."""
+
     ticket: int
-    state: str  # "running", or "granted": dispatched and not started yet
+    state: HolderState  # "running", or "granted": dispatched and not started yet
     lease_left: float  # seconds until the reaper may act; negative once overdue
     attempts: int
     task: KeyedTask | None  # None if the record is missing
@@ -50,11 +52,9 @@ def stuck_keys(gate: Gate, *, limit: int = 1000) -> set[str]:
     """The stuck keys: the deadline index's overdue keys and the paused keys (at most ``limit`` of each), checked."""
     candidates = {*gate.overdue_keys(stuck_after_seconds(), limit=limit), *gate.paused_keys(limit=limit)}
     return {
-        s["key"]
+        s.key
         for s in gate.inspect_many(sorted(candidates), waiting_shown=0)
-        if is_stuck(
-            holders_due_in=(h["deadline_in"] for h in s["holders"].values()), paused=s["paused"], depth=s["depth"]
-        )
+        if is_stuck(holders_due_in=(h.deadline_in for h in s.holders.values()), paused=s.paused, depth=s.depth)
     }
 
 
@@ -64,7 +64,7 @@ class KeyState:
     paused: bool
     depth: int  # tickets waiting in the gate's queue
     oldest_wait: datetime | None  # when the longest-waiting task of the key was submitted
-    holders: list[Holder] = field(default_factory=list)
+    holders: list[HolderRow] = field(default_factory=list)
 
     @property
     def waited_seconds(self) -> float:
@@ -104,16 +104,16 @@ def live_keys(*, limit: int = 100, key: str | None = None) -> tuple[list[KeyStat
     snapshots = gate.inspect_many(keys, waiting_shown=0)
     held = Q(pk__in=[])
     for snapshot in snapshots:
-        if snapshot["holders"]:
-            held |= Q(key=snapshot["key"], ticket__in=list(snapshot["holders"]))
+        if snapshot.holders:
+            held |= Q(key=snapshot.key, ticket__in=list(snapshot.holders))
     tasks = {(t.key, t.ticket): t for t in KeyedTask.objects.filter(held).defer("message", "arguments")}
     states = []
     for snapshot in snapshots:
-        k = snapshot["key"]
+        k = snapshot.key
         holders = [
-            Holder(ticket, h["state"], h["deadline_in"], h["attempts"], tasks.get((k, ticket)))
-            for ticket, h in sorted(snapshot["holders"].items())
+            HolderRow(ticket, h.state, h.deadline_in, h.attempts, tasks.get((k, ticket)))
+            for ticket, h in sorted(snapshot.holders.items())
         ]
-        states.append(KeyState(k, snapshot["paused"], snapshot["depth"], found.get(k), holders))
+        states.append(KeyState(k, snapshot.paused, snapshot.depth, found.get(k), holders))
     states.sort(key=KeyState.blocked_order)
     return states, more

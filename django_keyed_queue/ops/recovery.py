@@ -18,7 +18,7 @@ from django.db import models
 from django.utils import timezone
 
 from ..exceptions import ActionRefused, MessageRefused
-from ..gate import MAX_KEY_LENGTH, Code, Recovery
+from ..gate import MAX_KEY_LENGTH, Code, Recovery, RecoveryAction
 from ..records.idempotency import repoint
 from ..records.models import KeyedTask
 from ..records.statuses import Status
@@ -38,11 +38,11 @@ class ReapReport:
     #: Recoveries whose message the broker refused: the reaper publishes them again.
     unpublished: list[Recovery] = field(default_factory=list)
 
-    def count(self, action: str) -> int:
-        return sum(1 for r in self.recoveries if r.action == action)
+    def count(self, action: RecoveryAction) -> int:
+        return sum(1 for r in self.recoveries if r.action is action)
 
     def summary(self) -> str:
-        counts = ", ".join(f"{a} {self.count(a)}" for a in ("redispatch", "republish", "fail", "grant", "outcome"))
+        counts = ", ".join(f"{a} {self.count(a)}" for a in RecoveryAction)
         failed = f"; {len(self.unpublished)} could not be published" if self.unpublished else ""
         return f"visited {self.visited} due keys: {counts}{failed}"
 
@@ -78,7 +78,7 @@ def republish_unstarted(lost_seconds: float, *, app=None) -> ReapReport:
     logger.info(
         "keyed queue: %d grants made before the broker connection was lost published again "
         "(%d refused by the broker); other recoveries: %s",
-        report.count("republish"),
+        report.count(RecoveryAction.REPUBLISH),
         len(report.unpublished),
         report.summary(),
     )
@@ -87,7 +87,7 @@ def republish_unstarted(lost_seconds: float, *, app=None) -> ReapReport:
 
 def _act(app, recovery: Recovery, reason: str = "") -> bool:
     """Carry out one recovery; False if its message had to be published and the broker refused it."""
-    if recovery.action == "outcome":
+    if recovery.action is RecoveryAction.OUTCOME:
         # A run finished but its worker died before writing the record.
         end = Transition.from_json(recovery.message or b"{}")
         KeyedTask.objects.apply(end)
@@ -102,13 +102,14 @@ def _act(app, recovery: Recovery, reason: str = "") -> bool:
         return publish(app, recovery) is not Published.BROKER_REFUSED  # which refuses it and fails its ticket
     now = timezone.now()
     lost = reason or f"its worker was lost: the lease of attempt {recovery.attempts} expired"
-    if recovery.action == "fail":
+    if recovery.action is RecoveryAction.FAIL:
         KeyedTask.objects.settle(task_id, Status.FAILED, finished_at=now, error=f"{lost}; no recoveries left")
         return True
-    if recovery.action == "redispatch":
+    if recovery.action is RecoveryAction.REDISPATCH:
         KeyedTask.objects.settle(task_id, Status.DISPATCHED, dispatched_at=now, error=f"{lost}; dispatched again")
     # A redispatch's record was settled above; any other publish records its dispatch.
-    return publish(app, recovery, record=recovery.action != "redispatch") is not Published.BROKER_REFUSED
+    record = recovery.action is not RecoveryAction.REDISPATCH
+    return publish(app, recovery, record=record) is not Published.BROKER_REFUSED
 
 
 @dataclass

@@ -14,7 +14,7 @@ WIDTH = 860  # px of the time axis
 LABEL_WIDTH = 110
 ROW_HEIGHT = 18
 
-COLOURS = {
+COLOURS: dict[str, str] = {  # by status
     Status.SUCCEEDED: "#417690",
     Status.FAILED: "#ba2121",
     Status.CANCELLED: "#999999",

@@ -12,6 +12,7 @@ import hashlib
 import json
 import time
 from datetime import timedelta
+from typing import Any
 
 from django.db import IntegrityError, connections, router, transaction
 from django.utils import timezone
@@ -35,7 +36,7 @@ def explicit_fingerprint(task_name: str, key: str) -> str:
     return _sha256(json.dumps(["key", task_name, key], ensure_ascii=False))
 
 
-def arguments_digest(task_name: str, arguments: dict) -> str:
+def arguments_digest(task_name: str, arguments: dict[str, Any]) -> str:
     """What an explicit key's claim remembers of its arguments; '' (not compared) if not JSON-encodable."""
     try:
         return arguments_fingerprint(task_name, arguments)
@@ -43,7 +44,7 @@ def arguments_digest(task_name: str, arguments: dict) -> str:
         return ""
 
 
-def arguments_fingerprint(task_name: str, arguments: dict) -> str:
+def arguments_fingerprint(task_name: str, arguments: dict[str, Any]) -> str:
     """SHA-256 over the task name and its bound arguments, in a canonical JSON encoding.
 
     Keyword order does not matter; values of different JSON types (1, 1.0,

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from contextlib import nullcontext
 from datetime import datetime
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.db import IntegrityError, connections, models, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -28,8 +28,12 @@ from django.utils import timezone
 from .statuses import ACTIVE_STATUSES, STATUS_RANK, TERMINAL_STATUSES
 from .transitions import FIELDS, Transition
 
+if TYPE_CHECKING:
+    # Named as a string in the generic bases below: .models imports this module.
+    from .models import KeyedTask  # noqa: F401
 
-class KeyedTaskQuerySet(models.QuerySet):
+
+class KeyedTaskQuerySet(models.QuerySet["KeyedTask"]):
     def active(self) -> KeyedTaskQuerySet:
         return self.filter(status__in=ACTIVE_STATUSES)
 
@@ -37,7 +41,11 @@ class KeyedTaskQuerySet(models.QuerySet):
         return self.filter(key=key)
 
 
-class KeyedTaskManager(models.Manager.from_queryset(KeyedTaskQuerySet)):  # type: ignore[misc]
+# Named, not called in the class statement: django-stubs types a manager made from a queryset only so.
+_KeyedTaskManagerBase = models.Manager.from_queryset(KeyedTaskQuerySet)
+
+
+class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
     def db_for_write(self) -> str:
         return router.db_for_write(self.model)
 
@@ -125,7 +133,7 @@ def _update_sql(model: type[models.Model], alias: str) -> str:
 
 
 @cache
-def _fields(model: type[models.Model]) -> tuple[tuple[str, models.Field], ...]:
+def _fields(model: type[models.Model]) -> tuple[tuple[str, models.Field[Any, Any]], ...]:
     return tuple((name, model._meta.get_field(name)) for name in FIELDS)  # type: ignore[misc]
 
 
@@ -137,17 +145,19 @@ def _update_params(model: type[models.Model], t: Transition, db: BaseDatabaseWra
 
 
 @cache
-def _insert_sql(model: type[models.Model], alias: str) -> tuple[str, tuple[models.Field, ...], tuple]:
+def _insert_sql(
+    model: type[models.Model], alias: str
+) -> tuple[str, tuple[models.Field[Any, Any], ...], tuple[Any, ...]]:
     """The submission INSERT, its fields and their defaults, built once per database."""
     fields = tuple(f for f in model._meta.concrete_fields if not f.primary_key)
     qn = connections[alias].ops.quote_name
-    columns = ", ".join(qn(f.column) for f in fields)
+    columns = ", ".join(qn(cast(str, f.column)) for f in fields)  # a concrete field has a column
     placeholders = ", ".join(["%s"] * len(fields))
     defaults = tuple(f.get_default() for f in fields)  # constants: no field has a callable default
     return f"INSERT INTO {qn(model._meta.db_table)} ({columns}) VALUES ({placeholders})", fields, defaults
 
 
-def _db_value(db: BaseDatabaseWrapper, model_field: models.Field, value: Any) -> Any:
+def _db_value(db: BaseDatabaseWrapper, model_field: models.Field[Any, Any], value: Any) -> Any:
     # Text, numbers and None go to the driver as they are; an aware datetime needs only the
     # backend's conversion (the field's own checks cost twice as much, on every write).
     if value is None or isinstance(value, (str, int)):

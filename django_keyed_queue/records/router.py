@@ -27,6 +27,7 @@ class KeyedQueueRouter:
         return None
 
     def allow_migrate(self, db: str, app_label: str, model_name: str | None = None, **hints: Any) -> bool | None:
-        if app_label != APP_LABEL or not settings.DATABASE:
+        database: str | None = settings.DATABASE
+        if app_label != APP_LABEL or not database:
             return None
-        return db == settings.DATABASE
+        return db == database

@@ -20,7 +20,7 @@ TERMINAL_STATUSES = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
 ACTIVE_STATUSES = (Status.WAITING, Status.DISPATCHED, Status.RUNNING, Status.RETRYING)
 
 #: Order of statuses within one attempt; a record never moves back in it.
-STATUS_RANK = {
+STATUS_RANK: dict[str, int] = {
     Status.WAITING: 0,
     Status.DISPATCHED: 1,
     Status.RUNNING: 2,

@@ -21,7 +21,7 @@ FIELDS = ("ticket", "worker", "error", "dispatched_at", "started_at", "heartbeat
 CREATE_FIELDS = ("task_name", "key", "enqueued_at", "arguments")
 
 
-def describe_arguments(task_name: str, args: tuple, kwargs: dict) -> str:
+def describe_arguments(task_name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     """The arguments as stored on the record, after the project's redaction hook."""
     redact = settings.REDACT_ARGUMENTS
     if redact is not None:
@@ -78,10 +78,9 @@ class Transition:
         """
         create = self.create
         if create is not None and ("args" in create or "kwargs" in create):
+            arguments = describe_arguments(create["task_name"], create.get("args", ()), create.get("kwargs", {}))
             create = {k: v for k, v in create.items() if k not in ("args", "kwargs")}
-            create["arguments"] = describe_arguments(
-                create["task_name"], self.create.get("args", ()), self.create.get("kwargs", {})
-            )
+            create["arguments"] = arguments
         return kombu_json(
             {"task_id": self.task_id, "status": self.status, "attempts": self.attempts,
              "fields": self.fields, "create": create}

@@ -96,7 +96,9 @@ def record_dispatched(task_id: str, at: datetime) -> None:
     current().recorder.record(Transition(task_id, Status.DISPATCHED, 0, {"dispatched_at": at}))
 
 
-def publish(app, grant: Grant | Recovery, *, record: bool = True, then: list[Grant] | None = None) -> Published:
+def publish(
+    app, grant: Grant | Recovery, *, record: bool = True, then: list[Grant | Recovery] | None = None
+) -> Published:
     """Publish a granted ticket's stored message and, with ``record``, record its task dispatched.
 
     A message the broker refuses is published again by the reaper within
@@ -106,7 +108,8 @@ def publish(app, grant: Grant | Recovery, *, record: bool = True, then: list[Gra
     appended to ``then``, or published now.
     """
     try:
-        message = TaskMessage.decode(grant.message, app.conf.accept_content)
+        # A recovery without a message is refused too: peek's json.loads(None) raises TypeError.
+        message = TaskMessage.decode(grant.message, app.conf.accept_content)  # type: ignore[arg-type]
     except MessageRefused as refused:
         granted = _fail_refused(grant, refused)
         if then is None:

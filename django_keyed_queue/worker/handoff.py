@@ -63,7 +63,7 @@ def local_request(app, message: TaskMessage, grant: Grant, hostname: str, worker
     options = message.options
     if task is None or not HONOURED_OPTIONS.issuperset(options):
         return None
-    limits = (*worker.time_limits, task.time_limit, task.soft_time_limit)
+    limits: tuple[float | None, ...] = (*worker.time_limits, task.time_limit, task.soft_time_limit)
     limits += (app.conf.task_time_limit, app.conf.task_soft_time_limit)
     if any(limit is not None for limit in limits) or task.expires is not None:
         return None

@@ -15,6 +15,7 @@ import logging
 import os
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import redis
 
@@ -22,6 +23,9 @@ from ..conf import settings
 from ..gate import Gate
 from ..records.recorder import Recorder
 from .leases import LeaseKeeper
+
+if TYPE_CHECKING:
+    from .handoff import Kept
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +44,7 @@ class Handoff(threading.local):
 
     running = False
     deadline = 0.0
-    kept = None
+    kept: Kept | None = None
 
 
 class Process:

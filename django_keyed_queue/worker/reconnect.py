@@ -30,6 +30,7 @@ import logging
 import time
 from collections.abc import Callable
 from functools import wraps
+from queue import Empty  # what kombu's Redis channel raises on an empty read
 
 from celery import bootsteps
 
@@ -39,7 +40,7 @@ logger = logging.getLogger(__name__)
 def tolerate_lost_brpop_on_close() -> None:
     """Make kombu's Redis channel close cleanly when its pending BRPOP died with the connection."""
     try:
-        from kombu.transport.redis import Channel, Empty
+        from kombu.transport.redis import Channel
     except ImportError:  # redis-py is missing: the Redis transport is not in use
         return
     close = Channel.close
@@ -59,7 +60,7 @@ def tolerate_lost_brpop_on_close() -> None:
         close(self)
 
     close_after_pending_read.keyed_queue_wrapped = True  # type: ignore[attr-defined]
-    Channel.close = close_after_pending_read
+    Channel.close = close_after_pending_read  # type: ignore[method-assign]  # the patch this function makes
 
 
 def republish_after_reconnect(on_reconnect: Callable[[float], None]) -> type[bootsteps.StartStopStep]:

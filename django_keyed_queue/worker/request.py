@@ -28,7 +28,7 @@ class KeyedRequest(Request):
         try:
             end_killed_run(
                 self.id,
-                self._request_dict.get(HEADER),
+                self._request_dict.get(HEADER),  # type: ignore[attr-defined]  # Request's own, not in celery-types
                 status=Status.FAILED,
                 reason=f"hard time limit exceeded ({timeout}s)",
             )

@@ -19,7 +19,7 @@ import redis
 from celery.exceptions import Ignore
 from django.utils import timezone
 
-from ..gate import Code, Lease
+from ..gate import Code, Lease, Outcome
 from ..records.models import KeyedTask
 from ..records.statuses import Status
 from ..records.transitions import Transition
@@ -94,7 +94,7 @@ class Run:
         buffered = process.recorder.peek(request.id)
         end = buffered.merged_with(end) if buffered else end
         end.outcome_key = lease.key
-        outcome = (request.id, end.to_json())
+        outcome = Outcome(request.id, end.to_json())
         try:
             finished, retried = outlast_restart(
                 lambda: gate.finish(lease.key, lease.ticket, lease.token, limit=task.serial_limit, outcome=outcome)
@@ -102,7 +102,7 @@ class Run:
         except redis.RedisError:
             logger.exception("finishing key=%r ticket=%s failed; its lease will expire", lease.key, lease.ticket)
             return True
-        if not finished.ok and retried and not gate.inspect(lease.key, waiting_shown=0)["holders"].get(lease.ticket):
+        if not finished.ok and retried and lease.ticket not in gate.inspect(lease.key, waiting_shown=0).holders:
             # The first try went through but its reply was lost: the ticket is done. Whatever it
             # granted was not published; the dispatch timeout publishes it.
             logger.warning("finish of key=%r ticket=%s was applied before Redis went away", lease.key, lease.ticket)

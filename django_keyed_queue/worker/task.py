@@ -105,7 +105,8 @@ class KeyedSerialTask(Task):
         if request.called_directly or request.is_eager:
             return self.run(*args, **kwargs)
         run = Run.begin(self, args, kwargs)
-        request.keyed_run, request.keyed_lease, request.keyed_attempts = run, run.lease, run.attempts
+        # Celery's request Context takes any attribute; celery-types lists only Celery's own.
+        request.keyed_run, request.keyed_lease, request.keyed_attempts = run, run.lease, run.attempts  # type: ignore[attr-defined]
         try:
             result = self.run(*args, **kwargs)
         except Retry:

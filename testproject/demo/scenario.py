@@ -79,9 +79,9 @@ def unsettled(done: Submitted, *, all_quick: bool = False) -> list[str]:
         missing.append(f"the failed task ({statuses.get(done.failed)})")
     if statuses.get(done.retried) != Status.SUCCEEDED or attempts.get(done.retried, 0) < 2:
         missing.append(f"the retried task ({statuses.get(done.retried)}, {attempts.get(done.retried)} attempts)")
-    if not slow["holders"] or not slow["depth"]:
+    if not slow.holders or not slow.depth:
         missing.append(f"{SLOW_KEY} running with tasks waiting")
-    if not paused["paused"] or not paused["depth"]:
+    if not paused.paused or not paused.depth:
         missing.append(f"{PAUSED_KEY} paused with tasks waiting")
     if done.charges[0] != done.charges[1]:
         missing.append("one task for the charge submitted twice")
@@ -106,8 +106,8 @@ def describe(done: Submitted) -> list[str]:
     failed = KeyedTask.objects.get(task_id=done.failed)
     retried = KeyedTask.objects.get(task_id=done.retried)
     return [
-        f"{PAUSED_KEY:<16} paused, {paused['depth']} tasks waiting",
-        f"{SLOW_KEY:<16} build_report ({SLOW_SECONDS:.0f} s a report) holds it, {slow['depth']} more waiting behind it",
+        f"{PAUSED_KEY:<16} paused, {paused.depth} tasks waiting",
+        f"{SLOW_KEY:<16} build_report ({SLOW_SECONDS:.0f} s a report) holds it, {slow.depth} more waiting behind it",
         f"{failed.key:<16} send_invoice failed: {failed.error.splitlines()[0]} (its traceback is on its page)",
         f"{retried.key:<16} deliver_webhook failed once, retried and succeeded ({retried.attempts} attempts)",
         f"{'order:1001':<16} charge submitted twice, one task: {done.charges[0]} (both calls returned it)",

@@ -93,7 +93,7 @@ def test_cancelling_and_retrying_tasks_from_the_list(gate_redis, logged_in, scre
     screenshot("1-cancelled")
     assert "Cancelled by operator" in page.locator(".messagelist").inner_text()
     assert KeyedTask.objects.get(pk=waiting.pk).status == "cancelled"
-    assert get_gate().inspect("account:5")["waiting"] == []
+    assert get_gate().inspect("account:5").waiting == []
     assert KeyedTask.objects.get(pk=first.pk).status == "dispatched"
 
     page.goto(f"{LIST}?status=failed")

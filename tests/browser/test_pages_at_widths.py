@@ -196,7 +196,7 @@ def seed_live_keys() -> dict[str, str]:
         submit(paused, n)
     # Stuck once its deadline is two of the server's reaper periods behind: wait for that, by Redis's clock.
     deadline = time.monotonic() + 10
-    while gate.inspect(stalled)["holders"][stuck.ticket]["deadline_in"] > -(2 * SERVER_REAP_INTERVAL_SECONDS + 0.2):
+    while gate.inspect(stalled).holders[stuck.ticket].deadline_in > -(2 * SERVER_REAP_INTERVAL_SECONDS + 0.2):
         assert time.monotonic() < deadline, "the short lease never ran out"
         time.sleep(0.05)
     return {"running": busy, "stuck": stalled, "paused": paused}

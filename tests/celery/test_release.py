@@ -2,6 +2,7 @@
 
 import pytest
 
+from django_keyed_queue.gate import RecoveryAction
 from django_keyed_queue.ops import recovery
 from django_keyed_queue.records.models import KeyedTask
 from testproject.demo.tasks import lingering_step, step
@@ -17,7 +18,7 @@ def test_a_released_hung_run_is_fenced_and_its_key_moves_on(workers, gate_redis)
         lambda: KeyedTask.objects.filter(task_id=hung.id, status="running").first(), 20, message="the hung run"
     )
     [recovered] = [r for r in recovery.release("r", running.ticket, by="tester") if r.ticket == running.ticket]
-    assert recovered.action == "redispatch"
+    assert recovered.action is RecoveryAction.REDISPATCH
 
     records = wait_for_records([hung.id, after.id], timeout=30)
     wait_until(lambda: len([e for e in read_history() if e["event"] == "end"]) == 3, 15, message="the hung run's end")

@@ -50,7 +50,7 @@ def test_sigkill_of_a_pool_process_mid_task(chaos):
     check_history(read_history())
     assert (records[results[0].id].status, records[results[0].id].attempts) == ("succeeded", 2)
     assert {records[r.id].status for r in results} == {"succeeded"}
-    assert not get_gate().inspect("crash")["holders"]
+    assert not get_gate().inspect("crash").holders
 
 
 def test_sigkill_of_a_whole_worker(chaos):
@@ -87,7 +87,7 @@ def test_a_stalled_holder_is_fenced_and_cannot_release_the_key(chaos):
     # Its late finish released nothing and started nothing.
     time.sleep(1)
     assert [e["n"] for e in starts("stall")] == [0, 0, 1, 2, 3]
-    assert not get_gate().inspect("stall")["holders"]
+    assert not get_gate().inspect("stall").holders
 
 
 def test_a_message_lost_before_the_broker_is_published_again(chaos):
@@ -122,7 +122,7 @@ def test_a_process_killed_before_starting_the_task_it_kept_loses_nothing(chaos):
     assert TIMINGS["DISPATCH_TIMEOUT_SECONDS"] - 1.0 < waited < TIMINGS["DISPATCH_TIMEOUT_SECONDS"] + RECOVERY_BOUND
     assert {records[r.id].status for r in [first, *parked]} == {"succeeded"}
     assert records[parked[0].id].attempts == 1, "the kept task never started before the kill"
-    assert not get_gate().inspect("kept")["holders"]
+    assert not get_gate().inspect("kept").holders
 
 
 def test_warm_shutdown_finishes_the_running_task_and_hands_its_key_on(chaos):
@@ -137,7 +137,7 @@ def test_warm_shutdown_finishes_the_running_task_and_hands_its_key_on(chaos):
     assert [(e["n"], e["attempt"]) for e in starts("warm")] == [(0, 1), (1, 1), (2, 1)]
     assert records[results[0].id].attempts == 1, "a warm shutdown is not a lost worker"
     check_history(read_history())
-    assert not get_gate().inspect("warm")["holders"]
+    assert not get_gate().inspect("warm").holders
 
 
 def test_after_redis_lost_everything_the_rebuild_runs_every_unfinished_task_in_order(chaos, gate_redis):
@@ -153,7 +153,7 @@ def test_after_redis_lost_everything_the_rebuild_runs_every_unfinished_task_in_o
     assert {records[r.id].status for r in results} == {"succeeded"}
     starts = check_history(read_history())
     assert starts == {"lost-0": [0, 1, 2, 3], "lost-1": [0, 1, 2, 3]}
-    assert not get_gate().inspect("lost-0")["holders"] and not get_gate().inspect("lost-1")["holders"]
+    assert not get_gate().inspect("lost-0").holders and not get_gate().inspect("lost-1").holders
 
 
 def test_a_task_that_finished_keeps_its_record_when_its_process_is_killed_next(chaos):

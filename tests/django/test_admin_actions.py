@@ -62,7 +62,7 @@ def test_cancel_withdraws_a_waiting_task_and_logs_who_did_it(gate_redis, broker,
     cancelled = row(second)
     assert (cancelled.status, cancelled.error) == ("cancelled", "cancelled by carol")
     assert cancelled.finished_at is not None
-    assert get_gate().inspect("k")["waiting"] == [], "it left the key's queue"
+    assert get_gate().inspect("k").waiting == [], "it left the key's queue"
     entry = LogEntry.objects.get(object_id=str(cancelled.pk))
     assert (entry.user.username, entry.change_message) == ("carol", "Cancelled by carol")
     assert row(first).status == "dispatched"
@@ -127,7 +127,7 @@ def test_release_fences_a_stuck_holder_and_dispatches_it_again(gate_redis, broke
     assert "Ticket 1 of key &#x27;k&#x27; released by rob" in response.content.decode()
     assert not get_gate().holds(Lease("k", 1, started.token)), "the stuck run is fenced"
     assert published(broker) == [(1, 1), (1, 2)], "dispatched again, as the reaper would"
-    assert get_gate().inspect("k")["holders"][1]["state"] == "granted"
+    assert get_gate().inspect("k").holders[1].state == "granted"
     record = row(task)
     assert (record.status, record.error) == ("dispatched", "released by rob; dispatched again")
     entry = LogEntry.objects.get()

@@ -48,4 +48,4 @@ def test_the_stored_message_carries_the_task_s_own_options(gate_redis, broker):
     sent = json.loads(broker.lindex(QUEUE, 0))
     assert sent["headers"]["task"] == "tests.routed_step" and sent["headers"]["timelimit"] == [60, 30]
     assert sent["headers"]["tenant"] == "acme"
-    assert get_gate().inspect("r")["waiting"] == [2]
+    assert get_gate().inspect("r").waiting == [2]

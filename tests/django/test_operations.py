@@ -44,7 +44,7 @@ def test_a_paused_key_dispatches_nothing_new_and_resume_dispatches_in_order(gate
     gate.pause("k")
     assert gate.finish("k", 1, started.token).granted == [], "a running task finishes; nothing follows"
     gate.resume("k")
-    assert published_tickets(broker) == [1] and gate.inspect("k")["holders"].keys() == {2}
+    assert published_tickets(broker) == [1] and gate.inspect("k").holders.keys() == {2}
     assert len(results) == 3
 
 

@@ -28,12 +28,12 @@ def test_unfinished_tasks_come_back_in_ticket_order(gate_redis, broker):
     KeyedTask.objects.filter(task_id=done.id).update(status="succeeded")
     gate = get_gate()
     gate.start("k", 1, 1)
-    gate.finish("k", 1, gate.inspect("k")["holders"][1]["token"])
+    gate.finish("k", 1, gate.inspect("k").holders[1].token)
     running = step.apply_async(("k", 1), queue=QUEUE)
     KeyedTask.objects.filter(task_id=running.id).update(status="running", attempts=1)
     parked = [step.apply_async(("k", n), queue=QUEUE) for n in (2, 3)]
     other = step.apply_async(("j", 0), queue=QUEUE)
-    last_token = gate.inspect("k")["last_token"]
+    last_token = gate.inspect("k").last_token
     broker.delete(QUEUE)
     gate_redis.flushdb()  # Redis lost everything
 
@@ -43,8 +43,8 @@ def test_unfinished_tasks_come_back_in_ticket_order(gate_redis, broker):
     assert "restored 3 tasks of key='k'" in out and "restored 1 tasks of key='j'" in out
 
     state = gate.inspect("k")
-    assert list(state["holders"]) == [2] and state["waiting"] == [3, 4], "tickets kept, oldest granted"
-    assert state["last_ticket"] == 4 and state["last_token"] > last_token
+    assert list(state.holders) == [2] and state.waiting == [3, 4], "tickets kept, oldest granted"
+    assert state.last_ticket == 4 and state.last_token > last_token
     headers = [json.loads(raw)["headers"] for raw in broker.lrange(QUEUE, 0, -1)]
     assert {(h["id"], h[HEADER]["ticket"]) for h in headers} == {(running.id, 2), (other.id, 1)}
     assert KeyedTask.objects.get(task_id=parked[0].id).status == "waiting"

@@ -29,7 +29,7 @@ def lose_a_running_task(gate_redis, broker, *, max_lost):
     short = Gate(gate_redis, lease_seconds=0.1)
     started = short.start("k", 1, 1, max_lost=max_lost)
     assert started.ok
-    wait_until(lambda: short.inspect("k")["holders"][1]["deadline_in"] < 0, timeout=5, message="lease expiry")
+    wait_until(lambda: short.inspect("k").holders[1].deadline_in < 0, timeout=5, message="lease expiry")
     return result
 
 
@@ -83,8 +83,8 @@ def test_a_run_terminated_by_celery_is_given_up_not_recovered(gate_redis, broker
     task_revoked.send(sender=step, request=request, terminated=True, signum=signal.SIGTERM, expired=False)
     row = KeyedTask.objects.get(task_id=result.id)
     assert row.status == "cancelled" and "its process terminated (SIGTERM)" in row.error
-    holder = Gate(gate_redis).inspect("k")["holders"][1]
-    assert holder["max_lost"] == holder["lost"] and holder["deadline_in"] <= 2, "failed by the reaper in 2 s"
+    holder = Gate(gate_redis).inspect("k").holders[1]
+    assert holder.max_lost == holder.lost and holder.deadline_in <= 2, "failed by the reaper in 2 s"
 
 
 def test_a_run_sent_a_signal_it_survives_is_left_to_end_itself(gate_redis, broker):
@@ -107,4 +107,4 @@ def test_a_kill_ends_only_the_attempt_its_message_names(gate_redis, broker):
     assert end_killed_run(result.id, getattr(request, HEADER), status="failed", reason="hard time limit exceeded")
     row = KeyedTask.objects.get(task_id=result.id)
     assert row.status == "failed" and "hard time limit exceeded" in row.error
-    assert Gate(gate_redis).inspect("k")["holders"][1]["max_lost"] == 0
+    assert Gate(gate_redis).inspect("k").holders[1].max_lost == 0

@@ -49,6 +49,10 @@ def test_a_pickled_message_is_refused_without_decoding_it(tmp_path):
     assert not (tmp_path / "ran").exists()
     with pytest.raises(MessageRefused, match="malformed"):
         TaskMessage.decode(b"[1, 2]", ["json"])
+    for content_type in (["application/json"], {"a": 1}, None, 3):
+        hostile = json.dumps({"task": step.name, "id": "t-2", "content_type": content_type, "body": ""}).encode()
+        with pytest.raises(MessageRefused, match="is not in accept_content"):
+            TaskMessage.decode(hostile, ["json"])
 
 
 def test_a_parked_message_rewritten_as_pickle_fails_its_task_and_the_key_moves_on(gate_redis, broker, tmp_path):
@@ -62,7 +66,7 @@ def test_a_parked_message_rewritten_as_pickle_fails_its_task_and_the_key_moves_o
     row = KeyedTask.objects.get(task_id=first.id)
     assert row.status == "failed" and "not in accept_content" in row.error
     assert [json.loads(m)["headers"]["id"] for m in broker.lrange(QUEUE, 0, -1)] == [second.id]
-    assert list(get_gate().inspect("k")["holders"]) == [2]
+    assert list(get_gate().inspect("k").holders) == [2]
 
 
 def test_the_admin_s_retry_refuses_a_failed_row_whose_message_is_pickle(gate_redis, broker, tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import redis
 
-from django_keyed_queue.gate import Gate
+from django_keyed_queue.gate import Gate, Holder
 from django_keyed_queue.gate.keys import DEADLINE_INDEX, KeyNames
 
 
@@ -17,5 +17,5 @@ def message_of(client: redis.Redis, key: str, ticket: int) -> bytes | None:
     return client.hget(KeyNames(key).messages, ticket)
 
 
-def holder(gate: Gate, key: str, ticket: int) -> dict:
-    return gate.inspect(key)["holders"][ticket]
+def holder(gate: Gate, key: str, ticket: int) -> Holder:
+    return gate.inspect(key).holders[ticket]

@@ -34,8 +34,8 @@ def test_a_key_is_idle_after_its_last_finish(gate, gate_redis):
 
     _assert_idle(gate_redis, "k")
     state = gate.inspect("k")
-    assert HORIZON_MS / 1000 - 1 < state["idle_expires_in"] <= HORIZON_MS / 1000
-    assert (state["last_ticket"], state["last_token"]) == (2, started.token), "the counters outlive the work"
+    assert HORIZON_MS / 1000 - 1 < state.idle_expires_in <= HORIZON_MS / 1000
+    assert (state.last_ticket, state.last_token) == (2, started.token), "the counters outlive the work"
     assert started.token == first.token + 1
 
 
@@ -57,7 +57,7 @@ def test_cancelling_the_last_waiting_ticket_behind_a_running_one_keeps_the_key_b
     gate.cancel("k", 2)
 
     _assert_busy(gate_redis)
-    assert gate.inspect("k")["idle_expires_in"] is None
+    assert gate.inspect("k").idle_expires_in is None
     gate.finish("k", first.ticket, first.token)
     _assert_idle(gate_redis, "k")
 
@@ -103,7 +103,7 @@ def test_submit_makes_an_idle_key_busy_again(gate, gate_redis):
 
     assert second.ticket == 2
     _assert_busy(gate_redis)
-    assert gate.inspect("k")["idle_expires_in"] is None
+    assert gate.inspect("k").idle_expires_in is None
 
 
 def test_a_parked_submit_also_makes_the_key_busy(gate, gate_redis):
@@ -153,5 +153,5 @@ def test_a_busy_key_outlives_a_tiny_horizon(make_gate, gate_redis):
     wait_until(lambda: gate_redis.exists(KeyNames("other").meta) == 0, timeout=5, message="the other key to expire")
 
     state = gate.inspect("k")
-    assert state["last_ticket"] == 2 and state["waiting"] == [2]
+    assert state.last_ticket == 2 and state.waiting == [2]
     assert gate.finish("k", first.ticket, first.token).granted[0].ticket == 2

@@ -123,7 +123,7 @@ def test_the_gate_works_on_tricky_keys_in_one_slot(gate, gate_redis, key):
     (grant,) = gate.finish(key, first.ticket, first.token).granted
     assert (grant.key, grant.ticket, grant.message) == (key, 2, b"m2")
     state = gate.inspect(key)
-    assert state["key"] == key and list(state["holders"]) == [2]
+    assert state.key == key and list(state.holders) == [2]
 
 
 def test_a_key_redis_cannot_carry_fails_before_anything_is_written(gate, gate_redis):

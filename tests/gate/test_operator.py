@@ -2,7 +2,7 @@
 
 import time
 
-from django_keyed_queue.gate import Lease
+from django_keyed_queue.gate import Lease, RecoveryAction
 from django_keyed_queue.gate.keys import DEADLINE_INDEX, PAUSED_KEYS, KeyNames
 from tests.waiting import wait_until
 
@@ -20,7 +20,12 @@ def test_release_of_a_running_holder_fences_it_and_dispatches_it_again(gate, gat
     ticket, token = running(gate, "k", b"msg", max_lost=1)
     gate_redis.zrem(DEADLINE_INDEX, "k")
     [recovery] = gate.release("k", ticket)
-    assert (recovery.action, recovery.ticket, recovery.dispatch, recovery.message) == ("redispatch", ticket, 2, b"msg")
+    assert (recovery.action, recovery.ticket, recovery.dispatch, recovery.message) == (
+        RecoveryAction.REDISPATCH,
+        ticket,
+        2,
+        b"msg",
+    )
     assert not gate.holds(Lease("k", ticket, token)), "the stuck run is fenced at once, its lease not yet expired"
     assert gate.renew([Lease("k", ticket, token)]) == {Lease("k", ticket, token): False}
     assert gate.start("k", ticket, 2, max_lost=1).ok
@@ -31,15 +36,18 @@ def test_release_past_the_recoveries_fails_the_holder_and_grants_the_next(gate):
     ticket, _ = running(gate, "k", max_lost=0)
     parked = gate.submit("k", b"next")
     recoveries = gate.release("k", ticket)
-    assert [(r.action, r.ticket) for r in recoveries] == [("fail", ticket), ("grant", parked.ticket)]
-    assert set(gate.inspect("k")["holders"]) == {parked.ticket}
+    assert [(r.action, r.ticket) for r in recoveries] == [
+        (RecoveryAction.FAIL, ticket),
+        (RecoveryAction.GRANT, parked.ticket),
+    ]
+    assert set(gate.inspect("k").holders) == {parked.ticket}
 
 
 def test_release_of_a_granted_holder_publishes_it_again(gate):
     sub = gate.submit("k", b"lost")
     [recovery] = gate.release("k", sub.ticket)
-    assert (recovery.action, recovery.dispatch) == ("republish", 1)
-    assert holder(gate, "k", sub.ticket)["state"] == "granted"
+    assert (recovery.action, recovery.dispatch) == (RecoveryAction.REPUBLISH, 1)
+    assert holder(gate, "k", sub.ticket).state == "granted"
 
 
 def test_release_of_a_ticket_holding_nothing_changes_nothing(gate, gate_redis):
@@ -55,7 +63,7 @@ def test_release_of_a_ticket_holding_nothing_changes_nothing(gate, gate_redis):
 def test_a_refused_join_makes_the_later_join_a_duplicate(gate, gate_redis):
     assert gate.refuse_join("k", "task-1", due_in_seconds=5)
     assert gate.submit("k", b"m", start=True, join_id="task-1") is None
-    assert gate.inspect("k")["last_ticket"] == 0, "no ticket was taken"
+    assert gate.inspect("k").last_ticket == 0, "no ticket was taken"
     assert gate_redis.pttl(KeyNames("k").joined) > 3_600_000, "kept until due plus the idle horizon"
 
 
@@ -85,10 +93,10 @@ def test_inspect_many_reads_each_key(gate):
     parked = gate.submit("busy", b"next")
     gate.pause("idle")
     busy, idle, unknown = gate.inspect_many(["busy", "idle", "unknown"])
-    assert (busy["key"], busy["waiting"], list(busy["holders"])) == ("busy", [parked.ticket], [ticket])
-    assert busy["holders"][ticket]["state"] == "running" and 0 < busy["holders"][ticket]["deadline_in"] <= 30
-    assert idle["paused"] and not busy["paused"]
-    assert unknown == {**unknown, "last_ticket": 0, "waiting": [], "holders": {}, "paused": False}
+    assert (busy.key, busy.waiting, list(busy.holders)) == ("busy", [parked.ticket], [ticket])
+    assert busy.holders[ticket].state == "running" and 0 < busy.holders[ticket].deadline_in <= 30
+    assert idle.paused and not busy.paused
+    assert (unknown.last_ticket, unknown.waiting, unknown.holders, unknown.paused) == (0, [], {}, False)
     assert gate.inspect_many([]) == []
 
 
@@ -97,9 +105,9 @@ def test_inspect_reads_only_the_waiting_tickets_it_shows(gate, gate_redis):
     for _ in range(1000):
         gate.submit("deep", b"m")
     shown, counted, everything = (gate.inspect("deep", waiting_shown=n) for n in (5, 0, None))
-    assert (shown["waiting"], shown["depth"]) == ([1, 2, 3, 4, 5], 1000)
-    assert (counted["waiting"], counted["depth"]) == ([], 1000)
-    assert everything["waiting"] == list(range(1, 1001))
+    assert (shown.waiting, shown.depth) == ([1, 2, 3, 4, 5], 1000)
+    assert (counted.waiting, counted.depth) == ([], 1000)
+    assert everything.waiting == list(range(1, 1001))
 
 
 def test_paused_keys_are_read_in_bounded_steps(gate, gate_redis):
@@ -120,7 +128,10 @@ def test_a_given_up_run_is_fenced_now_and_failed_without_recovery_after_the_grac
     assert gate.reap()[1] == [], "the slot stays held through the grace: the next task must not overlap"
     assert gate_redis.zscore(DEADLINE_INDEX, "k") <= (time.time() + 0.5) * 1000, "the reaper looks after the grace"
     recoveries = wait_until(lambda: gate.reap()[1], timeout=5, message="the grace to pass")
-    assert [(r.action, r.ticket) for r in recoveries] == [("fail", ticket), ("grant", parked.ticket)]
+    assert [(r.action, r.ticket) for r in recoveries] == [
+        (RecoveryAction.FAIL, ticket),
+        (RecoveryAction.GRANT, parked.ticket),
+    ]
 
 
 def test_giving_up_a_ticket_that_does_not_run_changes_nothing(gate, gate_redis):

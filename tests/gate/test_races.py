@@ -65,9 +65,9 @@ def test_concurrent_submits_take_unique_contiguous_tickets(gate, gate_redis, red
         by_runner[message.split("/")[0]].append(int(ticket))
     assert all(t == sorted(t) for t in by_runner.values()), "one runner's submissions keep their order"
     state = gate.inspect("hot")
-    assert sorted(state["holders"]) == [1, 2, 3]
-    assert state["waiting"] == list(range(4, total + 1))
-    assert (state["last_ticket"], state["messages"]) == (total, total)
+    assert sorted(state.holders) == [1, 2, 3]
+    assert state.waiting == list(range(4, total + 1))
+    assert (state.last_ticket, state.messages) == (total, total)
 
 
 def _run_pool(gate: Gate, client: redis.Redis, url: str, limit: int, total: int, work_seconds: float) -> list[list]:
@@ -83,7 +83,7 @@ def _run_pool(gate: Gate, client: redis.Redis, url: str, limit: int, total: int,
             if submitted.granted:
                 rw.publish(client, [Grant("pool", submitted.ticket, 1, b"")])
     state = gate.inspect("pool")
-    assert state["holders"] == {} and state["waiting"] == [] and state["messages"] == 0
+    assert state.holders == {} and state.waiting == [] and state.messages == 0
     return [line.decode().split() for line in client.lrange(rw.LOG, 0, -1)]
 
 
@@ -184,7 +184,7 @@ def test_duplicate_starts_of_one_ticket_start_it_once(gate, redis_url):
         assert codes == Counter({Code.OK: 1, Code.ALREADY_STARTED: racers - 1}), (ticket, codes)
     tokens = sorted(r.token for outcomes in results.values() for r in outcomes if r.code is Code.OK)
     assert tokens == list(range(tokens[0], tokens[0] + rounds)), "one fencing token per ticket, none for the losers"
-    assert gate.inspect("dup")["last_token"] == tokens[-1]
+    assert gate.inspect("dup").last_token == tokens[-1]
 
 
 def test_cancel_racing_start_lets_exactly_one_win(gate, redis_url):
@@ -218,5 +218,5 @@ def test_cancel_racing_start_lets_exactly_one_win(gate, redis_url):
         if got["start"].ok:
             assert gate.finish("race", ticket, got["start"].token).ok
         state = gate.inspect("race")
-        assert state["holders"] == {} and state["messages"] == 0
+        assert state.holders == {} and state.messages == 0
     assert sum(outcomes.values()) == rounds

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from django_keyed_queue.gate import Code, Lease
+from django_keyed_queue.gate import Code, Lease, Outcome, RecoveryAction
 from django_keyed_queue.gate.keys import DEADLINE_INDEX, KeyNames
 from tests.waiting import wait_until
 
@@ -36,12 +36,13 @@ def test_an_expired_lease_is_redispatched_and_only_the_new_message_may_start(qui
     ticket, token = started(quick, "k", max_lost=1)
     [recovery] = reap_until(quick)
     assert (recovery.action, recovery.ticket, recovery.dispatch, recovery.message) == (
-        "redispatch",
+        RecoveryAction.REDISPATCH,
         ticket,
         2,
         b"msg-k",
     )
-    assert holder(quick, "k", ticket)["state"] == "granted"
+    assert recovery.action is RecoveryAction.REDISPATCH and f"{recovery.action}" == "redispatch", "logged as before"
+    assert holder(quick, "k", ticket).state == "granted"
     assert quick.start("k", ticket, 1).code is Code.STALE_DISPATCH
     assert quick.finish("k", ticket, token).code is Code.STALE_TOKEN, "the lost holder is fenced"
     assert not quick.holds(Lease("k", ticket, token))
@@ -54,16 +55,19 @@ def test_past_its_max_lost_a_ticket_fails_and_the_next_one_is_granted(quick):
     ticket, _ = started(quick, "k", max_lost=0)
     parked = quick.submit("k", b"next")
     recoveries = reap_until(quick)
-    assert [(r.action, r.ticket) for r in recoveries] == [("fail", ticket), ("grant", parked.ticket)]
+    assert [(r.action, r.ticket) for r in recoveries] == [
+        (RecoveryAction.FAIL, ticket),
+        (RecoveryAction.GRANT, parked.ticket),
+    ]
     assert recoveries[0].message == b"msg-k", "the failed ticket's message names the task to record"
     assert recoveries[1].message == b"next" and recoveries[1].dispatch == 1
-    assert set(quick.inspect("k")["holders"]) == {parked.ticket}
+    assert set(quick.inspect("k").holders) == {parked.ticket}
 
 
 def test_a_granted_ticket_never_started_is_republished_with_the_same_dispatch(quick):
     sub = quick.submit("k", b"lost-message")
     [recovery] = reap_until(quick)
-    assert (recovery.action, recovery.dispatch, recovery.attempts) == ("republish", 1, 0)
+    assert (recovery.action, recovery.dispatch, recovery.attempts) == (RecoveryAction.REPUBLISH, 1, 0)
     # Both the late original and the republished copy carry dispatch 1: the first start wins.
     assert quick.start("k", sub.ticket, 1).ok
     assert quick.start("k", sub.ticket, 1).code is Code.ALREADY_STARTED
@@ -83,7 +87,7 @@ def test_the_index_follows_each_keys_real_next_deadline(make_gate, gate_redis):
     gate.submit("idle", b"m")
     ticket = gate.submit("busy", b"m").ticket
     gate.start("busy", ticket, 1)
-    [idle_ticket] = gate.inspect("idle")["holders"]
+    [idle_ticket] = gate.inspect("idle").holders
     gate.finish("idle", idle_ticket, 0)  # not started: stale, the holder stays granted
     gate.cancel("idle", idle_ticket)
     # Make every key due now, as if its hint had passed.
@@ -91,7 +95,7 @@ def test_the_index_follows_each_keys_real_next_deadline(make_gate, gate_redis):
     assert gate.reap() == (2, [])
     index = dict(gate_redis.zrange(DEADLINE_INDEX, 0, -1, withscores=True))
     assert b"idle" not in index, "an idle key leaves the index"
-    lease_end = gate.inspect("busy")["holders"][ticket]["deadline_in"]
+    lease_end = gate.inspect("busy").holders[ticket].deadline_in
     seconds, micros = gate_redis.time()
     assert index[b"busy"] == pytest.approx(seconds * 1000 + micros / 1000 + lease_end * 1000, abs=50)
 
@@ -99,19 +103,19 @@ def test_the_index_follows_each_keys_real_next_deadline(make_gate, gate_redis):
 def test_a_dry_run_reports_and_changes_nothing(quick, gate_redis):
     ticket, token = started(quick, "k", max_lost=0)
     quick.submit("k", b"next")
-    wait_until(lambda: holder(quick, "k", ticket)["deadline_in"] < 0, timeout=5, message="the lease to expire")
+    wait_until(lambda: holder(quick, "k", ticket).deadline_in < 0, timeout=5, message="the lease to expire")
     before = (quick.inspect("k"), gate_redis.zrange(DEADLINE_INDEX, 0, -1, withscores=True))
     planned = recoveries(quick, dry_run=True)
-    assert [r.action for r in planned] == ["fail"]
+    assert [r.action for r in planned] == [RecoveryAction.FAIL]
     after = (quick.inspect("k"), gate_redis.zrange(DEADLINE_INDEX, 0, -1, withscores=True))
-    assert before[0]["holders"].keys() == after[0]["holders"].keys() and before[1] == after[1]
-    assert [r.action for r in recoveries(quick)] == ["fail", "grant"]
+    assert before[0].holders.keys() == after[0].holders.keys() and before[1] == after[1]
+    assert [r.action for r in recoveries(quick)] == [RecoveryAction.FAIL, RecoveryAction.GRANT]
 
 
 def test_reapers_racing_recover_each_ticket_once(quick):
     tickets = {key: started(quick, key, max_lost=3)[0] for key in (f"k{i}" for i in range(20))}
     wait_until(
-        lambda: all(holder(quick, k, t)["deadline_in"] < 0 for k, t in tickets.items()),
+        lambda: all(holder(quick, k, t).deadline_in < 0 for k, t in tickets.items()),
         timeout=5,
         message="every lease to expire",
     )
@@ -128,8 +132,8 @@ def test_reapers_racing_recover_each_ticket_once(quick):
         thread.start()
     for thread in threads:
         thread.join()
-    assert sorted((r.key, r.action) for r in found) == sorted((k, "redispatch") for k in tickets)
-    assert all(holder(quick, k, t)["dispatch"] == 2 for k, t in tickets.items())
+    assert sorted((r.key, r.action) for r in found) == sorted((k, RecoveryAction.REDISPATCH) for k in tickets)
+    assert all(holder(quick, k, t).dispatch == 2 for k, t in tickets.items())
 
 
 def test_reaping_touches_only_the_due_keys(make_gate, gate_redis):
@@ -151,13 +155,13 @@ def test_reaping_touches_only_the_due_keys(make_gate, gate_redis):
 def test_an_unwritten_outcome_is_handed_back_after_the_grace(make_gate, gate_redis):
     gate = make_gate(lease_seconds=30, outcome_grace_seconds=0.3)
     ticket, token = started(gate, "k")
-    assert gate.finish("k", ticket, token, outcome=("task-1", b"the record")).ok
+    assert gate.finish("k", ticket, token, outcome=Outcome("task-1", b"the record")).ok
     assert gate_redis.hget(KeyNames("k").outcomes, "task-1").endswith(b"|the record")
     gate_redis.zadd(DEADLINE_INDEX, {"k": 0})
     assert recoveries(gate) == [], "within the grace the worker may still write it"
     assert gate_redis.zscore(DEADLINE_INDEX, "k") is not None, "the key stays indexed while an outcome waits"
     [outcome] = wait_until(lambda: recoveries(gate), timeout=5, message="the outcome to be due")
-    assert (outcome.action, outcome.message, outcome.publishes) == ("outcome", b"the record", False)
+    assert (outcome.action, outcome.message, outcome.publishes) == (RecoveryAction.OUTCOME, b"the record", False)
     gate.forget_outcomes([("k", "task-1")])
     assert not gate_redis.exists(KeyNames("k").outcomes)
     gate_redis.zadd(DEADLINE_INDEX, {"k": 0})

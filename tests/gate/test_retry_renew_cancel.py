@@ -18,13 +18,13 @@ def test_retry_keeps_the_slot_and_issues_a_new_dispatch(gate, gate_redis):
 
     assert dispatch == 2
     retrying = holder(gate, "k", first.ticket)
-    assert retrying["state"] == "granted"
-    assert (retrying["dispatch"], retrying["token"], retrying["attempts"]) == (2, 0, 1)
+    assert retrying.state == "granted"
+    assert (retrying.dispatch, retrying.token, retrying.attempts) == (2, 0, 1)
     # Deadline: the countdown (10 s) plus the dispatch timeout (60 s).
-    assert 69 < retrying["deadline_in"] <= 70
+    assert 69 < retrying.deadline_in <= 70
     assert message_of(gate_redis, "k", first.ticket) == b"m1 retry"
     state = gate.inspect("k")
-    assert state["waiting"] == [2], "the key stays held: the next ticket is not granted"
+    assert state.waiting == [2], "the key stays held: the next ticket is not granted"
     assert gate.start("k", 2, 1).code is Code.NOT_GRANTED
     assert not gate.submit("k", b"m3").granted
 
@@ -56,7 +56,7 @@ def test_retry_with_no_countdown_waits_the_dispatch_timeout(gate):
 
     gate.retry("k", first.ticket, first.token, b"m1", countdown_seconds=0)
 
-    assert 59 < holder(gate, "k", first.ticket)["deadline_in"] <= 60
+    assert 59 < holder(gate, "k", first.ticket).deadline_in <= 60
 
 
 def test_retry_with_a_wrong_token_is_stale_and_changes_nothing(gate, gate_redis):
@@ -66,14 +66,14 @@ def test_retry_with_a_wrong_token_is_stale_and_changes_nothing(gate, gate_redis)
     assert gate.retry("k", first.ticket, 0, b"new", countdown_seconds=1) is None
 
     running = holder(gate, "k", first.ticket)
-    assert (running["state"], running["token"], running["dispatch"]) == ("running", first.token, 1)
+    assert (running.state, running.token, running.dispatch) == ("running", first.token, 1)
     assert message_of(gate_redis, "k", first.ticket) == b"m1"
 
 
 def test_retry_of_a_ticket_not_running_is_stale(gate, gate_redis):
     granted = gate.submit("k", b"m1")
     assert gate.retry("k", granted.ticket, 0, b"new", countdown_seconds=1) is None
-    assert holder(gate, "k", granted.ticket)["dispatch"] == 1
+    assert holder(gate, "k", granted.ticket).dispatch == 1
     assert message_of(gate_redis, "k", granted.ticket) == b"m1"
 
     assert gate.retry("k", 77, 1, b"new", countdown_seconds=1) is None
@@ -85,7 +85,7 @@ def test_retry_twice_with_the_same_token_is_stale_the_second_time(gate):
 
     assert gate.retry("k", first.ticket, first.token, b"r1", countdown_seconds=0) == 2
     assert gate.retry("k", first.ticket, first.token, b"r2", countdown_seconds=0) is None
-    assert holder(gate, "k", first.ticket)["dispatch"] == 2
+    assert holder(gate, "k", first.ticket).dispatch == 2
 
 
 # --- renew ---------------------------------------------------------------------------------
@@ -94,15 +94,15 @@ def test_retry_twice_with_the_same_token_is_stale_the_second_time(gate):
 def test_renew_moves_the_deadline_to_now_plus_the_lease(gate, make_gate):
     first = gate.submit("k", b"m1", start=True)
     lease = Lease("k", first.ticket, first.token)
-    assert 29 < holder(gate, "k", first.ticket)["deadline_in"] <= 30
+    assert 29 < holder(gate, "k", first.ticket).deadline_in <= 30
 
     assert make_gate(lease_seconds=100).renew([lease]) == {lease: True}
-    assert 99 < holder(gate, "k", first.ticket)["deadline_in"] <= 100
+    assert 99 < holder(gate, "k", first.ticket).deadline_in <= 100
 
     assert make_gate(lease_seconds=5).renew([lease]) == {lease: True}
-    assert 4 < holder(gate, "k", first.ticket)["deadline_in"] <= 5
+    assert 4 < holder(gate, "k", first.ticket).deadline_in <= 5
     running = holder(gate, "k", first.ticket)
-    assert (running["state"], running["token"], running["attempts"]) == ("running", first.token, 1)
+    assert (running.state, running.token, running.attempts) == ("running", first.token, 1)
 
 
 def test_renew_of_many_leases_on_many_keys_reports_each(gate, make_gate):
@@ -124,10 +124,10 @@ def test_renew_of_many_leases_on_many_keys_reports_each(gate, make_gate):
     outcome = make_gate(lease_seconds=100).renew(leases)
 
     assert outcome == leases
-    assert 99 < holder(gate, "a", a1.ticket)["deadline_in"] <= 100
-    assert 99 < holder(gate, "a", a2.ticket)["deadline_in"] <= 100
-    assert holder(gate, "a", a3.ticket)["deadline_in"] <= 60, "a lost lease is not extended"
-    assert holder(gate, "b", b1.ticket)["deadline_in"] <= 30, "a lost lease is not extended"
+    assert 99 < holder(gate, "a", a1.ticket).deadline_in <= 100
+    assert 99 < holder(gate, "a", a2.ticket).deadline_in <= 100
+    assert holder(gate, "a", a3.ticket).deadline_in <= 60, "a lost lease is not extended"
+    assert holder(gate, "b", b1.ticket).deadline_in <= 30, "a lost lease is not extended"
     assert not any("nowhere" in name for name in redis_names(gate.client)), "renew must not create keys"
 
 
@@ -157,10 +157,10 @@ def test_cancel_of_a_parked_ticket_removes_it_from_the_queue(gate, gate_redis):
 
     assert result.ok and result.granted == []
     state = gate.inspect("k")
-    assert state["waiting"] == [3]
-    assert list(state["holders"]) == [1]
+    assert state.waiting == [3]
+    assert list(state.holders) == [1]
     assert message_of(gate_redis, "k", 2) is None
-    assert state["messages"] == 2
+    assert state.messages == 2
     assert gate.start("k", 2, 1).code is Code.NOT_GRANTED
 
 
@@ -174,8 +174,8 @@ def test_cancel_of_a_granted_ticket_grants_the_next(gate, gate_redis):
     assert result.ok
     assert result.granted == [Grant("k", 2, 1, b"m2")]
     state = gate.inspect("k")
-    assert list(state["holders"]) == [2] and state["holders"][2]["state"] == "granted"
-    assert state["waiting"] == [3]
+    assert list(state.holders) == [2] and state.holders[2].state == "granted"
+    assert state.waiting == [3]
     assert message_of(gate_redis, "k", 1) is None
     assert gate.start("k", 1, 1).code is Code.NOT_GRANTED, "the cancelled ticket's message must be dropped"
 
@@ -187,8 +187,8 @@ def test_cancel_of_a_granted_ticket_grants_up_to_the_limit(gate):
     result = gate.cancel("k", 1, limit=2)
 
     assert [g.ticket for g in result.granted] == [3]
-    assert sorted(gate.inspect("k")["holders"]) == [2, 3]
-    assert gate.inspect("k")["waiting"] == [4, 5]
+    assert sorted(gate.inspect("k").holders) == [2, 3]
+    assert gate.inspect("k").waiting == [4, 5]
 
 
 def test_cancel_of_a_granted_ticket_on_a_paused_key_grants_nothing(gate, gate_redis):
@@ -199,8 +199,8 @@ def test_cancel_of_a_granted_ticket_on_a_paused_key_grants_nothing(gate, gate_re
     result = gate.cancel("k", 1)
 
     assert result.ok and result.granted == []
-    assert gate.inspect("k")["holders"] == {}
-    assert gate.inspect("k")["waiting"] == [2]
+    assert gate.inspect("k").holders == {}
+    assert gate.inspect("k").waiting == [2]
 
 
 def test_cancel_of_a_running_ticket_changes_nothing(gate, gate_redis):
@@ -212,9 +212,9 @@ def test_cancel_of_a_running_ticket_changes_nothing(gate, gate_redis):
 
     assert result.code is Code.RUNNING and result.granted == []
     after = gate.inspect("k")
-    assert after["waiting"] == before["waiting"] == [2]
-    assert after["messages"] == 2
-    assert (after["holders"][1]["state"], after["holders"][1]["token"]) == ("running", first.token)
+    assert after.waiting == before.waiting == [2]
+    assert after.messages == 2
+    assert (after.holders[1].state, after.holders[1].token) == ("running", first.token)
     assert message_of(gate_redis, "k", first.ticket) == b"m1"
     assert gate.finish("k", first.ticket, first.token).ok
 
@@ -253,8 +253,8 @@ def test_forget_of_the_last_parked_ticket_gives_its_number_back(gate, gate_redis
 
     assert result.ok and result.granted == []
     state = gate.inspect("k")
-    assert (state["last_ticket"], state["waiting"], state["messages"]) == (1, [], 1)
-    assert state["idle_expires_in"] is None, "the key is still held"
+    assert (state.last_ticket, state.waiting, state.messages) == (1, [], 1)
+    assert state.idle_expires_in is None, "the key is still held"
     again = gate.submit("k", b"m2 again")
     assert (again.ticket, again.granted) == (parked.ticket, False)
     assert message_of(gate_redis, "k", again.ticket) == b"m2 again"
@@ -269,7 +269,7 @@ def test_forget_of_a_ticket_that_is_not_the_last_keeps_the_numbering(gate):
     assert gate.cancel("k", middle.ticket, forget=True).ok
 
     state = gate.inspect("k")
-    assert (state["last_ticket"], state["waiting"]) == (3, [3])
+    assert (state.last_ticket, state.waiting) == (3, [3])
     assert gate.submit("k", b"m4").ticket == 4
 
 
@@ -284,7 +284,7 @@ def test_forget_of_a_granted_last_ticket_grants_nothing_else_and_keeps_the_count
     assert redis_names(gate_redis) == {KeyNames("k").meta}
     assert 0 < gate_redis.pttl(KeyNames("k").meta) <= 3_600_000
     state = gate.inspect("k")
-    assert (state["last_ticket"], state["last_token"]) == (1, first.token)
+    assert (state.last_ticket, state.last_token) == (1, first.token)
     again = gate.submit("k", b"m3", start=True)
     assert (again.ticket, again.token) == (2, first.token + 1)
 
@@ -303,7 +303,7 @@ def test_forget_of_a_running_or_unknown_ticket_changes_nothing(gate):
 
     assert gate.cancel("k", first.ticket, forget=True).code is Code.RUNNING
     assert gate.cancel("k", 5, forget=True).code is Code.NOT_GRANTED
-    assert gate.inspect("k")["last_ticket"] == 1
+    assert gate.inspect("k").last_ticket == 1
     assert gate.finish("k", first.ticket, first.token).ok
     assert gate.cancel("k", first.ticket, forget=True).code is Code.NOT_GRANTED
-    assert gate.inspect("k")["last_ticket"] == 1, "a finished ticket's number is never given back"
+    assert gate.inspect("k").last_ticket == 1, "a finished ticket's number is never given back"

@@ -30,11 +30,11 @@ def test_start_of_a_granted_ticket_starts_its_lease(gate, gate_redis):
     # The deadline is on the server's clock: start time + the 30 s lease.
     assert before_ms + 30_000 <= started.lease_deadline_ms <= after_ms + 30_000
     state = gate.inspect("k")
-    assert state["last_token"] == started.token
-    running = state["holders"][ticket]
-    assert running["state"] == "running"
-    assert (running["dispatch"], running["token"], running["attempts"]) == (1, started.token, 1)
-    assert 29 < running["deadline_in"] <= 30
+    assert state.last_token == started.token
+    running = state.holders[ticket]
+    assert running.state == "running"
+    assert (running.dispatch, running.token, running.attempts) == (1, started.token, 1)
+    assert 29 < running.deadline_in <= 30
 
 
 def test_start_of_a_parked_ticket_is_not_granted(gate):
@@ -46,8 +46,8 @@ def test_start_of_a_parked_ticket_is_not_granted(gate):
     assert result.code is Code.NOT_GRANTED and not result.ok
     assert (result.token, result.attempts, result.lease_deadline_ms) == (0, 0, 0)
     state = gate.inspect("k")
-    assert state["waiting"] == [parked] and parked not in state["holders"]
-    assert state["last_token"] == 0
+    assert state.waiting == [parked] and parked not in state.holders
+    assert state.last_token == 0
 
 
 def test_start_of_a_finished_ticket_is_not_granted(gate):
@@ -75,8 +75,8 @@ def test_second_start_of_the_same_dispatch_is_already_started(gate):
     assert again.code is Code.ALREADY_STARTED
     assert (again.token, again.attempts) == (0, 1)
     state = gate.inspect("k")
-    assert state["last_token"] == first.token, "a refused start takes no token"
-    assert state["holders"][ticket]["token"] == first.token
+    assert state.last_token == first.token, "a refused start takes no token"
+    assert state.holders[ticket].token == first.token
 
 
 def test_start_with_another_dispatch_is_stale(gate):
@@ -86,7 +86,7 @@ def test_start_with_another_dispatch_is_stale(gate):
         result = gate.start("k", ticket, dispatch)
         assert result.code is Code.STALE_DISPATCH
         assert result.token == 0
-    assert gate.inspect("k")["holders"][ticket]["state"] == "granted"
+    assert gate.inspect("k").holders[ticket].state == "granted"
     assert gate.start("k", ticket, 1).ok
 
 
@@ -103,11 +103,11 @@ def test_finish_grants_the_next_ticket_with_its_message(gate, gate_redis):
     assert done.ok and done.code is Code.OK
     assert done.granted == [Grant(key="k", ticket=2, dispatch=1, message=b"m2")]
     state = gate.inspect("k")
-    assert list(state["holders"]) == [2]
-    assert state["holders"][2]["state"] == "granted"
-    assert 59 < state["holders"][2]["deadline_in"] <= 60
-    assert state["waiting"] == [3]
-    assert state["messages"] == 2
+    assert list(state.holders) == [2]
+    assert state.holders[2].state == "granted"
+    assert 59 < state.holders[2].deadline_in <= 60
+    assert state.waiting == [3]
+    assert state.messages == 2
     assert message_of(gate_redis, "k", first.ticket) is None, "a finished ticket's message is dropped"
 
 
@@ -120,8 +120,8 @@ def test_finish_grants_next_tickets_in_order_up_to_the_limit(gate):
 
     assert [(g.ticket, g.dispatch, g.message) for g in done.granted] == [(2, 1, b"m2"), (3, 1, b"m3"), (4, 1, b"m4")]
     state = gate.inspect("k")
-    assert sorted(state["holders"]) == [2, 3, 4]
-    assert state["waiting"] == [5, 6]
+    assert sorted(state.holders) == [2, 3, 4]
+    assert state.waiting == [5, 6]
 
 
 def test_finish_counts_the_slots_still_held(gate):
@@ -134,7 +134,7 @@ def test_finish_counts_the_slots_still_held(gate):
     done = gate.finish("k", first.ticket, first.token, limit=2)
 
     assert [g.ticket for g in done.granted] == [3], "ticket 2 still holds one of the two slots"
-    assert sorted(gate.inspect("k")["holders"]) == [2, 3]
+    assert sorted(gate.inspect("k").holders) == [2, 3]
 
 
 def test_finish_of_the_last_ticket_grants_nothing(gate):
@@ -144,7 +144,7 @@ def test_finish_of_the_last_ticket_grants_nothing(gate):
 
     assert done.ok and done.granted == []
     state = gate.inspect("k")
-    assert state["holders"] == {} and state["waiting"] == [] and state["messages"] == 0
+    assert state.holders == {} and state.waiting == [] and state.messages == 0
 
 
 def test_finish_on_a_paused_key_grants_nothing(gate, gate_redis):
@@ -156,16 +156,16 @@ def test_finish_on_a_paused_key_grants_nothing(gate, gate_redis):
 
     assert done.ok and done.granted == []
     state = gate.inspect("k")
-    assert state["holders"] == {} and state["waiting"] == [2]
-    assert state["idle_expires_in"] is None, "a key with waiting tickets is not idle"
+    assert state.holders == {} and state.waiting == [2]
+    assert state.idle_expires_in is None, "a key with waiting tickets is not idle"
 
 
 def _assert_unchanged(gate, key, before):
     after = gate.inspect(key)
     for field in ("last_ticket", "last_token", "waiting", "messages", "paused"):
-        assert after[field] == before[field], field
-    assert {t: (h["state"], h["token"], h["dispatch"]) for t, h in after["holders"].items()} == {
-        t: (h["state"], h["token"], h["dispatch"]) for t, h in before["holders"].items()
+        assert getattr(after, field) == getattr(before, field), field
+    assert {t: (h.state, h.token, h.dispatch) for t, h in after.holders.items()} == {
+        t: (h.state, h.token, h.dispatch) for t, h in before.holders.items()
     }
 
 
@@ -200,7 +200,7 @@ def test_finish_of_an_unknown_or_finished_ticket_is_stale(gate):
     assert gate.finish("k", first.ticket, first.token).ok
     twice = gate.finish("k", first.ticket, first.token)
     assert twice.code is Code.STALE_TOKEN and twice.granted == []
-    assert list(gate.inspect("k")["holders"]) == [2], "a second finish must not grant again"
+    assert list(gate.inspect("k").holders) == [2], "a second finish must not grant again"
 
 
 # --- fencing tokens ------------------------------------------------------------------------
@@ -233,13 +233,13 @@ def test_fencing_tokens_strictly_increase_across_starts_and_retries(gate):
 
     assert tokens == sorted(set(tokens)), f"tokens not strictly increasing: {tokens}"
     assert tokens == list(range(tokens[0], tokens[0] + 9)), "one token per start, none skipped"
-    assert gate.inspect("k")["last_token"] == tokens[-1]
+    assert gate.inspect("k").last_token == tokens[-1]
 
 
 def test_fencing_tokens_continue_after_the_key_went_idle(gate):
     first = gate.submit("k", b"m1", start=True)
     gate.finish("k", first.ticket, first.token)
-    assert gate.inspect("k")["idle_expires_in"] is not None
+    assert gate.inspect("k").idle_expires_in is not None
 
     second = gate.submit("k", b"m2", start=True)
 
@@ -264,5 +264,5 @@ def test_only_the_ticket_s_own_message_may_start_it(gate):
     other = gate.submit("other", b"not json").ticket
     assert gate.start("k", ticket, 1, task_id="copied-header").code is Code.FOREIGN_MESSAGE
     assert gate.start("other", other, 1, task_id="any").code is Code.FOREIGN_MESSAGE, "an unreadable stored message"
-    assert gate.inspect("k")["holders"][ticket]["state"] == "granted", "a refused start changes nothing"
+    assert gate.inspect("k").holders[ticket].state == "granted", "a refused start changes nothing"
     assert gate.start("k", ticket, 1, task_id="own-id").ok

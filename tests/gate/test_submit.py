@@ -18,16 +18,16 @@ def test_first_submit_is_granted_and_stores_its_message(gate, gate_redis):
 
     assert result == SubmitResult(ticket=1, granted=True, token=0)
     state = gate.inspect("k")
-    assert state["last_ticket"] == 1
-    assert state["last_token"] == 0, "a grant alone takes no fencing token"
-    assert state["waiting"] == []
-    assert state["messages"] == 1
+    assert state.last_ticket == 1
+    assert state.last_token == 0, "a grant alone takes no fencing token"
+    assert state.waiting == []
+    assert state.messages == 1
     assert message_of(gate_redis, "k", 1) == b"m1"
-    granted = state["holders"][1]
-    assert granted["state"] == "granted"
-    assert (granted["dispatch"], granted["token"], granted["attempts"]) == (1, 0, 0)
+    granted = state.holders[1]
+    assert granted.state == "granted"
+    assert (granted.dispatch, granted.token, granted.attempts) == (1, 0, 0)
     # A granted ticket's deadline is the dispatch timeout (60 s), not the lease (30 s).
-    assert 59 < granted["deadline_in"] <= 60
+    assert 59 < granted.deadline_in <= 60
 
 
 def test_submit_behind_a_holder_is_parked_in_order(gate, gate_redis):
@@ -39,9 +39,9 @@ def test_submit_behind_a_holder_is_parked_in_order(gate, gate_redis):
     assert second == SubmitResult(ticket=2, granted=False, token=0)
     assert third == SubmitResult(ticket=3, granted=False, token=0)
     state = gate.inspect("k")
-    assert list(state["holders"]) == [1]
-    assert state["waiting"] == [2, 3]
-    assert state["messages"] == 3
+    assert list(state.holders) == [1]
+    assert state.waiting == [2, 3]
+    assert state.messages == 3
     assert message_of(gate_redis, "k", 2) == b"m2"
     assert message_of(gate_redis, "k", 3) == b"m3"
 
@@ -52,9 +52,9 @@ def test_limit_grants_that_many_then_parks(gate):
     assert [r.ticket for r in results] == [1, 2, 3, 4, 5]
     assert [r.granted for r in results] == [True, True, True, False, False]
     state = gate.inspect("k")
-    assert sorted(state["holders"]) == [1, 2, 3]
-    assert all(h["state"] == "granted" for h in state["holders"].values())
-    assert state["waiting"] == [4, 5]
+    assert sorted(state.holders) == [1, 2, 3]
+    assert all(h.state == "granted" for h in state.holders.values())
+    assert state.waiting == [4, 5]
 
 
 def test_a_free_slot_is_not_taken_past_waiting_tickets(gate):
@@ -65,7 +65,7 @@ def test_a_free_slot_is_not_taken_past_waiting_tickets(gate):
     third = gate.submit("k", b"m3", limit=2)
 
     assert not third.granted
-    assert gate.inspect("k")["waiting"] == [2, 3]
+    assert gate.inspect("k").waiting == [2, 3]
 
 
 def test_keys_are_independent(gate):
@@ -83,10 +83,10 @@ def test_paused_key_parks_every_submission(gate, gate_redis):
     assert first == SubmitResult(ticket=1, granted=False, token=0)
     assert started == SubmitResult(ticket=2, granted=False, token=0)
     state = gate.inspect("k")
-    assert state["paused"] is True
-    assert state["holders"] == {}
-    assert state["waiting"] == [1, 2]
-    assert state["last_token"] == 0
+    assert state.paused is True
+    assert state.holders == {}
+    assert state.waiting == [1, 2]
+    assert state.last_token == 0
 
 
 def test_start_true_grants_and_starts_with_a_token(gate):
@@ -94,12 +94,12 @@ def test_start_true_grants_and_starts_with_a_token(gate):
 
     assert result == SubmitResult(ticket=1, granted=True, token=result.token) and result.token > 0
     state = gate.inspect("k")
-    assert state["last_token"] == result.token
-    running = state["holders"][1]
-    assert running["state"] == "running"
-    assert (running["dispatch"], running["token"], running["attempts"]) == (1, result.token, 1)
+    assert state.last_token == result.token
+    running = state.holders[1]
+    assert running.state == "running"
+    assert (running.dispatch, running.token, running.attempts) == (1, result.token, 1)
     # A started ticket's deadline is the lease (30 s).
-    assert 29 < running["deadline_in"] <= 30
+    assert 29 < running.deadline_in <= 30
     # Its (duplicate) message cannot start it again.
     assert gate.start("k", 1, 1).code is Code.ALREADY_STARTED
     assert gate.finish("k", 1, result.token).ok
@@ -111,7 +111,7 @@ def test_start_true_on_a_busy_key_parks_without_a_token(gate):
     parked = gate.submit("k", b"m2", start=True)
 
     assert parked == SubmitResult(ticket=2, granted=False, token=0)
-    assert gate.inspect("k")["last_token"] == 0
+    assert gate.inspect("k").last_token == 0
 
 
 def test_duplicate_join_id_returns_none_and_changes_nothing(gate, gate_redis):
@@ -123,9 +123,9 @@ def test_duplicate_join_id_returns_none_and_changes_nothing(gate, gate_redis):
     assert gate.submit("k", b"again", join_id="task-1") is None
 
     after = gate.inspect("k")
-    assert after["last_ticket"] == before["last_ticket"] == first.ticket
-    assert after["last_token"] == before["last_token"]
-    assert after["messages"] == 1 and after["waiting"] == []
+    assert after.last_ticket == before.last_ticket == first.ticket
+    assert after.last_token == before.last_token
+    assert after.messages == 1 and after.waiting == []
     assert message_of(gate_redis, "k", first.ticket) == b"m1"
     assert redis_names(gate_redis) == names_before
 
@@ -172,8 +172,8 @@ def test_a_retried_submit_gets_the_ticket_its_message_already_holds(gate):
     parked = gate.submit("k", b"second", task_id="t2")
     assert gate.submit("k", b"first", task_id="t1", retried=True) == granted, "granted, as the lost reply said"
     assert gate.submit("k", b"second", task_id="t2", retried=True) == parked, "parked, as the lost reply said"
-    assert gate.inspect("k")["last_ticket"] == 2, "no ticket was taken"
-    assert gate.inspect("k")["waiting"] == [parked.ticket]
+    assert gate.inspect("k").last_ticket == 2, "no ticket was taken"
+    assert gate.inspect("k").waiting == [parked.ticket]
 
 
 def test_a_retried_submit_whose_first_call_never_ran_takes_a_ticket(gate):

@@ -41,7 +41,7 @@ def _said_by_the_command(record: logging.LogRecord) -> bool:
 
 
 def _console_handlers(logger: logging.Logger | None) -> list[logging.Handler]:
-    found = []
+    found: list[logging.Handler] = []
     while logger is not None:
         found += [
             h

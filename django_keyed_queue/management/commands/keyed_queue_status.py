@@ -32,17 +32,15 @@ class Command(BaseCommand):
             state = get_gate().inspect(key, waiting_shown=WAITING_SHOWN) if key else None
             get_gate().client.ping()
         self.stdout.write("redis: reachable")
-        if state is not None and not state["last_ticket"] and not KeyedTask.objects.for_key(key).exists():
+        if state is not None and not state.last_ticket and not KeyedTask.objects.for_key(state.key).exists():
             raise CommandError(f"no keyed task has the key {key!r}, and the gate holds nothing of it")
         if state is not None:
-            self.stdout.write(
-                f"key {key!r}: {'paused' if state['paused'] else 'active'}, last ticket {state['last_ticket']}"
-            )
-            for ticket, holder in sorted(state["holders"].items()):
+            self.stdout.write(f"key {key!r}: {'paused' if state.paused else 'active'}, last ticket {state.last_ticket}")
+            for ticket, holder in sorted(state.holders.items()):
                 self.stdout.write(
-                    f"  holder ticket {ticket}: {holder['state']}, attempt {holder['attempts']}, "
-                    f"deadline in {holder['deadline_in']:.1f}s"
+                    f"  holder ticket {ticket}: {holder.state}, attempt {holder.attempts}, "
+                    f"deadline in {holder.deadline_in:.1f}s"
                 )
-            more = state["depth"] - len(state["waiting"])
-            shown = f"{state['waiting']}{f' and {more} more' if more else ''}" if state["waiting"] else "none"
+            more = state.depth - len(state.waiting)
+            shown = f"{state.waiting}{f' and {more} more' if more else ''}" if state.waiting else "none"
             self.stdout.write(f"  waiting tickets: {shown}")
