@@ -190,10 +190,23 @@ class Gate:
         code, dispatch = self._call(
             "retry",
             [names.messages, names.holders],
-            [ticket, token, seconds_to_ms(countdown_seconds), self.dispatch_timeout_ms, message],
+            [ticket, token, seconds_to_ms(countdown_seconds), self.dispatch_timeout_ms, message, ""],
         )
         logger.debug("retry key=%r ticket=%s code=%s dispatch=%s", key, ticket, Code(code).name, dispatch)
         return int(dispatch) if code == Code.OK else None
+
+    def requeue(self, key: str, ticket: int, token: int) -> bool:
+        """A running ticket's message goes back to the broker (``Reject(requeue=True)``): the same
+        message may start the ticket again, which keeps its slot meanwhile. False if fenced.
+
+        If that delivery never comes, the dispatch timeout publishes the stored message again.
+        """
+        names = KeyNames(key)
+        code, _ = self._call(
+            "retry", [names.messages, names.holders], [ticket, token, 0, self.dispatch_timeout_ms, "", "1"]
+        )
+        logger.debug("requeue key=%r ticket=%s code=%s", key, ticket, Code(code).name)
+        return bool(code == Code.OK)
 
     def cancel(self, key: str, ticket: int, *, limit: int | None = None, forget: bool = False) -> FinishResult:
         """Withdraw a ticket that has not started; returns tickets granted in its place.

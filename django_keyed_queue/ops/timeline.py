@@ -18,6 +18,8 @@ COLOURS: dict[str, str] = {  # by status
     Status.SUCCEEDED: "#417690",
     Status.FAILED: "#ba2121",
     Status.CANCELLED: "#999999",
+    Status.IGNORED: "#999999",
+    Status.REJECTED: "#999999",
     Status.RUNNING: "#e0a800",
     Status.RETRYING: "#e0a800",
 }

@@ -14,9 +14,13 @@ class Status(models.TextChoices):
     SUCCEEDED = "succeeded", _("succeeded")
     FAILED = "failed", _("failed")
     CANCELLED = "cancelled", _("cancelled")
+    #: The task raised Celery's ``Ignore`` (or was replaced by ``self.replace()``): it ended without a result.
+    IGNORED = "ignored", _("ignored")
+    #: The task raised Celery's ``Reject(requeue=False)``: its message was dropped.
+    REJECTED = "rejected", _("rejected")
 
 
-TERMINAL_STATUSES = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
+TERMINAL_STATUSES = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.IGNORED, Status.REJECTED)
 ACTIVE_STATUSES = (Status.WAITING, Status.DISPATCHED, Status.RUNNING, Status.RETRYING)
 
 #: Order of statuses within one attempt; a record never moves back in it.
@@ -28,4 +32,6 @@ STATUS_RANK: dict[str, int] = {
     Status.SUCCEEDED: 4,
     Status.FAILED: 4,
     Status.CANCELLED: 4,
+    Status.IGNORED: 4,
+    Status.REJECTED: 4,
 }

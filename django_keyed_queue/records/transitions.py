@@ -21,15 +21,45 @@ FIELDS = ("ticket", "worker", "error", "dispatched_at", "started_at", "heartbeat
 CREATE_FIELDS = ("task_name", "key", "enqueued_at", "arguments")
 
 
-def describe_arguments(task_name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-    """The arguments as stored on the record, after the project's redaction hook."""
+def describe_arguments(
+    task_name: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    argsrepr: str | None = None,
+    kwargsrepr: str | None = None,
+) -> str:
+    """The arguments as stored on the record: the project's redaction hook's, else the
+    ``argsrepr``/``kwargsrepr`` the caller gave Celery (as the worker logs them), else their repr."""
     redact = settings.REDACT_ARGUMENTS
     if redact is not None:
         if isinstance(redact, str):
             redact = import_string(redact)
         args, kwargs = redact(task_name, args, kwargs)
-    text = f"args={safe_repr(tuple(args))} kwargs={safe_repr(dict(kwargs))}"
-    return text[:ARGUMENTS_MAX_LENGTH]
+        argsrepr = kwargsrepr = None
+    shown_args = argsrepr if isinstance(argsrepr, str) else safe_repr(tuple(args))
+    shown_kwargs = kwargsrepr if isinstance(kwargsrepr, str) else safe_repr(dict(kwargs))
+    return f"args={shown_args} kwargs={shown_kwargs}"[:ARGUMENTS_MAX_LENGTH]
+
+
+#: What a worker's ``create`` may hold instead of ``arguments``: described only when needed.
+_RAW_ARGUMENTS = ("args", "kwargs", "argsrepr", "kwargsrepr")
+
+
+def _described(create: dict[str, Any]) -> dict[str, Any]:
+    """``create`` with its raw arguments replaced by their description."""
+    if not any(name in create for name in _RAW_ARGUMENTS):
+        return create
+    raw = {name: create.get(name) for name in _RAW_ARGUMENTS}
+    described = {k: v for k, v in create.items() if k not in _RAW_ARGUMENTS}
+    described.setdefault(
+        "arguments",
+        describe_arguments(
+            create["task_name"], raw["args"] or (), raw["kwargs"] or {},
+            argsrepr=raw["argsrepr"], kwargsrepr=raw["kwargsrepr"],
+        ),
+    )  # fmt: skip
+    return described
 
 
 @dataclass
@@ -64,10 +94,7 @@ class Transition:
 
     def row_to_create(self) -> dict[str, Any]:
         """The fields of the row to create when the transition finds none."""
-        create = dict(self.create or {})
-        args, kwargs = create.pop("args", ()), create.pop("kwargs", {})
-        if "arguments" not in create:
-            create["arguments"] = describe_arguments(create["task_name"], args, kwargs)
+        create = _described(dict(self.create or {}))
         return {"task_id": self.task_id, "status": self.status, "attempts": self.attempts, **create, **self.fields}
 
     def to_json(self) -> bytes:
@@ -76,11 +103,7 @@ class Transition:
         Arguments go as the record shows them: any serializer's values may be in
         them, and JSON cannot hold them all.
         """
-        create = self.create
-        if create is not None and ("args" in create or "kwargs" in create):
-            arguments = describe_arguments(create["task_name"], create.get("args", ()), create.get("kwargs", {}))
-            create = {k: v for k, v in create.items() if k not in ("args", "kwargs")}
-            create["arguments"] = arguments
+        create = None if self.create is None else _described(self.create)
         return kombu_json(
             {"task_id": self.task_id, "status": self.status, "attempts": self.attempts,
              "fields": self.fields, "create": create}

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 import redis
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, Reject
 from django.utils import timezone
 
 from ..gate import Code, Lease, Outcome
@@ -57,7 +57,16 @@ class Run:
                 Status.RUNNING,
                 attempts,
                 {"ticket": lease.ticket, "started_at": now, "heartbeat_at": now, "worker": request.hostname or ""},
-                create={"task_name": task.name, "key": lease.key, "args": args, "kwargs": kwargs, "enqueued_at": now},
+                create={
+                    "task_name": task.name,
+                    "key": lease.key,
+                    "enqueued_at": now,
+                    "args": args,
+                    "kwargs": kwargs,
+                    # Celery's request has them only when the message had them.
+                    "argsrepr": getattr(request, "argsrepr", None),
+                    "kwargsrepr": getattr(request, "kwargsrepr", None),
+                },  # fmt: skip
             )
         )
         process.leases.hold(lease, request.id, attempts)
@@ -79,6 +88,25 @@ class Run:
 
     def fail(self, exc: BaseException) -> bool:
         return self.finish(Status.FAILED, error=failure_text(exc))
+
+    def reject(self, exc: Reject) -> None:
+        """The task raised Celery's ``Reject``: its message is dropped, or requeued for the same message to run again.
+
+        A requeued message keeps the ticket's slot and may start it again (its dispatch is
+        unchanged). Celery requeues only a message not yet acknowledged (``acks_late``); an
+        early-acknowledged one is gone, as with a plain task, and the key moves on.
+        """
+        task, lease = self.task, self.lease
+        requeue = bool(getattr(exc, "requeue", False))  # celery-types' Reject lacks the attribute
+        if not (requeue and task.acks_late):
+            self.finish(Status.REJECTED, error=failure_text(exc))
+            return
+        self.let_go()
+        gate = current().gate
+        requeued, _ = outlast_restart(lambda: gate.requeue(lease.key, lease.ticket, lease.token))
+        if requeued:
+            error = "requeued by Reject(requeue=True): its message runs again"
+            current().recorder.record(Transition(task.request.id, Status.RETRYING, self.attempts, {"error": error}))
 
     def finish(self, status: str, error: str = "") -> bool:
         """End the run at the gate; False if this attempt no longer held its key (fenced)."""

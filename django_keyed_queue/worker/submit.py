@@ -74,7 +74,9 @@ def _enqueue(task, key: str, task_id: str, message: bytes, args: tuple, kwargs: 
         "task_id": task_id,
         "task_name": task.name,
         "key": key,
-        "arguments": describe_arguments(task.name, args, kwargs),
+        "arguments": describe_arguments(
+            task.name, args, kwargs, argsrepr=options.get("argsrepr"), kwargsrepr=options.get("kwargsrepr")
+        ),
         "message": message.decode(),
     }
     if any(options.get(name) is not None for name in DELAY_OPTIONS):

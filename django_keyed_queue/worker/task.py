@@ -13,10 +13,11 @@ from functools import cached_property
 from typing import Any
 
 from celery import Task
-from celery.exceptions import Ignore, Retry
+from celery.exceptions import Ignore, Reject, Retry
 
 from ..exceptions import InvalidArguments, InvalidKey
 from ..gate import MAX_KEY_LENGTH, Lease
+from ..records.statuses import Status
 from .run import Run
 from .submit import submit
 
@@ -88,7 +89,9 @@ class KeyedSerialTask(Task):
 
     def _bind(self, args: tuple, kwargs: dict) -> inspect.BoundArguments:
         try:
-            bound = self._signature.bind(*args, **kwargs)
+            # typing=False: Celery does not check the arguments, and neither do we, beyond what the key needs.
+            bind = self._signature.bind if self.typing else self._signature.bind_partial
+            bound = bind(*args, **kwargs)
         except TypeError as exc:
             raise InvalidArguments(f"{self.name}: {exc}") from exc
         bound.apply_defaults()
@@ -111,6 +114,12 @@ class KeyedSerialTask(Task):
             result = self.run(*args, **kwargs)
         except Retry:
             run.let_go()
+            raise
+        except Reject as exc:
+            run.reject(exc)
+            raise
+        except Ignore:
+            run.finish(Status.IGNORED)  # the task chose to end without a result (also self.replace())
             raise
         except Exception as exc:
             if not run.fail(exc):

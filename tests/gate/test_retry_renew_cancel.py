@@ -51,6 +51,26 @@ def test_after_a_retry_only_the_new_dispatch_starts_the_ticket(gate):
     assert done.granted == [Grant("k", 2, 1, b"m2")]
 
 
+def test_a_requeued_ticket_keeps_its_slot_and_its_message_may_start_it_again(gate, gate_redis):
+    first = gate.submit("k", b"m1", start=True)
+    gate.submit("k", b"m2")
+
+    assert gate.requeue("k", first.ticket, first.token)
+
+    requeued = holder(gate, "k", first.ticket)
+    assert (requeued.state, requeued.dispatch, requeued.token) == ("granted", 1, 0)
+    assert 59 < requeued.deadline_in <= 60  # not redelivered within the dispatch timeout: published again
+    assert message_of(gate_redis, "k", first.ticket) == b"m1"
+    assert gate.inspect("k").waiting == [2], "the key stays held"
+    # The old attempt is fenced; the same message (dispatch 1) starts the ticket again, once.
+    assert gate.finish("k", first.ticket, first.token).code is Code.STALE_TOKEN
+    assert not gate.requeue("k", first.ticket, first.token)
+    again = gate.start("k", first.ticket, 1)
+    assert again.ok and again.token > first.token and again.attempts == 2
+    assert gate.start("k", first.ticket, 1).code is Code.ALREADY_STARTED
+    assert gate.finish("k", first.ticket, again.token).granted == [Grant("k", 2, 1, b"m2")]
+
+
 def test_retry_with_no_countdown_waits_the_dispatch_timeout(gate):
     first = gate.submit("k", b"m1", start=True)
 

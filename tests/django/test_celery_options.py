@@ -1,0 +1,63 @@
+"""Celery's task options that change what a submission checks or records: ``typing=False``,
+``argsrepr`` / ``kwargsrepr``."""
+
+import json
+
+import pytest
+from django.test import override_settings
+from django.utils import timezone
+
+from django_keyed_queue import InvalidArguments, InvalidKey, keyed_serial_task
+from django_keyed_queue.records.models import KeyedTask
+from django_keyed_queue.records.transitions import Transition
+from testproject.demo.tasks import step
+
+from .conftest import QUEUE
+
+pytestmark = pytest.mark.django_db
+
+
+@keyed_serial_task(key="loose:{account}", typing=False, name="tests.loose")
+def loose(account, amount):
+    return amount
+
+
+@keyed_serial_task(key="strict:{account}", name="tests.strict")
+def strict(account, amount):
+    return amount
+
+
+def test_typing_false_sends_a_call_with_missing_arguments_as_celery_does(broker):
+    """Celery skips the argument check of a ``typing=False`` task (it fails in the worker); so do we."""
+    with pytest.raises(InvalidArguments, match="missing a required argument: 'amount'"):
+        strict.apply_async(("a",), queue=QUEUE)
+    result = loose.apply_async(("a",), queue=QUEUE)
+    assert json.loads(broker.lindex(QUEUE, 0))["headers"]["id"] == result.id
+    assert KeyedTask.objects.get(task_id=result.id).key == "loose:a"
+
+
+def test_typing_false_still_needs_the_arguments_its_key_names(broker):
+    with pytest.raises(InvalidKey, match="cannot make the key"):
+        loose.apply_async((), {"amount": 3}, queue=QUEUE)
+    assert broker.llen(QUEUE) == 0 and not KeyedTask.objects.exists()
+
+
+def test_the_record_shows_the_arguments_as_the_caller_asked_celery_to_show_them(broker):
+    result = step.apply_async(("k", 1, 0), argsrepr="('k', '<hidden>')", kwargsrepr="{}", queue=QUEUE)
+    assert KeyedTask.objects.get(task_id=result.id).arguments == "args=('k', '<hidden>') kwargs={}"
+    assert json.loads(broker.lindex(QUEUE, 0))["headers"]["argsrepr"] == "('k', '<hidden>')"
+
+
+def test_the_redaction_hook_wins_over_argsrepr(broker):
+    with override_settings(KEYED_QUEUE_REDACT_ARGUMENTS=lambda name, args, kwargs: (("***",), {})):
+        result = step.apply_async(("k", 1, 0), argsrepr="('k', 1, 0)", queue=QUEUE)
+    assert KeyedTask.objects.get(task_id=result.id).arguments == "args=('***',) kwargs={}"
+
+
+def test_a_row_a_worker_creates_shows_the_messages_argsrepr():
+    create = {
+        "task_name": "demo.step", "key": "k", "enqueued_at": timezone.now(), "args": ("k", "4111 1111"), "kwargs": {},
+        "argsrepr": "('k', '<card>')", "kwargsrepr": None,
+    }  # fmt: skip
+    KeyedTask.objects.apply(Transition("t-1", "running", 1, {"ticket": 1}, create))
+    assert KeyedTask.objects.get(task_id="t-1").arguments == "args=('k', '<card>') kwargs={}"
