@@ -178,7 +178,8 @@ class KeyedTaskAdmin(admin.ModelAdmin):
     def retry_tasks(self, request, queryset):
         def retry(task: KeyedTask, by: str) -> str:
             new_id = recovery.retry(task.task_id, by=by)
-            self.log_change(request, KeyedTask.objects.get(task_id=new_id), f"Retry of {task.task_id} by {by}")
+            retried = KeyedTask.objects.filter(task_id=new_id).latest("id")
+            self.log_change(request, retried, f"Retry of {task.task_id} by {by}")
             return f"as {new_id}"
 
         self._each_task(request, queryset, "retried", retry)

@@ -89,9 +89,13 @@ def _act(app, recovery: Recovery, reason: str = "") -> bool:
     """Carry out one recovery; False if its message had to be published and the broker refused it."""
     if recovery.action is RecoveryAction.OUTCOME:
         # A run finished but its worker died before writing the record.
-        end = Transition.from_json(recovery.message or b"{}")
+        try:
+            end = Transition.from_json(recovery.message or b"{}")
+        except (ValueError, TypeError, KeyError):
+            logger.error("keyed queue key=%r keeps an outcome that is not a record: %r", recovery.key, recovery.message)
+            return True
         KeyedTask.objects.apply(end)
-        get_gate().forget_outcomes([(recovery.key, end.task_id)])
+        get_gate().forget_outcomes([(recovery.key, end.outcome_field)])
         return True
     if not recovery.message:  # a holder without a message: nothing to publish or record
         logger.error("keyed queue holder without a message key=%r ticket=%s", recovery.key, recovery.ticket)
@@ -103,10 +107,12 @@ def _act(app, recovery: Recovery, reason: str = "") -> bool:
     now = timezone.now()
     lost = reason or f"its worker was lost: the lease of attempt {recovery.attempts} expired"
     if recovery.action is RecoveryAction.FAIL:
-        KeyedTask.objects.settle(task_id, Status.FAILED, finished_at=now, error=f"{lost}; no recoveries left")
+        failed = {"finished_at": now, "error": f"{lost}; no recoveries left"}
+        KeyedTask.objects.settle(task_id, recovery.key, recovery.ticket, Status.FAILED, **failed)
         return True
     if recovery.action is RecoveryAction.REDISPATCH:
-        KeyedTask.objects.settle(task_id, Status.DISPATCHED, dispatched_at=now, error=f"{lost}; dispatched again")
+        again = {"dispatched_at": now, "error": f"{lost}; dispatched again"}
+        KeyedTask.objects.settle(task_id, recovery.key, recovery.ticket, Status.DISPATCHED, **again)
     # A redispatch's record was settled above; any other publish records its dispatch.
     record = recovery.action is not RecoveryAction.REDISPATCH
     return publish(app, recovery, record=record) is not Published.BROKER_REFUSED
@@ -140,7 +146,7 @@ def rebuild(*, dry_run: bool = False, app=None) -> RebuildReport:
     gate = get_gate()
     active = KeyedTask.objects.active().filter(ticket__isnull=False).order_by("key", "ticket")
     by_key: dict[str, list] = {}
-    for row in active.only("task_id", "task_name", "key", "ticket", "message"):
+    for row in active.only("pk", "task_id", "task_name", "key", "ticket", "message"):
         by_key.setdefault(row.key, []).append(row)
     for key, rows in by_key.items():
         report.unrecoverable += [r.task_id for r in rows if not r.message]
@@ -156,8 +162,8 @@ def rebuild(*, dry_run: bool = False, app=None) -> RebuildReport:
             report.skipped.append(key)
             continue
         report.restored[key] = len(waiting)
-        KeyedTask.objects.settle(
-            [r.task_id for r in rows if r.message], Status.WAITING, error="rebuilt after the gate's Redis was lost"
+        KeyedTask.objects.settle_rows(
+            [r.pk for r in rows if r.message], Status.WAITING, error="rebuilt after the gate's Redis was lost"
         )
         task_ids = {r.ticket: r.task_id for r in rows}
         for grant in rebuilt.granted:
@@ -166,7 +172,7 @@ def rebuild(*, dry_run: bool = False, app=None) -> RebuildReport:
             if published is Published.BROKER_REFUSED:
                 report.unpublished.append(task_id)
             elif published is Published.SENT:
-                KeyedTask.objects.settle(task_id, Status.DISPATCHED, dispatched_at=timezone.now())
+                KeyedTask.objects.settle(task_id, key, grant.ticket, Status.DISPATCHED, dispatched_at=timezone.now())
     logger.info("keyed queue rebuild %s%s", "(dry run) " if dry_run else "", report.summary())
     return report
 
@@ -221,7 +227,7 @@ def cancel(task_id: str, *, by: str = "an operator", app=None) -> None:
             raise ActionRefused(f"the gate holds no ticket {row.ticket} of key {row.key!r}: it ended meanwhile")
         publish_grants(app or current_app, withdrawn.granted)
         current().recorder.flush()  # the operator sees the next task dispatched on their next look
-    KeyedTask.objects.settle(task_id, Status.CANCELLED, finished_at=timezone.now(), error=f"cancelled by {by}")
+    KeyedTask.objects.settle_rows([row.pk], Status.CANCELLED, finished_at=timezone.now(), error=f"cancelled by {by}")
     logger.info("keyed queue task %s key=%r cancelled by %s", task_id, row.key, by)
 
 
@@ -272,10 +278,11 @@ def release(key: str, ticket: int, *, by: str = "an operator", app=None) -> list
 
 
 def _row(task_id: str) -> KeyedTask:
-    try:
-        return KeyedTask.objects.get(task_id=task_id)
-    except KeyedTask.DoesNotExist:
-        raise ActionRefused(f"no keyed task has the id {task_id!r}") from None
+    """The latest submission of ``task_id`` (Celery reuses an id for a replacement, which comes later)."""
+    row = KeyedTask.objects.filter(task_id=task_id).order_by("-id").first()
+    if row is None:
+        raise ActionRefused(f"no keyed task has the id {task_id!r}")
+    return row
 
 
 def registered_task(app, name: str):

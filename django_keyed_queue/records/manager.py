@@ -72,19 +72,21 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
                 raise
 
     def apply(self, *transitions: Transition) -> None:
-        """Apply transitions now, in one transaction; each moves its row forward or fills its gaps."""
+        """Apply transitions now, in one transaction; each moves its submission's row forward or fills its gaps."""
         db = connections[self.db_for_write()]
         params = [_update_params(self.model, t, db) for t in transitions]
         with transaction.atomic(using=db.alias):
             with db.cursor() as cursor:
                 cursor.executemany(_update_sql(self.model, db.alias), params)
-                # Every row matched (task ids are distinct): none to create, no need to look.
+                # Every row matched (submissions are distinct): none to create, no need to look.
                 all_found = cursor.rowcount == len(transitions)
-            creatable = {t.task_id: t for t in transitions if t.create is not None}
+            creatable = [t for t in transitions if t.create is not None]
             if creatable and not all_found:
-                existing = set(self.using(db.alias).filter(task_id__in=creatable).values_list("task_id", flat=True))
-                for task_id in creatable.keys() - existing:
-                    self._create_missing(creatable[task_id], db)
+                found = self.using(db.alias).filter(task_id__in={t.task_id for t in creatable})
+                existing = set(found.values_list("task_id", "key", "ticket"))
+                for t in creatable:
+                    if t.submission not in existing and not (t.joins and (t.task_id, t.key, None) in existing):
+                        self._create_missing(t, db)
 
     def _create_missing(self, t: Transition, db: BaseDatabaseWrapper) -> None:
         """The producer died before writing the row, or its transaction has not committed."""
@@ -95,19 +97,25 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
             with db.cursor() as cursor:
                 cursor.execute(_update_sql(self.model, db.alias), _update_params(self.model, t, db))
 
-    def settle(self, task_ids: str | Iterable[str], status: str, **fields: Any) -> int:
-        """Set records' status now, whatever it was, unless they already ended (recovery's write).
+    def settle(self, task_id: str, key: str, ticket: int, status: str, **fields: Any) -> int:
+        """Set a submission's status now, whatever it was, unless it already ended (recovery's write).
 
         Recovery knows better than the buffered writes of a worker it gave up on;
-        a record that reached a terminal status keeps it. Returns how many changed.
+        a record that reached a terminal status keeps it. Returns how many rows changed.
         """
-        ids = [task_ids] if isinstance(task_ids, str) else list(task_ids)
-        unfinished = self.using(self.db_for_write()).filter(task_id__in=ids).exclude(status__in=TERMINAL_STATUSES)
+        return self._settle(self.filter(task_id=task_id, key=key, ticket=ticket), status, fields)
+
+    def settle_rows(self, pks: Iterable[int], status: str, **fields: Any) -> int:
+        """``settle`` for rows an operator's action or a rebuild has in hand."""
+        return self._settle(self.filter(pk__in=list(pks)), status, fields)
+
+    def _settle(self, rows: models.QuerySet[Any], status: str, fields: dict[str, Any]) -> int:
+        unfinished = rows.using(self.db_for_write()).exclude(status__in=TERMINAL_STATUSES)
         return unfinished.update(status=status, **fields)
 
-    def forget(self, task_id: str) -> None:
+    def forget(self, task_id: str, key: str, ticket: int) -> None:
         """Delete the row of a submission that failed after it was written."""
-        self.using(self.db_for_write()).filter(task_id=task_id).delete()
+        self.using(self.db_for_write()).filter(task_id=task_id, key=key, ticket=ticket).delete()
 
 
 @cache
@@ -127,9 +135,15 @@ def _update_sql(model: type[models.Model], alias: str) -> str:
         f"{qn(f)} = CASE WHEN {forward} THEN COALESCE(%({f})s, {qn(f)}) ELSE COALESCE({qn(f)}, %({f})s) END"
         for f in FIELDS
     ]
+    sets.append(f"{qn('ticket')} = COALESCE({qn('ticket')}, %(ticket)s)")  # a join's row gets its ticket
     # Status and attempts last: every SET must see the row as it was.
     sets += [f"{qn(f)} = CASE WHEN {forward} THEN %({f})s ELSE {qn(f)} END" for f in ("status", "attempts")]
-    return f"UPDATE {qn(model._meta.db_table)} SET {', '.join(sets)} WHERE {qn('task_id')} = %(task_id)s"
+    # A submission's row: its task id, key and ticket; a delayed task's join also finds its row without a ticket.
+    where = (
+        f"{qn('task_id')} = %(task_id)s AND {qn('key')} = %(key)s"
+        f" AND ({qn('ticket')} = %(ticket)s OR (%(joins)s = 1 AND {qn('ticket')} IS NULL))"
+    )
+    return f"UPDATE {qn(model._meta.db_table)} SET {', '.join(sets)} WHERE {where}"
 
 
 @cache
@@ -140,7 +154,8 @@ def _fields(model: type[models.Model]) -> tuple[tuple[str, models.Field[Any, Any
 def _update_params(model: type[models.Model], t: Transition, db: BaseDatabaseWrapper) -> dict[str, Any]:
     given = t.fields
     params = {name: _db_value(db, model_field, given.get(name)) for name, model_field in _fields(model)}
-    params.update(status=t.status, attempts=t.attempts, rank=STATUS_RANK[t.status], task_id=t.task_id)
+    params.update(status=t.status, attempts=t.attempts, rank=STATUS_RANK[t.status])
+    params.update(task_id=t.task_id, key=t.key, ticket=t.ticket, joins=int(t.joins))
     return params
 
 

@@ -13,7 +13,9 @@ from .statuses import ACTIVE_STATUSES, Status
 
 
 class KeyedTask(models.Model):
-    task_id = models.CharField(_("task id"), max_length=255, unique=True)
+    #: Celery's task id. Not unique: Celery reuses an id on purpose (``replace``, a resent
+    #: signature), and each submission, ``(task_id, key, ticket)``, has its own row.
+    task_id = models.CharField(_("task id"), max_length=255, db_index=True)
     task_name = models.CharField(_("task name"), max_length=255)
     key = models.CharField(_("key"), max_length=MAX_KEY_LENGTH)
     ticket = models.BigIntegerField(_("ticket"), null=True, blank=True)
@@ -38,6 +40,9 @@ class KeyedTask(models.Model):
         verbose_name = _("keyed task")
         verbose_name_plural = _("keyed tasks")
         ordering = ["-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["task_id", "key", "ticket"], name="keyed_task_one_row_per_submission"),
+        ]
         indexes = [
             models.Index(fields=["key", "-id"], name="keyed_task_key_recent"),
             models.Index(fields=["status", "-id"], name="keyed_task_status_recent"),

@@ -30,21 +30,22 @@ class Recorder:
     def __init__(self, on_written: Callable[[list[tuple[str, str]]], None] | None = None) -> None:
         self._on_written = on_written
         self._lock = threading.Lock()
-        self._pending: dict[str, Transition] = {}
+        self._pending: dict[tuple[str, str, int], Transition] = {}
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
     def record(self, transition: Transition) -> None:
         with self._lock:
-            earlier = self._pending.get(transition.task_id)
-            self._pending[transition.task_id] = earlier.merged_with(transition) if earlier else transition
+            earlier = self._pending.get(transition.submission)
+            self._pending[transition.submission] = earlier.merged_with(transition) if earlier else transition
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="keyed-queue-records", daemon=True)
                 self._thread.start()
 
-    def peek(self, task_id: str) -> Transition | None:
+    def peek(self, submission: tuple[str, str, int]) -> Transition | None:
+        """What is buffered for ``(task_id, key, ticket)``."""
         with self._lock:
-            return self._pending.get(task_id)
+            return self._pending.get(submission)
 
     def flush(self) -> None:
         """Write everything buffered so far (also called when the process shuts down)."""
@@ -58,10 +59,10 @@ class Recorder:
             logger.exception("writing %d keyed task records failed; will try again", len(batch))
             with self._lock:
                 for transition in batch.values():
-                    later = self._pending.get(transition.task_id)
-                    self._pending[transition.task_id] = transition.merged_with(later) if later else transition
+                    later = self._pending.get(transition.submission)
+                    self._pending[transition.submission] = transition.merged_with(later) if later else transition
             raise
-        written = [(t.outcome_key, t.task_id) for t in batch.values() if t.outcome_key]
+        written = [(t.outcome_key, t.outcome_field) for t in batch.values() if t.outcome_key]
         if written and self._on_written is not None:
             self._on_written(written)
 

@@ -16,9 +16,9 @@ from .statuses import STATUS_RANK
 ARGUMENTS_MAX_LENGTH = 2000
 
 #: Fields a transition may carry besides status and attempts.
-FIELDS = ("ticket", "worker", "error", "dispatched_at", "started_at", "heartbeat_at", "finished_at")
+FIELDS = ("worker", "error", "dispatched_at", "started_at", "heartbeat_at", "finished_at")
 #: Fields a missing row may be created from, as the gate keeps them (arguments already described).
-CREATE_FIELDS = ("task_name", "key", "enqueued_at", "arguments")
+CREATE_FIELDS = ("task_name", "enqueued_at", "arguments")
 
 
 def describe_arguments(
@@ -64,18 +64,35 @@ def _described(create: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass
 class Transition:
-    """One task's record moving to ``status`` in attempt ``attempts``; applied only if it moves the row forward."""
+    """A submission's record moving to ``status`` in attempt ``attempts``; applied only if it moves the row forward.
+
+    A submission is ``(task_id, key, ticket)``: Celery reuses a task id on purpose (``replace``,
+    a resent signature), and each submission has a row of its own.
+    """
 
     task_id: str
+    key: str
+    ticket: int
     status: str
     attempts: int
-    #: Other fields to set (timestamps, worker, error, ticket): names from ``FIELDS``.
+    #: Other fields to set (timestamps, worker, error): names from ``FIELDS``.
     fields: dict[str, Any] = field(default_factory=dict)
-    #: What a missing row is created from: task_name, key, enqueued_at, and args and
-    #: kwargs (described only if the row is really missing).
+    #: What a missing row is created from: task_name, enqueued_at, and args and kwargs
+    #: (described only if the row is really missing), or arguments.
     create: dict[str, Any] | None = None
+    #: A delayed task took its ticket when due: its row, written without a ticket, is this one.
+    joins: bool = False
     #: The gate key holding this run's outcome, deleted once the record is written.
     outcome_key: str | None = None
+
+    @property
+    def submission(self) -> tuple[str, str, int]:
+        return (self.task_id, self.key, self.ticket)
+
+    @property
+    def outcome_field(self) -> str:
+        """The name the gate keeps this run's outcome under, within its key."""
+        return f"{self.task_id}#{self.ticket}"
 
     @property
     def order(self) -> tuple[int, int]:
@@ -85,17 +102,24 @@ class Transition:
         first, last = (self, later) if self.order <= later.order else (later, self)
         return Transition(
             task_id=self.task_id,
+            key=self.key,
+            ticket=self.ticket,
             status=last.status,
             attempts=last.attempts,
             fields={**first.fields, **last.fields},
             create=last.create or first.create,
+            joins=first.joins or last.joins,
             outcome_key=last.outcome_key or first.outcome_key,
         )
 
     def row_to_create(self) -> dict[str, Any]:
         """The fields of the row to create when the transition finds none."""
         create = _described(dict(self.create or {}))
-        return {"task_id": self.task_id, "status": self.status, "attempts": self.attempts, **create, **self.fields}
+        return {
+            **create, **self.fields,
+            "task_id": self.task_id, "key": self.key, "ticket": self.ticket,
+            "status": self.status, "attempts": self.attempts,
+        }  # fmt: skip
 
     def to_json(self) -> bytes:
         """The transition as the gate keeps it until written (see ``finish``).
@@ -105,8 +129,8 @@ class Transition:
         """
         create = None if self.create is None else _described(self.create)
         return kombu_json(
-            {"task_id": self.task_id, "status": self.status, "attempts": self.attempts,
-             "fields": self.fields, "create": create}
+            {"task_id": self.task_id, "key": self.key, "ticket": self.ticket, "status": self.status,
+             "attempts": self.attempts, "fields": self.fields, "create": create, "joins": self.joins}
         ).encode()  # fmt: skip
 
     @classmethod
@@ -115,8 +139,13 @@ class Transition:
         data = kombu_loads(raw)  # kombu's JSON gives datetimes back as datetimes
         if not isinstance(data, dict) or data.get("status") not in STATUS_RANK:
             raise ValueError(f"not a keyed task transition: {raw[:200]!r}")
+        if not (isinstance(data.get("key"), str) and isinstance(data.get("ticket"), int)):
+            raise ValueError(f"a keyed task transition names its key and ticket: {raw[:200]!r}")
         fields = {name: value for name, value in (data.get("fields") or {}).items() if name in FIELDS}
         create = data.get("create")
         if create is not None:
             create = {name: value for name, value in create.items() if name in CREATE_FIELDS}
-        return cls(str(data["task_id"]), data["status"], int(data["attempts"]), fields, create)
+        return cls(
+            str(data["task_id"]), data["key"], data["ticket"], data["status"], int(data["attempts"]),
+            fields, create, joins=bool(data.get("joins")),
+        )  # fmt: skip

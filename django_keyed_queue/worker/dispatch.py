@@ -91,9 +91,10 @@ class Dispatched:
         return text
 
 
-def record_dispatched(task_id: str, at: datetime) -> None:
-    """Buffer that ``task_id``'s granted message went out (or that this process kept it to run)."""
-    current().recorder.record(Transition(task_id, Status.DISPATCHED, 0, {"dispatched_at": at}))
+def record_dispatched(grant: Grant | Recovery, task_id: str, at: datetime) -> None:
+    """Buffer that the granted message of ``task_id`` went out (or that this process kept it to run)."""
+    dispatched = Transition(task_id, grant.key, grant.ticket, Status.DISPATCHED, 0, {"dispatched_at": at})
+    current().recorder.record(dispatched)
 
 
 def publish(
@@ -137,7 +138,7 @@ def publish(
             logger.warning("could not bring the republish of key=%r ticket=%s forward", grant.key, grant.ticket)
         return Published.BROKER_REFUSED
     if record:
-        record_dispatched(message.task_id, dispatched_at)
+        record_dispatched(grant, message.task_id, dispatched_at)
     return Published.SENT
 
 
@@ -155,7 +156,8 @@ def _fail_refused(grant: Grant | Recovery, refused: MessageRefused) -> list[Gran
     logger.error("keyed queue key=%r ticket=%s: %s; the task fails", grant.key, grant.ticket, refused)
     withdrawn = current().gate.cancel(grant.key, grant.ticket)
     if refused.task_id != "?":
-        KeyedTask.objects.settle(refused.task_id, Status.FAILED, finished_at=timezone.now(), error=str(refused))
+        failed = {"finished_at": timezone.now(), "error": str(refused)}
+        KeyedTask.objects.settle(refused.task_id, grant.key, grant.ticket, Status.FAILED, **failed)
     return withdrawn.granted
 
 
@@ -186,7 +188,7 @@ def _keep(app, finished_request, grants: list[Grant]) -> list[Grant]:
     if request is None:
         return grants
     state.kept = handoff.Kept(grants[0], request, after=finished_request.id)
-    record_dispatched(message.task_id, timezone.now())
+    record_dispatched(grants[0], message.task_id, timezone.now())
     return grants[1:]
 
 

@@ -71,7 +71,10 @@ class LeaseKeeper:
                     continue  # it ended meanwhile
                 if renewed:
                     run = held[lease]
-                    self._recorder.record(Transition(run.task_id, Status.RUNNING, run.attempts, {"heartbeat_at": now}))
+                    beat = Transition(
+                        run.task_id, lease.key, lease.ticket, Status.RUNNING, run.attempts, {"heartbeat_at": now}
+                    )
+                    self._recorder.record(beat)
                 else:
                     logger.warning("lease lost key=%r ticket=%s", lease.key, lease.ticket)
                     self._lost.add(lease)

@@ -54,12 +54,14 @@ class Run:
         process.recorder.record(
             Transition(
                 request.id,
+                lease.key,
+                lease.ticket,
                 Status.RUNNING,
                 attempts,
-                {"ticket": lease.ticket, "started_at": now, "heartbeat_at": now, "worker": request.hostname or ""},
+                {"started_at": now, "heartbeat_at": now, "worker": request.hostname or ""},
+                joins=header is None,
                 create={
                     "task_name": task.name,
-                    "key": lease.key,
                     "enqueued_at": now,
                     "args": args,
                     "kwargs": kwargs,
@@ -71,6 +73,11 @@ class Run:
         )
         process.leases.hold(lease, request.id, attempts)
         return cls(task, lease, attempts)
+
+    def _transition(self, status: str, **fields: Any) -> Transition:
+        """This attempt's record moving to ``status``."""
+        request_id = self.task.request.id
+        return Transition(request_id, self.lease.key, self.lease.ticket, status, self.attempts, fields)
 
     def holds_key(self) -> bool:
         """True while the lease was not lost (one round trip)."""
@@ -106,7 +113,7 @@ class Run:
         requeued, _ = outlast_restart(lambda: gate.requeue(lease.key, lease.ticket, lease.token))
         if requeued:
             error = "requeued by Reject(requeue=True): its message runs again"
-            current().recorder.record(Transition(task.request.id, Status.RETRYING, self.attempts, {"error": error}))
+            current().recorder.record(self._transition(Status.RETRYING, error=error))
 
     def finish(self, status: str, error: str = "") -> bool:
         """End the run at the gate; False if this attempt no longer held its key (fenced)."""
@@ -118,11 +125,11 @@ class Run:
         gate = process.gate
         # The gate keeps the run's outcome until its record is written: a kill of this process
         # after the finish loses nothing (the reaper writes it).
-        end = Transition(request.id, status, self.attempts, {"finished_at": timezone.now(), "error": error})
-        buffered = process.recorder.peek(request.id)
+        end = self._transition(status, finished_at=timezone.now(), error=error)
+        buffered = process.recorder.peek(end.submission)
         end = buffered.merged_with(end) if buffered else end
         end.outcome_key = lease.key
-        outcome = Outcome(request.id, end.to_json())
+        outcome = Outcome(end.outcome_field, end.to_json())
         try:
             finished, retried = outlast_restart(
                 lambda: gate.finish(lease.key, lease.ticket, lease.token, limit=task.serial_limit, outcome=outcome)
@@ -165,7 +172,7 @@ class Run:
             logger.warning("retry of a fenced ticket dropped key=%r ticket=%s", lease.key, lease.ticket)
             return task.AsyncResult(task_id)
         self.retried = True
-        current().recorder.record(Transition(task_id, Status.RETRYING, self.attempts))
+        current().recorder.record(self._transition(Status.RETRYING))
         return send(task.app, TaskMessage(task.name, task_id, args, kwargs, options), lease.key, lease.ticket,
                     dispatch, task=task)  # fmt: skip
 
@@ -217,7 +224,8 @@ def _join(task: Any, args: tuple, kwargs: dict) -> tuple[Lease, int]:
         logger.info("dropping duplicate of %s[%s] key=%r", task.name, request.id, key)
         raise Ignore()
     if not submitted.token:
-        current().recorder.record(Transition(request.id, Status.WAITING, 0, {"ticket": submitted.ticket}))
+        waiting = Transition(request.id, key, submitted.ticket, Status.WAITING, 0, joins=True)
+        current().recorder.record(waiting)
         raise Ignore()
     return Lease(key, submitted.ticket, submitted.token), 1
 
@@ -257,6 +265,6 @@ def end_killed_run(task_id: str, header: dict | None, *, status: str, reason: st
             task_id, key, ticket, dispatch, reason,
         )  # fmt: skip
         return False
-    KeyedTask.objects.settle(task_id, status, finished_at=timezone.now(), error=reason)
+    KeyedTask.objects.settle(task_id, key, ticket, status, finished_at=timezone.now(), error=reason)
     logger.info("keyed queue task %s key=%r ticket=%s dispatch=%s ended: %s", task_id, key, ticket, dispatch, reason)
     return True

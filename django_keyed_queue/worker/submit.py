@@ -12,7 +12,7 @@ from typing import Any
 
 import redis
 from celery.utils import uuid
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from ..conf import settings
@@ -107,11 +107,9 @@ def _enqueue(task, key: str, task_id: str, message: bytes, args: tuple, kwargs: 
             dispatched_at=timezone.now() if submitted.granted else None,
             **row,
         )
-    except BaseException as exc:
+    except BaseException:
         # Nobody saw the ticket: its number can be given back.
         withdraw(task, key, submitted.ticket, forget=True)
-        if isinstance(exc, IntegrityError):
-            raise InvalidArguments(f"{task.name}: task_id {task_id!r} is already used by another task") from exc
         raise
     if not submitted.granted:
         return task.AsyncResult(task_id)
@@ -130,7 +128,7 @@ def _enqueue(task, key: str, task_id: str, message: bytes, args: tuple, kwargs: 
                 f"{task.name}: publishing failed ({exc!r}) and the keyed queue's Redis is unreachable, "
                 f"so the task stays queued and may still run: {gate_error}"
             ) from exc
-        KeyedTask.objects.forget(task_id)
+        KeyedTask.objects.forget(task_id, key, submitted.ticket)
         raise
 
 

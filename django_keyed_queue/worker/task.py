@@ -57,9 +57,16 @@ class KeyedSerialTask(Task):
         if self.app.conf.task_always_eager:
             return super().apply_async(args, kwargs, **options)
         run: Run | None = getattr(self.request, "keyed_run", None)
-        if run is not None and options.get("task_id") == self.request.id:
+        replacing = getattr(self.request, "keyed_replaced", False)
+        if run is not None and options.get("task_id") == self.request.id and not replacing:
             return run.retry_in_place(args, kwargs, options)
         return submit(self, args, kwargs, options, idempotency_key)
+
+    def replace(self, sig: Any) -> Any:
+        """Celery's ``replace``. The replacement is a new submission with this task's id: a keyed
+        one joins the end of its key's queue. This run ends ``ignored`` and its slot passes on."""
+        self.request.keyed_replaced = True  # type: ignore[attr-defined]  # Celery's request takes any attribute
+        return super().replace(sig)
 
     def send_plain(self, args: tuple, kwargs: dict, **options: Any):
         """Publish as Celery's own ``apply_async`` does, past the key's queue (a delayed task's message)."""
@@ -119,7 +126,9 @@ class KeyedSerialTask(Task):
             run.reject(exc)
             raise
         except Ignore:
-            run.finish(Status.IGNORED)  # the task chose to end without a result (also self.replace())
+            # The task chose to end without a result, or replaced itself.
+            replaced = getattr(request, "keyed_replaced", False)
+            run.finish(Status.IGNORED, error="replaced by a new submission with its id" if replaced else "")
             raise
         except Exception as exc:
             if not run.fail(exc):

@@ -14,7 +14,7 @@ from testproject.demo.tasks import step
 
 from .conftest import QUEUE
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("gate_redis")]
 
 
 @keyed_serial_task(key="loose:{account}", typing=False, name="tests.loose")
@@ -56,8 +56,8 @@ def test_the_redaction_hook_wins_over_argsrepr(broker):
 
 def test_a_row_a_worker_creates_shows_the_messages_argsrepr():
     create = {
-        "task_name": "demo.step", "key": "k", "enqueued_at": timezone.now(), "args": ("k", "4111 1111"), "kwargs": {},
+        "task_name": "demo.step", "enqueued_at": timezone.now(), "args": ("k", "4111 1111"), "kwargs": {},
         "argsrepr": "('k', '<card>')", "kwargsrepr": None,
     }  # fmt: skip
-    KeyedTask.objects.apply(Transition("t-1", "running", 1, {"ticket": 1}, create))
+    KeyedTask.objects.apply(Transition("t-1", "k", 1, "running", 1, {}, create))
     assert KeyedTask.objects.get(task_id="t-1").arguments == "args=('k', '<card>') kwargs={}"

@@ -30,9 +30,10 @@ def test_submissions_transitions_and_repairs_write_to_the_named_database(broker)
     assert IdempotencyKey.objects.using("queue").filter(task_id=first.id).exists()
     assert not KeyedTask.objects.using("default").exists() and not IdempotencyKey.objects.using("default").exists()
 
-    KeyedTask.objects.apply(Transition(first.id, Status.RUNNING, 1, {"worker": "w1", "started_at": timezone.now()}))
+    running = {"worker": "w1", "started_at": timezone.now()}
+    KeyedTask.objects.apply(Transition(first.id, "routed", 1, Status.RUNNING, 1, running))
     assert KeyedTask.objects.get(task_id=first.id).worker == "w1"  # reads are routed too
-    assert KeyedTask.objects.settle(first.id, Status.FAILED, error="given up") == 1
+    assert KeyedTask.objects.settle(first.id, "routed", 1, Status.FAILED, error="given up") == 1
     assert KeyedTask.objects.using("queue").get(task_id=first.id).status == Status.FAILED
     assert not KeyedTask.objects.using("default").exists()
 

@@ -83,6 +83,6 @@ def test_each_renewal_moves_the_records_heartbeat_until_the_lease_is_lost():
         assert gate.finish(lease.key, lease.ticket, lease.token).ok  # another end: the lease is gone
         keeper.renew_now()
         assert keeper.is_lost(lease)
-        assert recorder.peek("hb-1") is None  # a lost lease proves nothing
+        assert recorder.peek(("hb-1", "heartbeat", lease.ticket)) is None  # a lost lease proves nothing
     finally:
         keeper.close()

@@ -16,13 +16,13 @@ pytestmark = pytest.mark.django_db
 
 
 def make_row(**fields):
-    defaults = {"task_id": "t1", "task_name": "demo.step", "key": "k", "enqueued_at": timezone.now()}
+    defaults = {"task_id": "t1", "task_name": "demo.step", "key": "k", "ticket": 1, "enqueued_at": timezone.now()}
     return KeyedTask.objects.create(**{**defaults, **fields})
 
 
 def test_a_later_status_applies():
     make_row(status="dispatched")
-    KeyedTask.objects.apply(Transition("t1", "running", 1, {"worker": "w1"}))
+    KeyedTask.objects.apply(Transition("t1", "k", 1, "running", 1, {"worker": "w1"}))
     row = KeyedTask.objects.get()
     assert (row.status, row.attempts, row.worker) == ("running", 1, "w1")
 
@@ -32,7 +32,7 @@ def test_an_earlier_status_written_late_does_not_move_the_record_back():
     make_row(status="succeeded", attempts=1, started_at=timezone.now())
     dispatched = timezone.now() - timedelta(seconds=1)
     KeyedTask.objects.apply(
-        Transition("t1", "dispatched", 0, {"dispatched_at": dispatched, "started_at": timezone.now()})
+        Transition("t1", "k", 1, "dispatched", 0, {"dispatched_at": dispatched, "started_at": timezone.now()})
     )
     row = KeyedTask.objects.get()
     # The late write fills what the row lacks and overwrites nothing.
@@ -43,11 +43,11 @@ def test_an_earlier_status_written_late_does_not_move_the_record_back():
 def test_a_batch_updates_and_creates_in_one_go():
     make_row(task_id="a", status="dispatched")
     make_row(task_id="b", status="running", attempts=1)
-    create = {"task_name": "demo.step", "key": "k", "args": ("k", 3), "kwargs": {}, "enqueued_at": timezone.now()}
+    create = {"task_name": "demo.step", "args": ("k", 3), "kwargs": {}, "enqueued_at": timezone.now()}
     KeyedTask.objects.apply(
-        Transition("a", "running", 1, {"worker": "w1"}),
-        Transition("b", "failed", 1, {"error": "boom"}),
-        Transition("c", "running", 1, {"ticket": 9}, create),
+        Transition("a", "k", 1, "running", 1, {"worker": "w1"}),
+        Transition("b", "k", 1, "failed", 1, {"error": "boom"}),
+        Transition("c", "k", 9, "running", 1, {}, create),
     )
     rows = {r.task_id: r for r in KeyedTask.objects.all()}
     assert (rows["a"].status, rows["a"].worker) == ("running", "w1")
@@ -57,22 +57,22 @@ def test_a_batch_updates_and_creates_in_one_go():
 
 def test_a_retry_runs_as_a_later_attempt():
     make_row(status="retrying", attempts=1)
-    KeyedTask.objects.apply(Transition("t1", "running", 2))
+    KeyedTask.objects.apply(Transition("t1", "k", 1, "running", 2))
     assert (KeyedTask.objects.get().status, KeyedTask.objects.get().attempts) == ("running", 2)
-    KeyedTask.objects.apply(Transition("t1", "retrying", 1))
+    KeyedTask.objects.apply(Transition("t1", "k", 1, "retrying", 1))
     assert KeyedTask.objects.get().status == "running"
 
 
 def test_a_missing_row_is_created_from_what_the_worker_knows():
-    create = {"task_name": "demo.step", "key": "k", "args": (), "kwargs": {}, "enqueued_at": timezone.now()}
-    KeyedTask.objects.apply(Transition("lost-producer", "running", 1, {"ticket": 4}, create))
+    create = {"task_name": "demo.step", "args": (), "kwargs": {}, "enqueued_at": timezone.now()}
+    KeyedTask.objects.apply(Transition("lost-producer", "k", 4, "running", 1, {}, create))
     row = KeyedTask.objects.get(task_id="lost-producer")
     assert (row.status, row.ticket, row.key) == ("running", 4, "k")
 
 
 def test_submission_row_written_after_the_worker_made_it_keeps_the_workers_status():
-    create = {"task_name": "demo.step", "key": "k", "args": (), "kwargs": {}, "enqueued_at": timezone.now()}
-    KeyedTask.objects.apply(Transition("fast", "succeeded", 1, {"ticket": 3}, create))
+    create = {"task_name": "demo.step", "args": (), "kwargs": {}, "enqueued_at": timezone.now()}
+    KeyedTask.objects.apply(Transition("fast", "k", 3, "succeeded", 1, {}, create))
     enqueued = timezone.now() - timedelta(seconds=5)
     KeyedTask.objects.insert_submission(
         task_id="fast",
@@ -89,8 +89,8 @@ def test_submission_row_written_after_the_worker_made_it_keeps_the_workers_statu
 
 def test_transitions_of_one_task_merge_keeping_the_latest_status_and_all_fields():
     started, finished = timezone.now(), timezone.now()
-    running = Transition("t1", "running", 1, {"started_at": started, "worker": "w"})
-    done = Transition("t1", "succeeded", 1, {"finished_at": finished})
+    running = Transition("t1", "k", 1, "running", 1, {"started_at": started, "worker": "w"})
+    done = Transition("t1", "k", 1, "succeeded", 1, {"finished_at": finished})
     for merged in (running.merged_with(done), done.merged_with(running)):
         assert merged.status == "succeeded"
         assert merged.fields == {"started_at": started, "worker": "w", "finished_at": finished}
@@ -100,8 +100,8 @@ def test_recorder_flushes_in_the_background_within_the_interval():
     make_row(status="dispatched")
     recorder = Recorder()
     with override_settings(KEYED_QUEUE_RECORD_FLUSH_SECONDS=0.05):
-        recorder.record(Transition("t1", "running", 1))
-        recorder.record(Transition("t1", "succeeded", 1, {"error": ""}))
+        recorder.record(Transition("t1", "k", 1, "running", 1))
+        recorder.record(Transition("t1", "k", 1, "succeeded", 1, {"error": ""}))
         # The background thread has its own connection; in this test's transaction
         # the write is only visible once flushed here, so flush and check the merge.
         recorder.flush()
@@ -119,19 +119,19 @@ def test_redaction_hook_applies_before_arguments_are_stored():
 
 def test_a_transition_survives_its_trip_through_the_gate():
     now = timezone.now()
-    create = {"task_name": "demo.step", "key": "k", "args": ("k", 3), "kwargs": {}, "enqueued_at": now}
-    t = Transition("t1", "succeeded", 2, {"finished_at": now, "error": "", "ticket": 4}, create)
+    create = {"task_name": "demo.step", "args": ("k", 3), "kwargs": {}, "enqueued_at": now}
+    t = Transition("t1", "k", 4, "succeeded", 2, {"finished_at": now, "error": ""}, create)
     back = Transition.from_json(t.to_json())
     assert (back.task_id, back.status, back.attempts) == ("t1", "succeeded", 2)
-    assert back.fields == {"finished_at": now, "error": "", "ticket": 4}
+    assert back.submission == ("t1", "k", 4) and back.fields == {"finished_at": now, "error": ""}
     assert back.create["enqueued_at"] == now and back.create["arguments"] == "args=('k', 3) kwargs={}"
 
 
 def test_a_transition_with_arguments_json_cannot_hold_goes_through_the_gate():
     """A task sent with the pickle serializer can take any object; its run must still finish."""
-    create = {"task_name": "demo.step", "key": "k", "args": (object(),), "kwargs": {"at": {1, 2}}}
+    create = {"task_name": "demo.step", "args": (object(),), "kwargs": {"at": {1, 2}}}
     back = Transition.from_json(
-        Transition("t1", "succeeded", 1, {}, {**create, "enqueued_at": timezone.now()}).to_json()
+        Transition("t1", "k", 1, "succeeded", 1, {}, {**create, "enqueued_at": timezone.now()}).to_json()
     )
     assert back.create["arguments"].startswith("args=(<object object at") and "{1, 2}" in back.create["arguments"]
 
@@ -147,6 +147,31 @@ def test_the_flusher_thread_outlives_a_database_that_fails(monkeypatch):
     monkeypatch.setattr(recorder_module, "close_old_connections", database_down)
     recorder = Recorder()
     with override_settings(KEYED_QUEUE_RECORD_FLUSH_SECONDS=0.01):
-        recorder.record(Transition("t1", "running", 1))
+        recorder.record(Transition("t1", "k", 1, "running", 1))
         wait_until(lambda: len(idle_passes) >= 3, timeout=10, message="idle passes after a failed one")
     assert [t.task_id for t in written] == ["t1"]
+
+
+def test_a_reused_task_id_has_a_row_per_submission_and_each_transition_finds_its_own():
+    """Celery reuses a task id on purpose (``self.replace()``): the replaced run and its replacement."""
+    make_row(status="running", attempts=1, ticket=1)
+    KeyedTask.objects.insert_submission(
+        task_id="t1", task_name="demo.step", key="k", ticket=2, status="waiting", arguments="", message=""
+    )
+    KeyedTask.objects.apply(Transition("t1", "k", 1, "ignored", 1, {"finished_at": timezone.now()}))
+    KeyedTask.objects.apply(Transition("t1", "k", 2, "running", 1, {"worker": "w2"}))
+    rows = {r.ticket: r for r in KeyedTask.objects.filter(task_id="t1")}
+    assert (rows[1].status, rows[1].worker) == ("ignored", "")
+    assert (rows[2].status, rows[2].worker) == ("running", "w2")
+
+
+def test_a_delayed_tasks_join_finds_its_row_without_a_ticket_and_no_other():
+    make_row(status="succeeded", attempts=1, ticket=1)  # an earlier submission of the same id and key
+    make_row(status="waiting", ticket=None)
+    KeyedTask.objects.apply(Transition("t1", "k", 5, "running", 1, {"worker": "w"}, joins=True))
+    rows = {r.ticket: r.status for r in KeyedTask.objects.filter(task_id="t1")}
+    assert rows == {1: "succeeded", 5: "running"}
+    # Only a join may claim a row without a ticket: any other transition of an unknown ticket finds none.
+    make_row(task_id="t2", status="waiting", ticket=None)
+    KeyedTask.objects.apply(Transition("t2", "k", 7, "running", 1))
+    assert KeyedTask.objects.get(task_id="t2").ticket is None

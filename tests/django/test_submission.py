@@ -182,12 +182,16 @@ def test_eager_mode_runs_the_task_without_the_gate(gate_redis, settings):
     assert gate_redis.dbsize() == 0
 
 
-def test_reusing_a_task_id_fails_and_withdraws_the_new_ticket(gate_redis, broker):
+def test_a_reused_task_id_is_another_submission_with_a_row_of_its_own(gate_redis, broker):
+    """Celery reuses task ids on purpose (``replace``, a signature sent again): so may users."""
     step.apply_async(("a", 1), queue=QUEUE, task_id="same-id")
-    with pytest.raises(InvalidArguments, match="task_id 'same-id' is already used by another task"):
-        step.apply_async(("a", 2), queue=QUEUE, task_id="same-id")
-    assert KeyedTask.objects.get(task_id="same-id").ticket == 1
-    assert gate_redis.hkeys(KeyNames("a").messages) == [b"1"]
+    step.apply_async(("a", 2), queue=QUEUE, task_id="same-id")
+    rows = KeyedTask.objects.filter(task_id="same-id").order_by("ticket")
+    assert [(r.ticket, r.status, r.arguments) for r in rows] == [
+        (1, "dispatched", "args=('a', 1) kwargs={}"),
+        (2, "waiting", "args=('a', 2) kwargs={}"),
+    ]
+    assert sorted(gate_redis.hkeys(KeyNames("a").messages)) == [b"1", b"2"]
     assert broker.llen(QUEUE) == 1
 
 
