@@ -36,9 +36,15 @@ SUBMIT_RETRY_SECONDS = 5.0
 def submit(task, args: tuple, kwargs: dict, options: dict, idempotency_key: str | None):
     """``task.apply_async(args, kwargs, **options)`` through the key's queue; the task's AsyncResult."""
     bound = task._bind(args, kwargs)
-    key = task.key_for(args, kwargs, bound)
     task_id = options.pop("task_id", None) or uuid()
     options = send_options(task, args, kwargs, options)
+    dump = getattr(task, "_dump_pydantic_arguments", None)  # pydantic=True, Celery 5.7+
+    if dump is not None and options.get("serializer") != "pickle":
+        # As Celery's apply_async does: models go as dicts. The key is made from the arguments as
+        # sent, because that is what the worker holds when it checks the message's key.
+        args, kwargs = dump(args, kwargs)
+        args, bound = tuple(args), task._bind(args, kwargs)
+    key = task.key_for(args, kwargs, bound)
     message = gate_message(task, task_id, args, kwargs, options)
     limit = settings.MAX_MESSAGE_BYTES
     if limit and len(message) > limit:

@@ -1,6 +1,7 @@
 """Celery's task options that change what a submission checks or records: ``typing=False``,
 ``argsrepr`` / ``kwargsrepr``."""
 
+import base64
 import json
 
 import pytest
@@ -61,3 +62,26 @@ def test_a_row_a_worker_creates_shows_the_messages_argsrepr():
     }  # fmt: skip
     KeyedTask.objects.apply(Transition("t-1", "k", 1, "running", 1, {}, create))
     assert KeyedTask.objects.get(task_id="t-1").arguments == "args=('k', '<card>') kwargs={}"
+
+
+pydantic = pytest.importorskip("pydantic")
+
+
+class Order(pydantic.BaseModel):
+    account: str
+    cents: int
+
+
+@keyed_serial_task(key="order:{order[account]}", pydantic=True, name="tests.charge")
+def charge(order: Order) -> int:
+    return order.cents
+
+
+def test_a_pydantic_task_sends_its_models_as_celery_does(broker):
+    """``pydantic=True``: Celery dumps the models to dicts at the call; the key is made from what is sent."""
+    result = charge.apply_async((Order(account="a-1", cents=250),), queue=QUEUE)
+    sent = json.loads(broker.lindex(QUEUE, 0))
+    assert sent["headers"]["id"] == result.id
+    args, kwargs, _ = json.loads(base64.b64decode(sent["body"]))
+    assert args == [{"account": "a-1", "cents": 250}]
+    assert KeyedTask.objects.get(task_id=result.id).key == "order:a-1"
