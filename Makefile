@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint docs bench redis-server postgresql chromium
+.PHONY: demo test compat lint docs bench redis-server postgresql chromium
 
 $(BIN)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,10 @@ demo: redis-server $(BIN)/.installed
 test: redis-server postgresql chromium $(BIN)/.installed lint
 	$(BIN)/python -m pytest
 	KEYED_QUEUE_TESTS_DATABASE=postgresql $(BIN)/python -m pytest tests/django
+
+# Celery's documented task behaviours on plain tasks and their keyed twins, side by side (tests/compat).
+compat: redis-server $(BIN)/.installed
+	$(BIN)/python -m pytest -m compat tests/compat
 
 # Style, then the layers' import contract (pyproject.toml), then the types.
 lint: $(BIN)/.installed

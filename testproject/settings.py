@@ -27,6 +27,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_keyed_queue",
     "testproject.demo",
+    "testproject.compat",
 ]
 
 MIDDLEWARE = [
