@@ -28,7 +28,7 @@ from ..records.statuses import Status
 from ..records.transitions import Transition
 from . import handoff
 from .messages import TaskMessage, ticket_header
-from .process import WorkerTraits, current
+from .process import current
 
 logger = logging.getLogger(__name__)
 
@@ -183,8 +183,7 @@ def _keep(app, finished_request, grants: list[Grant]) -> list[Grant]:
         message = TaskMessage.decode(grants[0].message, app.conf.accept_content)
     except MessageRefused:
         return grants  # publishing refuses it too, and fails its task
-    traits = process.worker or WorkerTraits()
-    request = handoff.local_request(app, message, grants[0], finished_request.hostname, traits)
+    request = handoff.local_request(app, message, grants[0], finished_request.hostname, process.worker)
     if request is None:
         return grants
     state.kept = handoff.Kept(grants[0], request, after=finished_request.id)
@@ -209,7 +208,7 @@ def run_kept(app, task_id: str) -> None:
         while state.kept is not None:
             kept, state.kept = state.kept, None
             logger.debug("running key=%r ticket=%s here (local handoff)", kept.grant.key, kept.grant.ticket)
-            handoff.trace(app, app.tasks[kept.request["task"]], kept.request, process.worker or WorkerTraits())
+            handoff.trace(app, app.tasks[kept.request["task"]], kept.request, process.worker)
     finally:
         state.running = False
         left, state.kept = state.kept, None

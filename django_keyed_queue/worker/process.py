@@ -48,9 +48,9 @@ class Handoff(threading.local):
 
 
 class Process:
-    def __init__(self, worker: WorkerTraits | None = None) -> None:
+    def __init__(self, worker: WorkerTraits) -> None:
         self.pid = os.getpid()
-        #: Set in a Celery worker and its pool processes; None elsewhere.
+        #: A Celery worker's own in it and its pool processes; no limits and no events elsewhere.
         self.worker = worker
         self._lock = threading.Lock()
         self._gate: Gate | None = None
@@ -108,7 +108,7 @@ def _connect() -> Gate:
 _current: Process | None = None
 _lock = threading.Lock()
 #: A worker's traits, carried from its main process into each forked pool process.
-_inherited: WorkerTraits | None = None
+_inherited = WorkerTraits()
 
 
 def current() -> Process:
