@@ -114,7 +114,7 @@ def run(kind: str, settings: dict, directory: Path) -> Result:
         if producer is not None and producer.poll() is None:
             producer.kill()
             producer.wait()
-        project.stop()
+        project.kill()
         server.stop()
 
 

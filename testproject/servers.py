@@ -249,7 +249,7 @@ class Worker:
         deadline = time.monotonic() + timeout
         while self.log_path.read_bytes().count(b" ready.") <= self._ready_before:
             if self.process.poll() is not None or time.monotonic() > deadline:
-                self._kill_group()  # nothing it started may outlive the failure
+                self.kill()  # nothing it started may outlive the failure
                 raise ServerError(f"worker {self.name} did not start:\n{self.log()[-3000:]}")
             time.sleep(0.05)
         return self
@@ -266,9 +266,12 @@ class Worker:
             self.process.send_signal(signal.SIGQUIT if cold else signal.SIGTERM)
             with suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout)
-        self._kill_group()
+        self.kill()
 
-    def _kill_group(self) -> None:
+    def kill(self) -> None:
+        """SIGKILL to the worker and its pool at once: a test's end, where nothing they do is checked."""
+        if self.process is None:
+            return
         # The worker leads its process group; a group id is not reused while a member lives, so this
         # reaches only the worker and pool processes that outlived it.
         with suppress(ProcessLookupError):

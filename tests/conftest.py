@@ -109,4 +109,4 @@ def workers(redis_server, django_db_setup, django_db_blocker):
         yield started
     finally:
         for worker in started:
-            worker.stop()
+            worker.kill()

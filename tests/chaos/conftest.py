@@ -41,9 +41,9 @@ class Chaos:
         parent = parent_pid(pool_pid)
         return next(w for w in self.workers if w.process and w.process.pid == parent)
 
-    def stop(self) -> None:
+    def kill(self) -> None:
         for worker in self.workers:
-            worker.stop()
+            worker.kill()
 
 
 @pytest.fixture
@@ -54,4 +54,4 @@ def chaos(redis_server, gate_redis, request):
         try:
             yield harness
         finally:
-            harness.stop()
+            harness.kill()

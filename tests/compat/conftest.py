@@ -49,7 +49,7 @@ def events_worker(workers) -> Worker:
     )
     worker.start()
     yield worker
-    worker.stop()
+    worker.kill()
 
 
 @pytest.fixture(scope="session")

@@ -27,17 +27,25 @@ def user_redis(workdir):
         yield server
 
 
+@pytest.fixture(scope="session")
+def project_template(tmp_path_factory) -> Path:
+    """The tier's project made once; each test copies it (making one takes seconds)."""
+    directory = tmp_path_factory.mktemp("userproject") / "mysite"
+    UserProject(directory, redis_url="").make()
+    return directory
+
+
 @pytest.fixture
-def make_project(workdir, user_redis):
+def make_project(workdir, user_redis, project_template):
     """Builds the project with the install section's settings, plus ``settings`` a test adds."""
     made: list[UserProject] = []
 
     def make(**settings) -> UserProject:
         settings = {"KEYED_QUEUE_LEASE_SECONDS": LEASE_SECONDS, **settings}
         project = UserProject(workdir / "mysite", user_redis.url, settings)
-        made.append(project.build())
+        made.append(project.build(project_template))
         return project
 
     yield make
     for project in made:
-        project.stop()
+        project.kill()

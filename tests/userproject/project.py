@@ -50,21 +50,34 @@ class UserProject:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("KEYED_QUEUE_", "TESTPROJECT_", "DJANGO_"))}
         return {**env, "DJANGO_SETTINGS_MODULE": "mysite.settings"}
 
-    def build(self) -> UserProject:
+    def build(self, template: Path | None = None) -> UserProject:
+        """Made from scratch, or copied from ``template`` (a project :meth:`make` built, the same steps);
+        then pointed at this project's Redis, with its settings added."""
+        if template is None:
+            self.make()
+        else:
+            shutil.copytree(template, self.directory)
+        for name, _ in install_blocks():
+            path = self.directory / name
+            path.write_text(path.read_text().replace(README_REDIS, self.redis_url))
+        with open(self.directory / "mysite" / "settings.py", "a") as settings:
+            settings.writelines(f"{name} = {value!r}\n" for name, value in self.settings.items())
+        return self
+
+    def make(self) -> None:
+        """``startproject``, ``startapp``, the install blocks (their Redis URL as the README has it), the
+        tier's tasks, ``migrate``: nothing that reaches Redis."""
         self.directory.mkdir(parents=True, exist_ok=True)
         self.run([sys.executable, "-m", "django", "startproject", "mysite", "."])
         self.manage("startapp", "shop")
         for name, code in install_blocks():
             path = self.directory / name
             written = path.read_text() if path.exists() else ""  # by startproject or startapp
-            path.write_text(written + ("\n" if written else "") + code.replace(README_REDIS, self.redis_url))
+            path.write_text(written + ("\n" if written else "") + code)
         with open(self.directory / "shop" / "tasks.py", "a") as tasks:
             tasks.write("\n" + (FILES / "tasks.py").read_text())
         shutil.copy(FILES / "produce.py", self.directory / "produce.py")
-        with open(self.directory / "mysite" / "settings.py", "a") as settings:
-            settings.writelines(f"{name} = {value!r}\n" for name, value in self.settings.items())
         self.manage("migrate", "--verbosity", "0")
-        return self
 
     def run(
         self, command: list[str], check: bool = True, timeout: float = 120, env: dict | None = None
@@ -116,6 +129,6 @@ class UserProject:
             db.row_factory = sqlite3.Row
             return {r["task_id"]: dict(r) for r in db.execute("SELECT * FROM keyed_queue_keyedtask")}
 
-    def stop(self) -> None:
+    def kill(self) -> None:
         for worker in self.workers:
-            worker.stop()
+            worker.kill()

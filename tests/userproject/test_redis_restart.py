@@ -62,7 +62,7 @@ def test_the_broker_s_redis_restarting_beside_a_gate_redis_of_its_own_loses_noth
     with persistent_redis(workdir / "gate-redis") as gate_redis:
         project = make_project(KEYED_QUEUE_REDIS_URL=f"{gate_redis.url}/0")
         run_through_a_restart(project, user_redis)
-        project.stop()  # before the gate's Redis stops
+        project.kill()  # before the gate's Redis stops
 
 
 def test_connections_cut_by_redis_mid_run_lose_nothing(make_project, user_redis):
