@@ -15,6 +15,7 @@ from .exceptions import (
     InvalidKey,
     KeyedQueueError,
     KeyQueueFull,
+    UnencodableArguments,
 )
 
 if TYPE_CHECKING:
@@ -32,6 +33,7 @@ __all__ = [
     "KeyedQueueError",
     "KeyQueueFull",
     "KeyedSerialTask",
+    "UnencodableArguments",
     "cancel",
     "health",
     "keyed_serial_task",

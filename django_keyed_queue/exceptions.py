@@ -1,5 +1,7 @@
 """Errors raised to users of keyed tasks."""
 
+from kombu.exceptions import EncodeError
+
 
 class KeyedQueueError(Exception):
     """Base class of every error this package raises."""
@@ -11,6 +13,10 @@ class InvalidKey(KeyedQueueError, ValueError):
 
 class InvalidArguments(KeyedQueueError, TypeError):
     """The arguments do not fit the task's signature or cannot be serialized."""
+
+
+class UnencodableArguments(InvalidArguments, EncodeError):
+    """The task's serializer cannot encode the arguments: kombu's ``EncodeError``, as Celery raises it."""
 
 
 class IdempotencyConflict(InvalidArguments):

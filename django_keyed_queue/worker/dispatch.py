@@ -208,9 +208,20 @@ def run_kept(app, task_id: str) -> None:
         while state.kept is not None:
             kept, state.kept = state.kept, None
             logger.debug("running key=%r ticket=%s here (local handoff)", kept.grant.key, kept.grant.ticket)
+            state.tracing = kept
             handoff.trace(app, app.tasks[kept.request["task"]], kept.request, process.worker)
+            state.tracing = None
     finally:
-        state.running = False
+        state.running, state.tracing = False, None
         left, state.kept = state.kept, None
         if left is not None:  # the loop was interrupted: the grant goes out as usual
             publish_grants(app, [left.grant])
+
+
+def requeue_kept(app, task_id: str, key: str, ticket: int) -> None:
+    """``Reject(requeue=True)`` of a run: if this process runs it by local handoff, there is no message
+    for the broker to deliver again, so its grant's message is published now, as that delivery."""
+    tracing = current().handoff.tracing
+    if tracing is None or (tracing.request["id"], tracing.grant.key, tracing.grant.ticket) != (task_id, key, ticket):
+        return
+    publish(app, tracing.grant, record=False)

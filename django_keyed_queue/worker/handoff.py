@@ -25,10 +25,13 @@ Everything else is published as usual.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 
-from celery import states
+import celery
+from celery import signals, states
+from celery.app.task import Context
 from celery.app.trace import trace_task
 from celery.utils.functional import maybe_list
 from kombu.utils.encoding import safe_repr, safe_str
@@ -45,6 +48,10 @@ HONOURED_OPTIONS = frozenset(
         *("link", "link_error", "ignore_result", "root_id", "parent_id"),
     }
 )
+
+
+#: Celery 5.7's worker fails the task of a message rejected without requeue (before, it stayed PENDING).
+REJECT_FAILS_THE_TASK = celery.VERSION >= (5, 7)
 
 
 @dataclass(frozen=True)
@@ -108,11 +115,9 @@ def trace(app, task, request: dict, worker: WorkerTraits) -> None:
     """Run the task as the worker would, sending the task events the worker would send for it."""
     run = partial(trace_task, task, request["id"], request["args"], request["kwargs"], request)
     run = partial(run, hostname=request["hostname"], loader=app.loader, app=app)
-    if not (worker.sends_task_events and task.send_events):
-        run()
-        return
-    with app.events.default_dispatcher(hostname=request["hostname"]) as dispatcher:
-        send = partial(dispatcher.send, uuid=request["id"])
+    events = worker.sends_task_events and task.send_events
+    with app.events.default_dispatcher(hostname=request["hostname"]) if events else nullcontext() as dispatcher:
+        send = partial(dispatcher.send, uuid=request["id"]) if dispatcher else _no_event
         send(
             "task-received",
             name=task.name,
@@ -132,3 +137,29 @@ def trace(app, task, request: dict, worker: WorkerTraits) -> None:
             send("task-failed", exception=safe_repr(retval.exception), traceback=safe_str(retval.traceback))
         elif info.state == states.RETRY:
             send("task-retried", exception=safe_repr(retval.exception.exc), traceback=safe_str(retval.traceback))
+        elif info.state == states.REJECTED:
+            _rejected(task, request, info.retval, retval, send)
+
+
+def _rejected(task, request: dict, exc, einfo, send) -> None:
+    """What the worker's main process does for a rejected message, which a local run does not have."""
+    if not exc.requeue and REJECT_FAILS_THE_TASK:
+        # Celery 5.7+: a message rejected for good never runs again; its task failed.
+        store = not request.get("ignore_result") or task.store_errors_even_if_ignored
+        task.backend.mark_as_failure(request["id"], exc, request=Context(request), store_result=store)
+        signals.task_failure.send(
+            sender=task,
+            task_id=request["id"],
+            exception=exc,
+            args=request["args"],
+            kwargs=request["kwargs"],
+            traceback=einfo.traceback,
+            einfo=einfo,
+        )
+        send("task-failed", exception=safe_repr(exc), traceback=safe_str(einfo.traceback))
+    if task.acks_late:  # an early-acknowledged message cannot be rejected: no event
+        send("task-rejected", requeue=exc.requeue)
+
+
+def _no_event(*args, **kwargs) -> None:
+    pass

@@ -21,7 +21,7 @@ from django.utils import timezone
 from kombu.exceptions import DecodeError, EncodeError
 from kombu.serialization import dumps, loads, prepare_accept_content
 
-from ..exceptions import InvalidArguments, MessageRefused
+from ..exceptions import MessageRefused, UnencodableArguments
 
 #: Message header carrying a granted ticket: {"key", "ticket", "dispatch"}.
 HEADER = "keyed_queue"
@@ -46,7 +46,7 @@ class TaskMessage:
         try:
             content_type, encoding, body = dumps(payload, serializer=serializer)
         except (EncodeError, TypeError, ValueError) as exc:
-            raise InvalidArguments(
+            raise UnencodableArguments(
                 f"arguments of {self.task_name} cannot be encoded with the {serializer!r} serializer: {exc}"
             ) from exc
         if isinstance(body, str):

@@ -45,6 +45,8 @@ class Handoff(threading.local):
     running = False
     deadline = 0.0
     kept: Kept | None = None
+    #: The kept grant running now: it came by no broker message.
+    tracing: Kept | None = None
 
 
 class Process:

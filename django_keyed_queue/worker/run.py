@@ -23,7 +23,7 @@ from ..gate import Code, Lease, Outcome
 from ..records.models import KeyedTask
 from ..records.statuses import Status
 from ..records.transitions import Transition
-from .dispatch import hand_over, send
+from .dispatch import hand_over, requeue_kept, send
 from .messages import DELAY_OPTIONS, HEADER, TaskMessage, gate_message, send_options
 from .outage import outlast_restart
 from .process import current
@@ -112,6 +112,7 @@ class Run:
         gate = current().gate
         requeued, _ = outlast_restart(lambda: gate.requeue(lease.key, lease.ticket, lease.token))
         if requeued:
+            requeue_kept(task.app, task.request.id, lease.key, lease.ticket)
             error = "requeued by Reject(requeue=True): its message runs again"
             current().recorder.record(self._transition(Status.RETRYING, error=error))
 

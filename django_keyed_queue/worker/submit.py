@@ -89,8 +89,7 @@ def _enqueue(task, key: str, task_id: str, message: bytes, args: tuple, kwargs: 
         # A delayed task joins its key's queue when due, on the worker (see ``run.Run.begin``).
         with transaction.atomic(using=KeyedTask.objects.db_for_write()):
             KeyedTask.objects.insert_submission(status=Status.WAITING, due_at=_due_at(options), **row)
-            task.send_plain(args, kwargs, task_id=task_id, **options)
-        return task.AsyncResult(task_id)
+            return task.send_plain(args, kwargs, task_id=task_id, **options)
 
     gate = current().gate
     max_waiting = waiting_limit(task)
@@ -118,7 +117,7 @@ def _enqueue(task, key: str, task_id: str, message: bytes, args: tuple, kwargs: 
         withdraw(task, key, submitted.ticket, forget=True)
         raise
     if not submitted.granted:
-        return task.AsyncResult(task_id)
+        return parked_result(task, task_id, options)
     try:
         # Celery's own result: dropping it and making another would unsubscribe and resubscribe.
         return send(
@@ -136,6 +135,17 @@ def _enqueue(task, key: str, task_id: str, message: bytes, args: tuple, kwargs: 
             ) from exc
         KeyedTask.objects.forget(task_id, key, submitted.ticket)
         raise
+
+
+def parked_result(task, task_id: str, options: dict):
+    """The AsyncResult of a task waiting for its key, as ``send_task`` makes one when it publishes:
+    marked ignored with ``ignore_result``, and among the children of the task that submitted it."""
+    result = task.AsyncResult(task_id)
+    result.ignored = bool(options.get("ignore_result"))
+    parent = task.app.current_worker_task
+    if parent is not None and options.get("add_to_parent", True):
+        parent.add_trail(result)
+    return result
 
 
 def waiting_limit(task) -> int:

@@ -112,8 +112,10 @@ class KeyedSerialTask(Task):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request
-        if request.called_directly or request.is_eager:
-            return self.run(*args, **kwargs)
+        if request.called_directly:
+            return super().__call__(*args, **kwargs)  # Celery's: pushes a request with the arguments
+        if request.is_eager:
+            return self.run(*args, **kwargs)  # Celery's tracer pushed the request
         run = Run.begin(self, args, kwargs)
         # Celery's request Context takes any attribute; celery-types lists only Celery's own.
         request.keyed_run, request.keyed_lease, request.keyed_attempts = run, run.lease, run.attempts  # type: ignore[attr-defined]

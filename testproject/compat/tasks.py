@@ -88,6 +88,13 @@ def request_fields(self, names: list[str], key: str = "") -> dict:
         return {name: self.request.get(name) for name in names}
 
 
+@twins(bind=True)
+def spawn(self, key: str = "") -> str:
+    """Submits a child of its own kind and key (a keyed one waits for this run to end); returns its id."""
+    with running(key):
+        return twin(self, "add").delay(1, 2, key=key).id
+
+
 @twins(key="{item[key]}")
 def double(item: dict) -> int:
     """Takes one argument, as ``Task.map`` calls it."""

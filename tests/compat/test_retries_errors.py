@@ -77,7 +77,7 @@ def test_ignore_leaves_the_state_alone_and_stores_nothing(kind, key, workers):
     check_key(kind, key, order=[result.id, after.id])
 
 
-@kinds(waited="a task run by local handoff has no message to reject: its Reject(requeue=False) leaves it PENDING")
+@kinds()
 def test_reject_without_requeue_drops_the_message_and_fails_the_task(kind, key, workers):
     """Celery 5.7 stores a FAILURE for a message rejected without requeue (it will never run again)."""
     hold_key(kind, key)
@@ -93,10 +93,7 @@ def test_reject_without_requeue_drops_the_message_and_fails_the_task(kind, key, 
     check_key(kind, key, order=[result.id, after.id])
 
 
-@kinds(
-    waited="a task run by local handoff has no broker message to requeue: after Reject(requeue=True) its key "
-    "stays held, and the task does not run again, until the dispatch timeout (300 s) publishes it again",
-)
+@kinds()
 def test_reject_with_requeue_delivers_the_message_again(kind, key, workers):
     hold_key(kind, key)
     result = rejected(kind).delay(True, key=key)
