@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import cached_property
 from typing import Any
 
-from celery import Task
+from celery import Task, chord, group
 from celery.exceptions import Ignore, Reject, Retry
+from celery.utils.functional import chunks as chunked
 
 from ..exceptions import InvalidArguments, InvalidKey
 from ..gate import MAX_KEY_LENGTH, Lease
@@ -67,6 +68,26 @@ class KeyedSerialTask(Task):
         one joins the end of its key's queue. This run ends ``ignored`` and its slot passes on."""
         self.request.keyed_replaced = True  # type: ignore[attr-defined]  # Celery's request takes any attribute
         return super().replace(sig)
+
+    # Celery's map, starmap and chunks call the task's function inline, one call after another in
+    # one task of their own: outside the key's queue. A keyed task's are groups of its calls.
+
+    def map(self, it: Iterable[Any]) -> group:  # type: ignore[override]  # a group, not an xmap
+        """A group calling the task on each item: ``.delay().get()`` returns the list Celery's would."""
+        return group(self.s(item) for item in it)
+
+    def starmap(self, it: Iterable[Iterable[Any]]) -> group:  # type: ignore[override]  # not an xstarmap
+        """A group calling the task on each argument tuple: ``.delay().get()`` returns Celery's list."""
+        return group(self.s(*args) for args in it)
+
+    def chunks(self, it: Iterable[Iterable[Any]], n: int) -> group:  # type: ignore[override]  # not chunks
+        """A group of chords of ``n`` calls each: ``.apply_async().get()`` returns Celery's list of lists.
+
+        (A group of groups would be flattened; each chord's body, Celery's ``accumulate``,
+        returns its calls' results as one list.)
+        """
+        collect = self.app.tasks["celery.accumulate"].s(index=0)
+        return group(chord([self.s(*args) for args in part], collect.clone()) for part in chunked(iter(it), n))
 
     def send_plain(self, args: tuple, kwargs: dict, **options: Any):
         """Publish as Celery's own ``apply_async`` does, past the key's queue (a delayed task's message)."""

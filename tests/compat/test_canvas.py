@@ -13,10 +13,6 @@ from tests.waiting import wait_until
 
 pytestmark = MARKS
 
-#: chunks, map and starmap run the task's function inline, in Celery's own celery.starmap and
-#: celery.map tasks: no keyed task is submitted, so nothing stops them running while the key is held.
-INLINE = "{} call the task's function inline in celery.{} tasks, past the gate: two runs of one key overlap"
-
 
 @kinds()
 def test_chain_passes_each_result_on(kind, key, workers):
@@ -46,15 +42,15 @@ def test_chord_calls_its_body_with_the_header_s_results(kind, key, workers):
     assert starts(key)[-1] == result.id, "the body runs after the whole header"
 
 
-@kinds(keyed=INLINE.format("chunks", "starmap"), waited=INLINE.format("chunks", "starmap"))
+@kinds()
 def test_chunks_split_the_calls_into_tasks(kind, key, workers):
     hold_key(kind, key, seconds=0.5)
     result = add(kind).chunks([(n, n, key, 0.5) for n in range(4)], 2).apply_async()
     assert result.get(timeout=10) == [[0, 2], [4, 6]]
-    check_key(kind, key)  # the two chunks' tasks run at once on two workers: so do the calls of one key
+    check_key(kind, key)  # the calls of one key run one at a time (a plain task's chunks run at once)
 
 
-@kinds(waited=INLINE.format("map", "map"))
+@kinds()
 def test_map_calls_the_task_on_each_item(kind, key, workers):
     hold_key(kind, key, seconds=0.5)
     result = double(kind).map([{"key": key, "n": n} for n in range(4)]).delay()
@@ -62,7 +58,7 @@ def test_map_calls_the_task_on_each_item(kind, key, workers):
     check_key(kind, key)
 
 
-@kinds(waited=INLINE.format("starmap", "starmap"))
+@kinds()
 def test_starmap_calls_the_task_on_each_argument_tuple(kind, key, workers):
     hold_key(kind, key, seconds=0.5)
     result = add(kind).starmap([(n, 1, key) for n in range(4)]).delay()
