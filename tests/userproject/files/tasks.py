@@ -58,3 +58,21 @@ def fenced_step(self, key: str, n: int, seconds: float = 0.0) -> int:
     time.sleep(seconds)
     log("end", key, n, self.request.id)
     return n
+
+
+@keyed_serial_task(key="{key}", bind=True)
+def replaced_step(self, key: str, n: int) -> int:
+    """Replaces itself with ``step`` of the same key (number ``n + 100``), which joins the key's queue."""
+    raise self.replace(step.si(key, n + 100))
+
+
+@keyed_serial_task(key="{key}", bind=True, acks_late=True)
+def rejected_step(self, key: str, n: int) -> int:
+    """Rejects its first delivery with ``Reject(requeue=True)``; the delivery after it runs."""
+    from celery.exceptions import Reject
+
+    marker = settings.BASE_DIR / f"rejected-{self.request.id}"
+    if not marker.exists():
+        marker.touch()
+        raise Reject("the first delivery is rejected", requeue=True)
+    return logged(self.request.id, key, n, 0.0)
