@@ -10,11 +10,13 @@ having changed nothing.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from celery import current_app
+from celery import current_app, signals, states
+from celery.app.task import Context
 from celery.utils import uuid
-from django.db import models
+from django.db import close_old_connections, models
 from django.utils import timezone
 
 from ..exceptions import ActionRefused, MessageRefused
@@ -229,6 +231,35 @@ def cancel(task_id: str, *, by: str = "an operator", app=None) -> None:
         current().recorder.flush()  # the operator sees the next task dispatched on their next look
     KeyedTask.objects.settle_rows([row.pk], Status.CANCELLED, finished_at=timezone.now(), error=f"cancelled by {by}")
     logger.info("keyed queue task %s key=%r cancelled by %s", task_id, row.key, by)
+
+
+def withdraw_revoked(task_ids: Iterable[str], *, app=None) -> list[str]:
+    """Celery revoked ``task_ids`` (this worker got ``revoke``): withdraw the keyed ones that wait for their key.
+
+    Celery's workers drop a revoked task when its message arrives, but a task that
+    waited for its key may run without one, by local handoff in a pool process that
+    never sees the revoked ids. So the first worker to get the revoke withdraws the
+    ticket here, and does what a worker does for a revoked message: the result says
+    ``REVOKED`` and ``task_revoked`` is sent. The task ids withdrawn.
+    """
+    app = app or current_app
+    close_old_connections()  # this runs in the worker's main process, between messages
+    unstarted = KeyedTask.objects.filter(task_id__in=set(task_ids), status__in=(Status.WAITING, Status.DISPATCHED))
+    withdrawn = []
+    for task_id, task_name in unstarted.values_list("task_id", "task_name").distinct():
+        try:
+            cancel(task_id, by="Celery: it was revoked", app=app)
+        except ActionRefused as refused:  # another worker withdrew it, or it started meanwhile
+            logger.info("revoked keyed task %s is not withdrawn: %s", task_id, refused)
+            continue
+        withdrawn.append(task_id)
+        task = app.tasks.get(task_name)
+        backend = task.backend if task is not None else app.backend
+        if backend.get_state(task_id) == states.PENDING:  # Celery 5.7 marks it itself, earlier ones do not
+            backend.mark_as_revoked(task_id, reason="revoked")
+        request = Context({"id": task_id, "task": task_name})
+        signals.task_revoked.send(sender=task, request=request, terminated=False, signum=None, expired=False)
+    return withdrawn
 
 
 def retry(task_id: str, *, by: str = "an operator", app=None) -> str:

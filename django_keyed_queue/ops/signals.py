@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
+from typing import Any
 
 from celery.signals import (
     beat_init,
@@ -14,6 +16,8 @@ from celery.signals import (
     worker_ready,
     worker_shutdown,
 )
+from celery.utils.functional import maybe_list
+from celery.worker.control import Panel
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
@@ -27,7 +31,7 @@ from ..worker.reconnect import republish_after_reconnect, tolerate_lost_brpop_on
 from ..worker.run import end_killed_run
 from ..worker.task import KeyedSerialTask
 from .reaper import WorkerReaper
-from .recovery import cancel
+from .recovery import cancel, withdraw_revoked
 
 logger = logging.getLogger(__name__)
 #: Signals that end a pool process: a run terminated with them never finishes by itself.
@@ -39,8 +43,32 @@ def _note_worker(sender=None, **_: object) -> None:
     """Before the worker builds its consumer and forks its pool: what its processes need to know."""
     note_worker(WorkerTraits((sender.time_limit, sender.soft_time_limit), bool(sender.task_events)))
     tolerate_lost_brpop_on_close()
+    _withdraw_revoked_tasks()
     reaper = sender.keyed_queue_reaper = WorkerReaper(sender.app, periodic=settings.WORKER_REAPER)
     sender.app.steps["consumer"].add(republish_after_reconnect(reaper.republish_unstarted))
+
+
+def _withdraw_revoked_tasks() -> None:
+    """Celery's ``revoke`` control command, then ``recovery.withdraw_revoked`` on its task ids.
+
+    Celery sends no signal when a worker receives a revoke; its remote control
+    commands are a registry (``Panel``), where this wraps the ``revoke`` entry.
+    """
+    celery_revoke = Panel.data["revoke"]
+    if getattr(celery_revoke, "withdraws_keyed_tasks", False):
+        return
+
+    @functools.wraps(celery_revoke)
+    def revoke(state, task_id, *args: Any, **kwargs: Any) -> Any:
+        reply = celery_revoke(state, task_id, *args, **kwargs)
+        try:
+            withdraw_revoked(maybe_list(task_id) or [], app=state.app)
+        except Exception:
+            logger.exception("revoked task ids %s: the keyed ones waiting could not be withdrawn", task_id)
+        return reply
+
+    revoke.withdraws_keyed_tasks = True  # type: ignore[attr-defined]
+    Panel.data["revoke"] = revoke
 
 
 @task_postrun.connect

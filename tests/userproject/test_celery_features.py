@@ -23,6 +23,9 @@ from shop.tasks import rejected_step, replaced_step, step
 key = "features"
 seen = {}
 step.delay(key, 0, 0.5)  # holds the key while the rest is submitted
+revoked = step.delay(key, 50)  # would run by local handoff in the process that ran 0
+revoked.revoke()
+seen["revoke"] = [step.delay(key, 51).get(timeout=30), revoked.state]
 seen["starmap"] = step.starmap([(key, n, 0.1) for n in (1, 2, 3)]).delay().get(timeout=30)
 seen["chunks"] = step.chunks([(key, n, 0.2) for n in (4, 5, 6, 7)], 2).apply_async().get(timeout=30)
 seen["replace"] = replaced_step.delay(key, 8).get(timeout=30)
@@ -48,9 +51,10 @@ def test_canvas_replace_reject_and_results_behave_as_celery_s(make_project, user
         "replace": 108,  # the replacement's result
         "reject": 9,  # its second delivery ran
         "ignored": [True, None],
+        "revoke": [51, "REVOKED"],  # the next task ran; the revoked one did not
         "encode": "UnencodableArguments",
     }
-    numbers = [0, 1, 2, 3, 4, 5, 6, 7, 108, 9, 10]
+    numbers = [0, 51, 1, 2, 3, 4, 5, 6, 7, 108, 9, 10]
 
     def ended():
         events = project.history()
@@ -58,6 +62,6 @@ def test_canvas_replace_reject_and_results_behave_as_celery_s(make_project, user
 
     events = wait_until(ended, 15, 0.1, "every task to end")
     starts = [e["n"] for e in events if e["event"] == "start"]
-    assert sorted(starts) == sorted(numbers), "each ran once (the rejected delivery did not start)"
+    assert sorted(starts) == sorted(numbers), "each ran once (the rejected delivery did not start, nor 50)"
     check_history(events, accepted={"features": starts})  # one at a time
-    assert starts[:8] == list(range(8)), "the key's tasks started in the order they were submitted"
+    assert starts[:9] == [0, 51, *range(1, 8)], "the key's tasks started in the order they were submitted"
