@@ -25,6 +25,7 @@ Everything else is published as usual.
 
 from __future__ import annotations
 
+import logging
 from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
@@ -32,8 +33,10 @@ from functools import partial
 import celery
 from celery import signals, states
 from celery.app.task import Context
-from celery.app.trace import trace_task
+from celery.app.trace import LOG_RECEIVED, trace_task
 from celery.utils.functional import maybe_list
+from celery.utils.imports import symbol_by_name
+from kombu import Message
 from kombu.utils.encoding import safe_repr, safe_str
 
 from ..gate import Grant
@@ -49,6 +52,9 @@ HONOURED_OPTIONS = frozenset(
     }
 )
 
+
+#: The logger of Celery's worker that logs each message it receives.
+received_log = logging.getLogger("celery.worker.strategy")
 
 #: Celery 5.7's worker fails the task of a message rejected without requeue (before, it stayed PENDING).
 REJECT_FAILS_THE_TASK = celery.VERSION >= (5, 7)
@@ -115,6 +121,7 @@ def trace(app, task, request: dict, worker: WorkerTraits) -> None:
     """Run the task as the worker would, sending the task events the worker would send for it."""
     run = partial(trace_task, task, request["id"], request["args"], request["kwargs"], request)
     run = partial(run, hostname=request["hostname"], loader=app.loader, app=app)
+    _receive(app, task, request)
     events = worker.sends_task_events and task.send_events
     with app.events.default_dispatcher(hostname=request["hostname"]) if events else nullcontext() as dispatcher:
         send = partial(dispatcher.send, uuid=request["id"]) if dispatcher else _no_event
@@ -139,6 +146,26 @@ def trace(app, task, request: dict, worker: WorkerTraits) -> None:
             send("task-retried", exception=safe_repr(retval.exception.exc), traceback=safe_str(retval.traceback))
         elif info.state == states.REJECTED:
             _rejected(task, request, info.retval, retval, send)
+
+
+def _receive(app, task, request: dict) -> None:
+    """What a worker's main process does first with a message it received: the log line, ``task_received``.
+
+    The signal's request is the worker's own request class, made from the message the
+    request stands for; its sender is None, as no consumer received it.
+    """
+    context = {"id": request["id"], "name": task.name, "args": request["argsrepr"], "kwargs": request["kwargsrepr"]}
+    context["eta"] = None
+    received_log.info(LOG_RECEIVED, context, extra={"data": context})
+    if not signals.task_received.receivers:
+        return
+    message = Message(delivery_info=request["delivery_info"], properties=request["properties"], headers=request)
+    embed = {name: request.get(name) for name in ("callbacks", "errbacks", "chain", "chord")}
+    body = (request["args"], request["kwargs"], embed)
+    received = symbol_by_name(task.Request)(
+        message, app=app, hostname=request["hostname"], task=task, body=body, headers=request, decoded=True
+    )
+    signals.task_received.send(sender=None, request=received)
 
 
 def _rejected(task, request: dict, exc, einfo, send) -> None:
