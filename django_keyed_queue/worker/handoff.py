@@ -95,18 +95,26 @@ def local_request(app, message: TaskMessage, grant: Grant, hostname: str, worker
         parent_id=options.get("parent_id"),
         ignore_result=options.get("ignore_result"),
     )
+    headers.update(options.get("headers") or {}, **ticket_header(grant.key, grant.ticket, grant.dispatch))
+    exchange, routing_key = queue.exchange.name, routed.get("routing_key") or queue.routing_key
+    # This process dispatches the grant, as when it publishes one: Celery's publish signals fire
+    # here, for the message the run stands for (a receiver may add headers, as tracing does).
+    retry_policy = {**app.conf.task_publish_retry_policy, **(options.get("retry_policy") or {})}
+    publishing = {"sender": message.task_name, "body": body, "exchange": exchange, "routing_key": routing_key}
+    signals.before_task_publish.send(
+        **publishing, declare=[queue], headers=headers, properties=properties, retry_policy=retry_policy
+    )
+    signals.after_task_publish.send(**publishing, headers=headers)
     args, kwargs, embed = body
     return {
         **headers,
-        **(options.get("headers") or {}),
-        **ticket_header(grant.key, grant.ticket, grant.dispatch),
         "properties": properties,
         "reply_to": properties["reply_to"],
         "correlation_id": properties["correlation_id"],
         "hostname": hostname,
         "delivery_info": {
-            "exchange": queue.exchange.name,
-            "routing_key": routed.get("routing_key") or queue.routing_key,
+            "exchange": exchange,
+            "routing_key": routing_key,
             "priority": options.get("priority"),
             "redelivered": False,
         },

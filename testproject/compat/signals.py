@@ -6,6 +6,8 @@ Connected in every process of the project (``CompatConfig.ready``): the test's
 
 from __future__ import annotations
 
+import os
+
 from celery.signals import (
     after_task_publish,
     before_task_publish,
@@ -35,6 +37,9 @@ def _note(signal: str, sender, task_id: str | None, **fields: object) -> None:
 @before_task_publish.connect
 def _before_publish(sender=None, headers=None, **_: object) -> None:
     _note("before_task_publish", sender, (headers or {}).get("id"))
+    if headers is not None and _name(sender).startswith(PREFIX):
+        # As tracing does: a header of the publisher's own, which the task's request carries.
+        headers["compat_published_by"] = os.getpid()
 
 
 @after_task_publish.connect

@@ -10,18 +10,18 @@ import pytest
 from celery.exceptions import TimeLimitExceeded
 
 from testproject.compat import journal
-from testproject.compat.tasks import add, fail, flaky, hard_limited, logs, soft_limited
+from testproject.compat.tasks import add, fail, flaky, hard_limited, logs, request_fields, soft_limited
 from tests.compat.conftest import EVENTS_QUEUE
-from tests.compat.support import MARKS, hold_key, journal_has, kinds, worker_log
+from tests.compat.support import MARKS, WAITED, events, hold_key, journal_has, kinds, worker_log
 from tests.waiting import wait_until
 
 pytestmark = MARKS
 
-#: A task run by local handoff is never published nor received: it runs in the pool process that
-#: freed its key, from the message stored in the gate.
+#: A task that waited for its key is published (or run by local handoff) when its turn comes, by the
+#: process that frees its key: the publish signals fire there, not in the caller.
 NOT_PUBLISHED = (
-    "a task that waited for its key and ran by local handoff is never published: "
-    "before_task_publish and after_task_publish never fire for it"
+    "a task that waited for its key is published when its turn comes, by the process that frees its key: "
+    "before_task_publish and after_task_publish fire there, not in the caller"
 )
 
 
@@ -58,6 +58,19 @@ def test_the_worker_logs_and_signals_the_task_s_receipt(kind, key, workers):
     wait_for_signal("task_postrun", result.id)
     assert f"Task {add(kind).name}[{result.id}] received" in worker_log(workers)
     assert fired(result.id).count("task_received") == 1
+
+
+@kinds()
+def test_a_header_added_by_before_task_publish_reaches_the_task(kind, key, workers):
+    """Tracing tools add their context this way; a task that waited for its key gets the header of the
+    process that published it (or ran it by local handoff), where the signal fired."""
+    holder = hold_key(kind, key)
+    result = request_fields(kind).delay(["compat_published_by"], key=key)
+    published_by = result.get(timeout=10)["compat_published_by"]
+    if kind == WAITED:
+        assert published_by == next(e["pid"] for e in events(key, "start") if e["id"] == holder.id)
+    else:
+        assert published_by == os.getpid()
 
 
 @kinds()
