@@ -1,26 +1,59 @@
-"""The worker's request of a keyed task: Celery's main process learns of a hard time limit here.
+"""The worker's request of a keyed task, in the worker's main process.
 
 Celery kills a run past its hard time limit from the worker's main process,
 which knows the message it killed, and so the attempt: its ticket header. The
 attempt is ended there (see ``run.end_killed_run``); any other attempt
 of the same task, such as the one a recovery started after this one stalled,
 goes on.
+
+A delayed task (``countdown``, ``eta``) takes its ticket when due, here, before
+the worker sends it to its pool: if it must wait for its key, its delivery ends
+unrun, so no run signal fires for it until its turn.
 """
 
 from __future__ import annotations
 
 import logging
+from datetime import datetime, timezone
 
 from celery.worker.request import Request
+from celery.worker.state import task_ready
 
 from ..records.statuses import Status
-from .messages import HEADER
-from .run import end_killed_run
+from .messages import HEADER, ticket_header
+from .run import end_killed_run, join
 
 logger = logging.getLogger(__name__)
 
 
 class KeyedRequest(Request):
+    #: This delivery has asked the gate for a ticket (it is a delayed task now due).
+    _joined = False
+
+    def revoked(self) -> bool:
+        """Celery's check before it sends a message to the pool; also where a delayed task now due joins
+        its key's queue. True, as for a revoked message, when it must wait: acknowledged, and not run."""
+        if super().revoked():
+            return True
+        if self._joined or self.request_dict.get(HEADER) is not None:
+            return False
+        if self.eta is not None and self.eta > datetime.now(timezone.utc):
+            return False  # asked on receipt: not due yet
+        self._joined = True
+        try:
+            context = self._context  # type: ignore[attr-defined]  # Request's own, not in celery-types
+            key, submitted = join(self.task, context, self.args, self.kwargs, start=False, wait_out_outage=False)
+        except Exception:  # a bad key, or the gate unreachable: the run joins from the pool, as it can
+            logger.warning("%s[%s] joins its key's queue from its run", self.name, self.id, exc_info=True)
+            return False
+        if submitted is not None and submitted.granted:
+            self.request_dict[HEADER] = {**ticket_header(key, submitted.ticket, 1)[HEADER], "joined": True}
+            return False
+        logger.info("%s[%s] joined the queue of key=%r and waits for its turn", self.name, self.id, key)
+        task_ready(self)
+        self.acknowledge()
+        return True
+
     def on_timeout(self, soft: bool, timeout: float) -> None:
         super().on_timeout(soft, timeout)
         if soft:

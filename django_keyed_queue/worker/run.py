@@ -19,7 +19,7 @@ import redis
 from celery.exceptions import Ignore, Reject
 from django.utils import timezone
 
-from ..gate import Code, Lease, Outcome
+from ..gate import Code, Lease, Outcome, SubmitResult
 from ..records.models import KeyedTask
 from ..records.statuses import Status
 from ..records.transitions import Transition
@@ -59,7 +59,7 @@ class Run:
                 Status.RUNNING,
                 attempts,
                 {"started_at": now, "heartbeat_at": now, "worker": request.hostname or ""},
-                joins=header is None,
+                joins=header is None or bool(header.get("joined")),
                 create={
                     "task_name": task.name,
                     "enqueued_at": now,
@@ -201,8 +201,22 @@ def _start(task: Any, header: dict, args: tuple, kwargs: dict) -> tuple[Lease, i
 
 
 def _join(task: Any, args: tuple, kwargs: dict) -> tuple[Lease, int]:
-    """A message without a ticket (a delayed task now due): take a ticket now."""
+    """A message without a ticket (a delayed task now due, which its worker did not join): take one now."""
     request = task.request
+    key, submitted = join(task, request, args, kwargs, start=True, wait_out_outage=True)
+    if submitted is None or not submitted.token:
+        raise Ignore()  # a duplicate, or it waits for its key
+    return Lease(key, submitted.ticket, submitted.token), 1
+
+
+def join(
+    task: Any, request: Any, args: tuple, kwargs: dict, *, start: bool, wait_out_outage: bool
+) -> tuple[str, SubmitResult | None]:
+    """A delayed task now due takes a ticket of its key: the key, and what the gate gave (None: a duplicate).
+
+    ``request`` is the task's Celery request (a worker's, or the run's own). With
+    ``start`` a granted ticket is started too. A ticket that must wait is recorded.
+    """
     key = task.key_for(args, kwargs)
     options = {k: v for k, v in request.as_execution_options().items() if k not in DELAY_OPTIONS}
     routing = request.delivery_info or {}
@@ -215,20 +229,17 @@ def _join(task: Any, args: tuple, kwargs: dict) -> tuple[Lease, int]:
         key,
         message,
         task_id=request.id,
-        wait_out_outage=True,
+        wait_out_outage=wait_out_outage,
         limit=task.serial_limit,
-        start=True,
+        start=start,
         join_id=request.id,
         max_lost=task.max_recoveries,
     )
     if submitted is None:
         logger.info("dropping duplicate of %s[%s] key=%r", task.name, request.id, key)
-        raise Ignore()
-    if not submitted.token:
-        waiting = Transition(request.id, key, submitted.ticket, Status.WAITING, 0, joins=True)
-        current().recorder.record(waiting)
-        raise Ignore()
-    return Lease(key, submitted.ticket, submitted.token), 1
+    elif not submitted.granted:
+        current().recorder.record(Transition(request.id, key, submitted.ticket, Status.WAITING, 0, joins=True))
+    return key, submitted
 
 
 def failure_text(exc: BaseException) -> str:

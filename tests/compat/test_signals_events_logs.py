@@ -110,7 +110,7 @@ def test_task_retry_fires_for_each_retry(kind, key, workers):
     assert fired(result.id).count("task_success") == 1
 
 
-@kinds(waited="a delayed task whose key is busy when due is ignored, then run again: its run signals fire twice")
+@kinds()
 def test_run_signals_fire_once_for_a_delayed_task(kind, key, workers):
     hold_key(kind, key, seconds=2)  # still busy when the delayed task is due
     result = add(kind).apply_async((1, 2), {"key": key}, countdown=1)
