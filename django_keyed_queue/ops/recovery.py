@@ -26,7 +26,7 @@ from ..records.models import KeyedTask
 from ..records.statuses import Status
 from ..records.transitions import Transition
 from ..worker.dispatch import Dispatched, Published, publish, publish_grants
-from ..worker.messages import TaskMessage
+from ..worker.messages import JOIN_HEADER, TaskMessage
 from ..worker.process import current, get_gate
 from ..worker.task import KeyedSerialTask
 
@@ -219,7 +219,7 @@ def cancel(task_id: str, *, by: str = "an operator", app=None) -> None:
     if row.ticket is None:
         # Sent with a countdown or eta: it takes its ticket when due, unless refused now.
         due_in = (row.due_at - timezone.now()).total_seconds() if row.due_at else 0.0
-        if not gate.refuse_join(row.key, task_id, due_in_seconds=due_in):
+        if not gate.refuse_join(row.key, _join_id(row, app or current_app), due_in_seconds=due_in):
             raise ActionRefused(f"task {task_id} joined its key's queue just now; look again and retry")
     else:
         withdrawn = gate.cancel(row.key, row.ticket)  # the key's own limit, as its submissions set it
@@ -306,6 +306,15 @@ def release(key: str, ticket: int, *, by: str = "an operator", app=None) -> list
     current().recorder.flush()
     logger.info("keyed queue key=%r ticket=%s released by %s", key, ticket, by)
     return recoveries
+
+
+def _join_id(row: KeyedTask, app) -> str:
+    """The id a delayed task's message joins its key's queue with (see ``messages.JOIN_HEADER``)."""
+    try:
+        headers = TaskMessage.decode(row.message.encode(), app.conf.accept_content).options.get("headers") or {}
+    except MessageRefused:
+        headers = {}
+    return str(headers.get(JOIN_HEADER) or row.task_id)
 
 
 def _row(task_id: str) -> KeyedTask:

@@ -26,6 +26,10 @@ from ..exceptions import MessageRefused, UnencodableArguments
 #: Message header carrying a granted ticket: {"key", "ticket", "dispatch"}.
 HEADER = "keyed_queue"
 
+#: Header of a delayed task's message: the id its join takes, one per submission (Celery sends one
+#: task id more than once, as for a replacement), so that only a copy of the same message is a duplicate.
+JOIN_HEADER = "keyed_queue_join"
+
 # Options that only make sense in the process that called apply_async.
 LOCAL_OPTIONS = frozenset({"producer", "connection", "router", "publisher", "add_to_parent"})
 #: Options of a delayed task: it takes its ticket when due, and its stored message is published at once.

@@ -24,7 +24,7 @@ from ..records.models import KeyedTask
 from ..records.statuses import Status
 from ..records.transitions import Transition
 from .dispatch import hand_over, requeue_kept, send
-from .messages import DELAY_OPTIONS, HEADER, TaskMessage, gate_message, send_options
+from .messages import DELAY_OPTIONS, HEADER, JOIN_HEADER, TaskMessage, gate_message, send_options
 from .outage import outlast_restart
 from .process import current
 from .submit import take_ticket
@@ -232,7 +232,7 @@ def join(
         wait_out_outage=wait_out_outage,
         limit=task.serial_limit,
         start=start,
-        join_id=request.id,
+        join_id=getattr(request, JOIN_HEADER, None) or request.id,  # a message sent before there was one: its id
         max_lost=task.max_recoveries,
     )
     if submitted is None:

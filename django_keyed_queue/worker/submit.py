@@ -23,7 +23,7 @@ from ..records.models import KeyedTask
 from ..records.statuses import Status
 from ..records.transitions import describe_arguments
 from .dispatch import publish_grants, send
-from .messages import DELAY_OPTIONS, TaskMessage, gate_message, send_options
+from .messages import DELAY_OPTIONS, JOIN_HEADER, TaskMessage, gate_message, send_options
 from .outage import TRANSIENT, outlast_restart
 from .process import current
 
@@ -45,6 +45,8 @@ def submit(task, args: tuple, kwargs: dict, options: dict, idempotency_key: str 
         args, kwargs = dump(args, kwargs)
         args, bound = tuple(args), task._bind(args, kwargs)
     key = task.key_for(args, kwargs, bound)
+    if any(options.get(name) is not None for name in DELAY_OPTIONS):
+        options["headers"] = {**(options.get("headers") or {}), JOIN_HEADER: uuid()}
     message = gate_message(task, task_id, args, kwargs, options)
     limit = settings.MAX_MESSAGE_BYTES
     if limit and len(message) > limit:

@@ -150,12 +150,14 @@ def rejected(self, requeue: bool, key: str = "") -> str:
 
 
 @twins(bind=True)
-def replaced(self, x: int, key: str = "", depth: int = 1):
-    """Replaces itself ``depth - 1`` times with itself, then with ``add(x, 1)`` of its kind."""
+def replaced(self, x: int, key: str = "", depth: int = 1, countdown: float = 0.0):
+    """Replaces itself ``depth - 1`` times with itself, then with ``add(x, 1)`` of its kind; each
+    replacement with ``countdown`` if given."""
+    delay = {"countdown": countdown} if countdown else {}
     with running(key, depth=depth):
         if depth > 1:
-            raise self.replace(self.s(x, key=key, depth=depth - 1))
-        raise self.replace(twin(self, "add").s(x, 1, key=key))
+            raise self.replace(self.s(x, key=key, depth=depth - 1, countdown=countdown).set(**delay))
+        raise self.replace(twin(self, "add").s(x, 1, key=key).set(**delay))
 
 
 @twins()

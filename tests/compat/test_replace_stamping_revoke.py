@@ -54,6 +54,16 @@ def test_a_replacement_may_replace_itself_again(kind, key, workers):
 
 
 @kinds()
+def test_a_delayed_task_replaced_by_delayed_ones_runs_them_all(kind, key, workers):
+    """Each replacement is a new submission with the same task id, sent with a countdown of its own."""
+    hold_key(kind, key)
+    result = replaced(kind).apply_async((5,), {"key": key, "depth": 2, "countdown": 0.2}, countdown=0.2)
+    assert result.get(timeout=10) == 6
+    assert starts(key)[-3:] == [result.id] * 3, "a replacement, then add, all under one id"
+    check_key(kind, key)
+
+
+@kinds()
 def test_a_task_replaced_in_a_chain_passes_the_replacement_s_result_on(kind, key, workers):
     hold_key(kind, key)
     result = chain(replaced(kind).s(5, key=key), add(kind).s(10, key=key))()

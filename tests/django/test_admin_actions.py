@@ -10,7 +10,7 @@ from django.urls import reverse
 
 from django_keyed_queue.gate import Lease
 from django_keyed_queue.records.models import IdempotencyKey, KeyedTask
-from django_keyed_queue.worker.messages import HEADER
+from django_keyed_queue.worker.messages import HEADER, JOIN_HEADER, TaskMessage
 from django_keyed_queue.worker.process import current, get_gate
 from testproject.demo.tasks import charge, step
 
@@ -91,7 +91,8 @@ def test_a_cancelled_delayed_task_never_joins_its_queue(gate_redis, broker, as_u
     assert row(task).ticket is None and row(task).due_at is not None
     act(as_user("carol", "cancel_keyedtask"), "cancel_tasks", row(task))
     assert row(task).status == "cancelled"
-    assert get_gate().submit("k", b"m", start=True, join_id=task.id) is None, "its join, when due, is refused"
+    join_id = TaskMessage.decode(row(task).message.encode(), ["json"]).options["headers"][JOIN_HEADER]
+    assert get_gate().submit("k", b"m", start=True, join_id=join_id) is None, "its join, when due, is refused"
 
 
 def test_retry_submits_a_failed_task_again_at_the_end_of_its_queue(gate_redis, broker, as_user):
