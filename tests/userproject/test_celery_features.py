@@ -18,7 +18,8 @@ pytestmark = pytest.mark.workers
 SCRIPT = """
 import json
 from kombu.exceptions import EncodeError
-from shop.tasks import rejected_step, replaced_step, step
+from celery import chord
+from shop.tasks import rejected_step, replaced_step, retried_step, step, total
 
 key = "features"
 seen = {}
@@ -32,6 +33,9 @@ seen["replace"] = replaced_step.delay(key, 8).get(timeout=30)
 seen["reject"] = rejected_step.delay(key, 9).get(timeout=30)
 ignored = step.apply_async((key, 10, 0.2), ignore_result=True)
 seen["ignored"] = [ignored.ignored, ignored.get(timeout=1)]
+seen["chain"] = (step.si(key, 11) | step.si(key, 12)).delay().get(timeout=30)
+seen["chord"] = chord([step.si(key, 13), step.si(key, 14)])(total.s(key=key)).get(timeout=30)
+seen["retry"] = retried_step.delay(key, 15).get(timeout=30)
 try:
     step.delay(key, object())
 except EncodeError as exc:
@@ -40,7 +44,7 @@ print(json.dumps(seen))
 """
 
 
-def test_canvas_replace_reject_and_results_behave_as_celery_s(make_project, user_redis):
+def test_canvas_retries_replace_reject_revoke_and_results_behave_as_celery_s(make_project, user_redis):
     project = make_project(CELERY_RESULT_BACKEND=f"{user_redis.url}/1")
     project.worker("a")
     project.worker("b")
@@ -51,10 +55,13 @@ def test_canvas_replace_reject_and_results_behave_as_celery_s(make_project, user
         "replace": 108,  # the replacement's result
         "reject": 9,  # its second delivery ran
         "ignored": [True, None],
-        "revoke": [51, "REVOKED"],  # the next task ran; the revoked one did not
+        "revoke": [51, "REVOKED"],
+        "chain": 12,
+        "chord": 27,
+        "retry": 15,  # the next task ran; the revoked one did not
         "encode": "UnencodableArguments",
     }
-    numbers = [0, 51, 1, 2, 3, 4, 5, 6, 7, 108, 9, 10]
+    numbers = [0, 51, 1, 2, 3, 4, 5, 6, 7, 108, 9, 10, 11, 12, 13, 14, 1027, 15]
 
     def ended():
         events = project.history()

@@ -76,3 +76,17 @@ def rejected_step(self, key: str, n: int) -> int:
         marker.touch()
         raise Reject("the first delivery is rejected", requeue=True)
     return logged(self.request.id, key, n, 0.0)
+
+
+@keyed_serial_task(key="{key}", bind=True)
+def total(self, values: list[int], key: str) -> int:
+    """A chord's body: the sum of its header's results (logged as number ``1000 + sum``)."""
+    return logged(self.request.id, key, 1000 + sum(values), 0.0) - 1000
+
+
+@keyed_serial_task(key="{key}", bind=True, max_retries=1)
+def retried_step(self, key: str, n: int) -> int:
+    """Retries its first attempt after 0.2 s, keeping its key; the retry runs."""
+    if self.request.retries == 0:
+        raise self.retry(countdown=0.2)
+    return logged(self.request.id, key, n, 0.0)
