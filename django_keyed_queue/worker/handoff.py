@@ -99,11 +99,12 @@ def local_request(app, message: TaskMessage, grant: Grant, hostname: str, worker
     exchange, routing_key = queue.exchange.name, routed.get("routing_key") or queue.routing_key
     # This process dispatches the grant, as when it publishes one: Celery's publish signals fire
     # here, for the message the run stands for (a receiver may add headers, as tracing does).
-    retry_policy = {**app.conf.task_publish_retry_policy, **(options.get("retry_policy") or {})}
     publishing = {"sender": message.task_name, "body": body, "exchange": exchange, "routing_key": routing_key}
-    signals.before_task_publish.send(
-        **publishing, declare=[queue], headers=headers, properties=properties, retry_policy=retry_policy
-    )
+    if signals.before_task_publish.receivers:  # (reading the app's settings costs more than the rest)
+        retry_policy = {**app.conf.task_publish_retry_policy, **(options.get("retry_policy") or {})}
+        signals.before_task_publish.send(
+            **publishing, declare=[queue], headers=headers, properties=properties, retry_policy=retry_policy
+        )
     signals.after_task_publish.send(**publishing, headers=headers)
     args, kwargs, embed = body
     return {
