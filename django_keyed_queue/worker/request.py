@@ -48,6 +48,7 @@ class KeyedRequest(Request):
             return False
         if submitted is not None and submitted.granted:
             self.request_dict[HEADER] = {**ticket_header(key, submitted.ticket, 1)[HEADER], "joined": True}
+            self.__dict__.pop("_context", None)  # Celery's cached copy of the request, made without it
             return False
         logger.info("%s[%s] joined the queue of key=%r and waits for its turn", self.name, self.id, key)
         task_ready(self)

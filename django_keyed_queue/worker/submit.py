@@ -88,7 +88,7 @@ def _enqueue(task, key: str, task_id: str, message: bytes, args: tuple, kwargs: 
         "message": message.decode(),
     }
     if any(options.get(name) is not None for name in DELAY_OPTIONS):
-        # A delayed task joins its key's queue when due, on the worker (see ``run.Run.begin``).
+        # A delayed task joins its key's queue when due, on the worker (see ``request.KeyedRequest``).
         with transaction.atomic(using=KeyedTask.objects.db_for_write()):
             KeyedTask.objects.insert_submission(status=Status.WAITING, due_at=_due_at(options), **row)
             return task.send_plain(args, kwargs, task_id=task_id, **options)

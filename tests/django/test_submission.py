@@ -226,4 +226,4 @@ def test_a_message_over_the_size_limit_is_refused_and_writes_nothing(gate_redis,
             step.apply_async(("a", "x" * 1000), queue=QUEUE, **options)
         nothing_left(gate_redis, broker)
         assert not IdempotencyKey.objects.exists()
-        step.apply_async(("a", "x" * 100), queue=QUEUE, **options)  # a smaller one fits
+        step.apply_async(("a", "x" * 50), queue=QUEUE, **options)  # a smaller one fits
