@@ -59,7 +59,8 @@ class Run:
                 Status.RUNNING,
                 attempts,
                 {"started_at": now, "heartbeat_at": now, "worker": request.hostname or ""},
-                joins=header is None or bool(header.get("joined")),
+                # A delayed task's run: its row, written without a ticket, may not have the join's yet.
+                joins=header is None or bool(header.get("joined")) or hasattr(request, JOIN_HEADER),
                 create={
                     "task_name": task.name,
                     "enqueued_at": now,
@@ -222,6 +223,9 @@ def join(
     routing = request.delivery_info or {}
     if routing.get("routing_key"):
         options.setdefault("queue", routing["routing_key"])
+    join_id = getattr(request, JOIN_HEADER, None) or request.id  # a message sent before there was one: its id
+    # Carried by the message its grant publishes: that run's record is the join's (see ``Run.begin``).
+    options["headers"] = {**(options.get("headers") or {}), JOIN_HEADER: join_id}
     message = gate_message(task, request.id, args, kwargs, options)
     submitted = take_ticket(
         current().gate,
@@ -232,7 +236,7 @@ def join(
         wait_out_outage=wait_out_outage,
         limit=task.serial_limit,
         start=start,
-        join_id=getattr(request, JOIN_HEADER, None) or request.id,  # a message sent before there was one: its id
+        join_id=join_id,
         max_lost=task.max_recoveries,
     )
     if submitted is None:

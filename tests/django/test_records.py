@@ -165,6 +165,15 @@ def test_a_reused_task_id_has_a_row_per_submission_and_each_transition_finds_its
     assert (rows[2].status, rows[2].worker) == ("running", "w2")
 
 
+def test_a_join_s_run_written_before_the_join_s_waiting_record_keeps_one_row():
+    """Two processes write them: the worker that joined, and the one that ran the grant."""
+    make_row(status="waiting", ticket=None)
+    create = {"task_name": "demo.step", "enqueued_at": timezone.now(), "args": [], "kwargs": {}}
+    KeyedTask.objects.apply(Transition("t1", "k", 5, "running", 1, {"worker": "w"}, joins=True, create=create))
+    KeyedTask.objects.apply(Transition("t1", "k", 5, "waiting", 0, joins=True))
+    assert list(KeyedTask.objects.values_list("ticket", "status")) == [(5, "running")]
+
+
 def test_a_delayed_tasks_join_finds_its_row_without_a_ticket_and_no_other():
     make_row(status="succeeded", attempts=1, ticket=1)  # an earlier submission of the same id and key
     make_row(status="waiting", ticket=None)

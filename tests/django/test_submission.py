@@ -4,6 +4,7 @@ import json
 
 import pytest
 import redis
+from celery.app.task import Context
 from django.test import override_settings
 from kombu import Connection
 from kombu.exceptions import OperationalError
@@ -12,7 +13,9 @@ from django_keyed_queue import GateUnavailable, InvalidArguments, InvalidKey, Ke
 from django_keyed_queue.gate import MAX_KEY_LENGTH, Gate
 from django_keyed_queue.gate.keys import DEADLINE_INDEX, KeyNames
 from django_keyed_queue.records.models import IdempotencyKey, KeyedTask
-from django_keyed_queue.worker.messages import HEADER
+from django_keyed_queue.worker.messages import HEADER, JOIN_HEADER, TaskMessage
+from django_keyed_queue.worker.process import current
+from django_keyed_queue.worker.run import join
 from testproject.demo.tasks import step, write_file
 
 from .conftest import QUEUE
@@ -227,3 +230,23 @@ def test_a_message_over_the_size_limit_is_refused_and_writes_nothing(gate_redis,
         nothing_left(gate_redis, broker)
         assert not IdempotencyKey.objects.exists()
         step.apply_async(("a", "x" * 50), queue=QUEUE, **options)  # a smaller one fits
+
+
+@pytest.mark.parametrize("sent_by", ["apply_async", "send_task"])
+def test_a_delayed_task_that_waits_for_its_key_is_published_as_its_join(gate_redis, broker, sent_by):
+    """When due it joins its key's queue; the message its grant publishes names the join, so that the
+    run's record finds the submission's row, also when written before the join's own record. A
+    message sent by name with ``send_task`` has no join id of its own: its task id is used."""
+    step.apply_async(("k", 0), queue=QUEUE)  # holds the key
+    delayed = step.apply_async(("k", 1), queue=QUEUE, countdown=60)
+    [sent] = [json.loads(raw) for raw in broker.lrange(QUEUE, 0, -1) if json.loads(raw)["headers"]["id"] == delayed.id]
+    if sent_by == "send_task":
+        del sent["headers"][JOIN_HEADER]
+    # What the worker does when the task is due, with the request its message gives.
+    request = Context({**sent["headers"], "delivery_info": {"routing_key": QUEUE}})
+    key, waiting = join(step, request, ("k", 1), {}, start=False, wait_out_outage=False)
+    assert (key, waiting.granted) == ("k", False)
+    stored = TaskMessage.decode(gate_redis.hget(KeyNames("k").messages, waiting.ticket), ["json"])
+    assert stored.options["headers"][JOIN_HEADER] == sent["headers"].get(JOIN_HEADER, delayed.id)
+    current().recorder.flush()  # here, in the test's transaction
+    assert KeyedTask.objects.get(task_id=delayed.id).ticket == waiting.ticket
