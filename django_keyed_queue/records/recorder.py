@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
-from django.db import close_old_connections, connections, router
+from django.db import IntegrityError, close_old_connections, connections, router
 
 from ..conf import settings
 from .models import KeyedTask
@@ -55,16 +55,42 @@ class Recorder:
             return
         try:
             KeyedTask.objects.apply(*batch.values())
+        except IntegrityError:
+            # A transition the database refuses must not hold the others back for good: one by one.
+            batch = self._write_each(batch)
         except Exception:
             logger.exception("writing %d keyed task records failed; will try again", len(batch))
-            with self._lock:
-                for transition in batch.values():
-                    later = self._pending.get(transition.submission)
-                    self._pending[transition.submission] = transition.merged_with(later) if later else transition
+            self._put_back(batch.values())
             raise
         written = [(t.outcome_key, t.outcome_field) for t in batch.values() if t.outcome_key]
         if written and self._on_written is not None:
             self._on_written(written)
+
+    def _write_each(self, batch: dict[tuple[str, str, int], Transition]) -> dict[tuple[str, str, int], Transition]:
+        """Write the transitions one at a time, dropping (and logging) those the database refuses; the written."""
+        written = {}
+        pending = list(batch.items())
+        while pending:
+            submission, transition = pending[0]
+            try:
+                KeyedTask.objects.apply(transition)
+            except IntegrityError:
+                logger.exception("keyed task record %s cannot be written and is dropped: %r", submission, transition)
+            except Exception:
+                logger.exception("writing %d keyed task records failed; will try again", len(pending))
+                self._put_back(t for _, t in pending)
+                raise
+            else:
+                written[submission] = transition
+            pending.pop(0)
+        return written
+
+    def _put_back(self, transitions: Iterable[Transition]) -> None:
+        """Buffer again transitions that were not written, before any recorded since."""
+        with self._lock:
+            for transition in transitions:
+                later = self._pending.get(transition.submission)
+                self._pending[transition.submission] = transition.merged_with(later) if later else transition
 
     def close(self) -> None:
         """Stop the background thread and write what is left."""

@@ -108,6 +108,20 @@ def test_recorder_flushes_in_the_background_within_the_interval():
     assert KeyedTask.objects.get().status == "succeeded"
 
 
+def test_a_record_the_database_refuses_is_dropped_and_the_rest_of_its_batch_written():
+    """Retried as a batch, it would hold back every later record of its process for good."""
+    make_row(status="waiting", ticket=None)
+    make_row(status="running", ticket=5)  # the join's run wrote its own row, before the join's record
+    make_row(task_id="t2", status="dispatched")
+    recorder = Recorder()
+    recorder.record(Transition("t1", "k", 5, "waiting", 0, joins=True))  # would give the other row ticket 5
+    recorder.record(Transition("t2", "k", 1, "running", 1))
+    recorder.flush()
+    rows = {(r.task_id, r.ticket): r.status for r in KeyedTask.objects.all()}
+    assert rows == {("t1", None): "waiting", ("t1", 5): "running", ("t2", 1): "running"}
+    assert recorder.peek(("t1", "k", 5)) is None, "not buffered again"
+
+
 def test_redaction_hook_applies_before_arguments_are_stored():
     def redact(task_name, args, kwargs):
         return args[:1], {k: "***" for k in kwargs}
