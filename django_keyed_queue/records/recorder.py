@@ -69,20 +69,18 @@ class Recorder:
     def _write_each(self, batch: dict[tuple[str, str, int], Transition]) -> dict[tuple[str, str, int], Transition]:
         """Write the transitions one at a time, dropping (and logging) those the database refuses; the written."""
         written = {}
-        pending = list(batch.items())
-        while pending:
-            submission, transition = pending[0]
+        items = list(batch.items())
+        for i, (submission, transition) in enumerate(items):
             try:
                 KeyedTask.objects.apply(transition)
             except IntegrityError:
                 logger.exception("keyed task record %s cannot be written and is dropped: %r", submission, transition)
+                continue
             except Exception:
-                logger.exception("writing %d keyed task records failed; will try again", len(pending))
-                self._put_back(t for _, t in pending)
+                logger.exception("writing %d keyed task records failed; will try again", len(items) - i)
+                self._put_back(t for _, t in items[i:])
                 raise
-            else:
-                written[submission] = transition
-            pending.pop(0)
+            written[submission] = transition
         return written
 
     def _put_back(self, transitions: Iterable[Transition]) -> None:

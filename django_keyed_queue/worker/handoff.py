@@ -163,8 +163,13 @@ def _receive(app, task, request: dict) -> None:
     The signal's request is the worker's own request class, made from the message the
     request stands for; its sender is None, as no consumer received it.
     """
-    context = {"id": request["id"], "name": task.name, "args": request["argsrepr"], "kwargs": request["kwargsrepr"]}
-    context["eta"] = None
+    context = {
+        "id": request["id"],
+        "name": task.name,
+        "args": request["argsrepr"],
+        "kwargs": request["kwargsrepr"],
+        "eta": None,
+    }
     received_log.info(LOG_RECEIVED, context, extra={"data": context})
     if not signals.task_received.receivers:
         return

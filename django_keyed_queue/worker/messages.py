@@ -28,12 +28,18 @@ HEADER = "keyed_queue"
 
 #: Header of a delayed task's message: the id its join takes, one per submission (Celery sends one
 #: task id more than once, as for a replacement), so that only a copy of the same message is a duplicate.
+#: A run whose message carries it is that join's run (``Run.begin`` records it as such).
 JOIN_HEADER = "keyed_queue_join"
 
 # Options that only make sense in the process that called apply_async.
 LOCAL_OPTIONS = frozenset({"producer", "connection", "router", "publisher", "add_to_parent"})
 #: Options of a delayed task: it takes its ticket when due, and its stored message is published at once.
 DELAY_OPTIONS = frozenset({"countdown", "eta"})
+
+
+def is_delayed(options: dict) -> bool:
+    """Sent with a ``countdown`` or ``eta``: it joins its key's queue when due."""
+    return any(options.get(name) is not None for name in DELAY_OPTIONS)
 
 
 @dataclass(frozen=True)

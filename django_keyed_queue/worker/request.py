@@ -20,7 +20,7 @@ from celery.worker.request import Request
 from celery.worker.state import task_ready
 
 from ..records.statuses import Status
-from .messages import HEADER, ticket_header
+from .messages import HEADER, JOIN_HEADER, ticket_header
 from .run import end_killed_run, join
 
 logger = logging.getLogger(__name__)
@@ -47,7 +47,8 @@ class KeyedRequest(Request):
             logger.warning("%s[%s] joins its key's queue from its run", self.name, self.id, exc_info=True)
             return False
         if submitted is not None and submitted.granted:
-            self.request_dict[HEADER] = {**ticket_header(key, submitted.ticket, 1)[HEADER], "joined": True}
+            self.request_dict[HEADER] = ticket_header(key, submitted.ticket, 1)[HEADER]
+            self.request_dict.setdefault(JOIN_HEADER, self.id)  # names the join, as ``run.join`` took it
             self.__dict__.pop("_context", None)  # Celery's cached copy of the request, made without it
             return False
         logger.info("%s[%s] joined the queue of key=%r and waits for its turn", self.name, self.id, key)

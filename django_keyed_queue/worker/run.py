@@ -60,7 +60,7 @@ class Run:
                 attempts,
                 {"started_at": now, "heartbeat_at": now, "worker": request.hostname or ""},
                 # A delayed task's run: its row, written without a ticket, may not have the join's yet.
-                joins=header is None or bool(header.get("joined")) or hasattr(request, JOIN_HEADER),
+                joins=header is None or hasattr(request, JOIN_HEADER),
                 create={
                     "task_name": task.name,
                     "enqueued_at": now,

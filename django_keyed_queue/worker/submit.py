@@ -23,7 +23,7 @@ from ..records.models import KeyedTask
 from ..records.statuses import Status
 from ..records.transitions import describe_arguments
 from .dispatch import publish_grants, send
-from .messages import DELAY_OPTIONS, JOIN_HEADER, TaskMessage, gate_message, send_options
+from .messages import JOIN_HEADER, TaskMessage, gate_message, is_delayed, send_options
 from .outage import TRANSIENT, outlast_restart
 from .process import current
 
@@ -45,7 +45,7 @@ def submit(task, args: tuple, kwargs: dict, options: dict, idempotency_key: str 
         args, kwargs = dump(args, kwargs)
         args, bound = tuple(args), task._bind(args, kwargs)
     key = task.key_for(args, kwargs, bound)
-    if any(options.get(name) is not None for name in DELAY_OPTIONS):
+    if is_delayed(options):
         options["headers"] = {**(options.get("headers") or {}), JOIN_HEADER: uuid()}
     message = gate_message(task, task_id, args, kwargs, options)
     limit = settings.MAX_MESSAGE_BYTES
@@ -87,7 +87,7 @@ def _enqueue(task, key: str, task_id: str, message: bytes, args: tuple, kwargs: 
         ),
         "message": message.decode(),
     }
-    if any(options.get(name) is not None for name in DELAY_OPTIONS):
+    if is_delayed(options):
         # A delayed task joins its key's queue when due, on the worker (see ``request.KeyedRequest``).
         with transaction.atomic(using=KeyedTask.objects.db_for_write()):
             KeyedTask.objects.insert_submission(status=Status.WAITING, due_at=_due_at(options), **row)
