@@ -1,10 +1,9 @@
 """The dispatcher: the only code that turns a granted ticket into a broker message or a local run.
 
-Messages go out by task name, with the options stored at submission (the
-task's own routing, serializer, time limits and the caller's options), as
-``app.send_task`` sends them. So any process of the project can publish a
-grant, whether or not it imported the task's module: a worker finishing a
-task, the reaper, a management command, the admin. A worker that finished a
+A granted ticket's message goes out as Celery built it in the process that
+sent it (``sending``), with the ticket's header added. So any process of the
+project can publish a grant, whether or not it imported the task's module: a
+worker finishing a task, the reaper, a management command, the admin. A worker that finished a
 task may instead run its key's next grant itself (``hand_over``, see
 ``handoff``). Either way the task's record says it was dispatched.
 """
@@ -29,28 +28,12 @@ from ..records.transitions import Transition
 from . import handoff
 from .messages import TaskMessage, ticket_header
 from .process import current
+from .sending import publish_stored
 
 logger = logging.getLogger(__name__)
 
 #: A grant whose publish failed is published again by the reaper after this long.
 REPUBLISH_DELAY_SECONDS = 2.0
-
-
-def send(app, message: TaskMessage, key: str, ticket: int, dispatch: int, *, task=None, **extra):
-    """Publish ``message`` carrying ticket ``ticket`` of ``key``; the task's AsyncResult.
-
-    ``task`` is the task object when the caller has it (a submission, a retry):
-    its result class and routers see it, as with ``Task.apply_async``.
-    ``extra`` options apply to this publish only.
-    """
-    options = {**message.options, **extra}
-    options.pop("task_id", None)
-    headers = {**(options.pop("headers", None) or {}), **ticket_header(key, ticket, dispatch)}
-    if task is not None:
-        options.update(result_cls=task.AsyncResult, task_type=task)
-    return app.send_task(
-        message.task_name, message.args, message.kwargs, task_id=message.task_id, headers=headers, **options
-    )
 
 
 class Published(enum.Enum):
@@ -120,8 +103,7 @@ def publish(
         return Published.MESSAGE_REFUSED
     dispatched_at = timezone.now()
     try:
-        # On the gate's behalf: not a child of whatever task this process runs now.
-        send(app, message, grant.key, grant.ticket, grant.dispatch, add_to_parent=False)
+        publish_stored(app, message, ticket_header(grant.key, grant.ticket, grant.dispatch))
     except Exception:
         logger.exception(
             "publishing %s[%s] key=%r ticket=%s failed; the reaper publishes it again",

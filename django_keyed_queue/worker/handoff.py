@@ -34,7 +34,6 @@ import celery
 from celery import signals, states
 from celery.app.task import Context
 from celery.app.trace import LOG_RECEIVED, trace_task
-from celery.utils.functional import maybe_list
 from celery.utils.imports import symbol_by_name
 from kombu import Message
 from kombu.utils.encoding import safe_repr, safe_str
@@ -42,6 +41,7 @@ from kombu.utils.encoding import safe_repr, safe_str
 from ..gate import Grant
 from .messages import TaskMessage, ticket_header
 from .process import WorkerTraits
+from .sending import built
 
 #: Stored apply_async options a locally run task can honour; any other sends it through the broker.
 HONOURED_OPTIONS = frozenset(
@@ -80,49 +80,30 @@ def local_request(app, message: TaskMessage, grant: Grant, hostname: str, worker
     limits += (app.conf.task_time_limit, app.conf.task_soft_time_limit)
     if any(limit is not None for limit in limits) or task.expires is not None:
         return None
-    routed = app.amqp.router.route(dict(options), message.task_name, message.args, message.kwargs, task)
-    queue = routed.get("queue")
-    if queue is None or queue.name not in app.amqp.queues.consume_from:
+    sent = built(app, message).sent
+    assert sent is not None
+    if not set(sent["declare"]) & set(app.amqp.queues.consume_from):
         return None  # this worker does not read the queue the message would go to
-    headers, properties, body, _ = app.amqp.create_task_message(
-        message.task_id,
-        message.task_name,
-        message.args,
-        message.kwargs,
-        callbacks=maybe_list(options.get("link")),
-        errbacks=maybe_list(options.get("link_error")),
-        root_id=options.get("root_id"),
-        parent_id=options.get("parent_id"),
-        ignore_result=options.get("ignore_result"),
-    )
-    headers.update(options.get("headers") or {}, **ticket_header(grant.key, grant.ticket, grant.dispatch))
-    exchange, routing_key = queue.exchange.name, routed.get("routing_key") or queue.routing_key
-    # This process dispatches the grant, as when it publishes one: Celery's publish signals fire
-    # here, for the message the run stands for (a receiver may add headers, as tracing does).
-    publishing = {"sender": message.task_name, "body": body, "exchange": exchange, "routing_key": routing_key}
-    if signals.before_task_publish.receivers:  # (reading the app's settings costs more than the rest)
-        retry_policy = {**app.conf.task_publish_retry_policy, **(options.get("retry_policy") or {})}
-        signals.before_task_publish.send(
-            **publishing, declare=[queue], headers=headers, properties=properties, retry_policy=retry_policy
-        )
-    signals.after_task_publish.send(**publishing, headers=headers)
-    args, kwargs, embed = body
+    headers = {**sent["headers"], **ticket_header(grant.key, grant.ticket, grant.dispatch)}
+    if headers.get("eta") is not None or headers.get("expires") is not None:
+        return None
+    properties = sent["properties"]
     return {
         **headers,
         "properties": properties,
-        "reply_to": properties["reply_to"],
-        "correlation_id": properties["correlation_id"],
+        "reply_to": properties.get("reply_to"),
+        "correlation_id": properties.get("correlation_id"),
         "hostname": hostname,
         "delivery_info": {
-            "exchange": exchange,
-            "routing_key": routing_key,
-            "priority": options.get("priority"),
+            "exchange": sent["exchange"],
+            "routing_key": sent["routing_key"],
+            "priority": properties.get("priority"),
             "redelivered": False,
         },
-        "args": args,
-        "kwargs": kwargs,
+        "args": list(message.args),
+        "kwargs": message.kwargs,
         "is_eager": False,
-        **(embed or {}),
+        **sent["embed"],
     }
 
 

@@ -1,10 +1,12 @@
-"""The task message the gate stores with each ticket: built here only, and (de)coded here.
+"""The task message the gate stores with each ticket, and its (de)coding.
 
 A submission, a retry in place and a delayed task joining its key's queue all
-store the message ``gate_message`` builds, with the options ``send_options``
-gives (what ``Task.apply_async`` would publish with). Arguments are encoded
-with the task's serializer at submission, which is also how unserializable
-arguments are refused before anything is written.
+store the message ``gate_message`` makes, with the options ``send_options``
+gives (what ``Task.apply_async`` would publish with). A submission and a retry
+also store the message as Celery built it for the broker (``sent``, see
+``sending``), so that it is published later exactly as built. Arguments are
+encoded with the task's serializer at submission, which is also how
+unserializable arguments are refused before anything is written.
 """
 
 from __future__ import annotations
@@ -42,6 +44,20 @@ def is_delayed(options: dict) -> bool:
     return any(options.get(name) is not None for name in DELAY_OPTIONS)
 
 
+#: What a stored message's ``sent`` holds: Celery's broker message but for its arguments (``args`` and
+#: ``kwargs`` of the message): its headers, properties, the body's third part (callbacks, errbacks,
+#: chain, chord), where it goes, the names of the queues to declare, and how to publish it.
+SENT_PARTS = {
+    "headers": dict,
+    "properties": dict,
+    "embed": dict,
+    "exchange": str,
+    "routing_key": str,
+    "declare": list,
+    "publish": dict,
+}
+
+
 @dataclass(frozen=True)
 class TaskMessage:
     task_name: str
@@ -49,9 +65,16 @@ class TaskMessage:
     args: tuple
     kwargs: dict
     options: dict
+    #: The message as Celery built it in the process that sent it (None: not built yet; see ``sending``).
+    sent: dict | None = None
 
-    def encode(self, serializer: str) -> bytes:
+    def encode(self, default_serializer: str) -> bytes:
+        """The stored form, encoded with the serializer the message goes with (else ``default_serializer``)."""
         payload = {"args": list(self.args), "kwargs": self.kwargs, "options": self.options}
+        serializer = self.options.get("serializer") or default_serializer
+        if self.sent is not None:
+            payload["sent"] = self.sent
+            serializer = self.sent["publish"].get("serializer") or serializer
         body: bytes | str  # text or bytes, as the serializer makes it (kombu's stub says text)
         try:
             content_type, encoding, body = dumps(payload, serializer=serializer)
@@ -87,11 +110,14 @@ class TaskMessage:
             body = base64.b64decode(envelope["body"], validate=True)
             # content_type passed the accept check (a str); kombu's loads takes None for an encoding (its stub: str).
             payload = loads(body, content_type, envelope.get("encoding"), accept={content_type})  # type: ignore[arg-type]
-            message = cls(task_name, task_id, tuple(payload["args"]), payload["kwargs"], payload["options"])
-        except (DecodeError, binascii.Error, KeyError, TypeError, ValueError) as exc:
+            sent = payload.get("sent")
+            message = cls(task_name, task_id, tuple(payload["args"]), payload["kwargs"], payload["options"], sent)
+        except (DecodeError, binascii.Error, KeyError, TypeError, ValueError, AttributeError) as exc:
             raise MessageRefused(task_name, task_id, f"it is malformed: {exc!r}") from exc
         if not (isinstance(message.kwargs, dict) and isinstance(message.options, dict)):
             raise MessageRefused(task_name, task_id, "its kwargs and options must be mappings")
+        if sent is not None and not _well_formed(sent):
+            raise MessageRefused(task_name, task_id, "its sent message is malformed")
         return message
 
     @staticmethod
@@ -105,6 +131,17 @@ class TaskMessage:
         if not (isinstance(task_name, str) and isinstance(task_id, str)):
             raise MessageRefused(str(task_name), str(task_id), "its task name and id must be text")
         return task_name, task_id, envelope
+
+
+def _well_formed(sent: Any) -> bool:
+    """A stored ``sent`` has each of its parts, of the right type, and only text names queues to declare."""
+    return (
+        isinstance(sent, dict)
+        and set(sent) == set(SENT_PARTS)
+        and all(isinstance(sent[part], kind) for part, kind in SENT_PARTS.items())
+        and all(isinstance(name, str) for name in sent["declare"])
+        and sent["headers"].get("id") is not None
+    )
 
 
 def ticket_header(key: str, ticket: int, dispatch: int) -> dict:
@@ -129,8 +166,11 @@ def send_options(task: Any, args: tuple, kwargs: dict, options: dict) -> dict:
     return sent
 
 
-def gate_message(task: Any, task_id: str, args: tuple, kwargs: dict, options: dict) -> bytes:
-    """The message stored with a ticket of ``task``: every option another process needs to publish it by name.
+def gate_message(
+    task_name: str, task_id: str, args: tuple, kwargs: dict, options: dict, sent: dict | None = None
+) -> TaskMessage:
+    """The message stored with a ticket of ``task``: every option another process needs to publish it by name,
+    and the message as Celery built it, if it did (``sent``).
 
     ``options`` as ``send_options`` gives them, or as a worker's request holds them.
     """
@@ -139,5 +179,4 @@ def gate_message(task: Any, task_id: str, args: tuple, kwargs: dict, options: di
         for name, value in options.items()
         if name not in LOCAL_OPTIONS and name not in DELAY_OPTIONS and name != "task_id" and value is not None
     }
-    message = TaskMessage(task.name, task_id, tuple(args), dict(kwargs), stored)
-    return message.encode(options.get("serializer") or task.serializer)
+    return TaskMessage(task_name, task_id, tuple(args), dict(kwargs), stored, sent)

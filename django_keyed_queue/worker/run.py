@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import traceback
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -23,10 +24,11 @@ from ..gate import Code, Lease, Outcome, SubmitResult
 from ..records.models import KeyedTask
 from ..records.statuses import Status
 from ..records.transitions import Transition
-from .dispatch import hand_over, requeue_kept, send
-from .messages import DELAY_OPTIONS, HEADER, JOIN_HEADER, TaskMessage, gate_message, send_options
+from .dispatch import hand_over, requeue_kept
+from .messages import DELAY_OPTIONS, HEADER, JOIN_HEADER, TaskMessage, gate_message, send_options, ticket_header
 from .outage import outlast_restart
 from .process import current
+from .sending import send
 from .submit import take_ticket
 
 logger = logging.getLogger(__name__)
@@ -165,18 +167,20 @@ class Run:
             countdown = max(0.0, (eta - timezone.now()).total_seconds())
         options = send_options(task, args, kwargs, options)
         task_id = options.pop("task_id")
-        message = gate_message(task, task_id, args, kwargs, options)
-        gate = current().gate
-        dispatch, _ = outlast_restart(
-            lambda: gate.retry(lease.key, lease.ticket, lease.token, message, countdown_seconds=countdown)
-        )
-        if dispatch is None:
-            logger.warning("retry of a fenced ticket dropped key=%r ticket=%s", lease.key, lease.ticket)
-            return task.AsyncResult(task_id)
-        self.retried = True
-        current().recorder.record(self._transition(Status.RETRYING))
-        return send(task.app, TaskMessage(task.name, task_id, args, kwargs, options), lease.key, lease.ticket,
-                    dispatch, task=task)  # fmt: skip
+
+        def to_gate(message: TaskMessage, send_now: Callable[[dict], None]) -> None:
+            gate, stored = current().gate, message.encode(task.serializer)
+            dispatch, _ = outlast_restart(
+                lambda: gate.retry(lease.key, lease.ticket, lease.token, stored, countdown_seconds=countdown)
+            )
+            if dispatch is None:
+                logger.warning("retry of a fenced ticket dropped key=%r ticket=%s", lease.key, lease.ticket)
+                return
+            self.retried = True
+            current().recorder.record(self._transition(Status.RETRYING))
+            send_now(ticket_header(lease.key, lease.ticket, dispatch))
+
+        return send(task.app, task, task_id, args, kwargs, options, to_gate)
 
 
 def _start(task: Any, header: dict, args: tuple, kwargs: dict) -> tuple[Lease, int]:
@@ -226,12 +230,12 @@ def join(
     join_id = getattr(request, JOIN_HEADER, None) or request.id  # a message sent before there was one: its id
     # Carried by the message its grant publishes: that run's record is the join's (see ``Run.begin``).
     options["headers"] = {**(options.get("headers") or {}), JOIN_HEADER: join_id}
-    message = gate_message(task, request.id, args, kwargs, options)
+    message = gate_message(task.name, request.id, args, kwargs, options)
     submitted = take_ticket(
         current().gate,
         task.name,
         key,
-        message,
+        message.encode(task.serializer),
         task_id=request.id,
         wait_out_outage=wait_out_outage,
         limit=task.serial_limit,

@@ -1,4 +1,5 @@
-"""The producer's submission: check, claim idempotency, take a ticket, write the row, publish if granted.
+"""The producer's submission: check, claim idempotency, and Celery sends the message to the gate, which
+takes a ticket, writes the row and publishes it if granted.
 
 Nothing is left behind when a step fails: no ticket, no row, no message, no claim.
 """
@@ -22,10 +23,11 @@ from ..records import idempotency
 from ..records.models import KeyedTask
 from ..records.statuses import Status
 from ..records.transitions import describe_arguments
-from .dispatch import publish_grants, send
-from .messages import JOIN_HEADER, TaskMessage, gate_message, is_delayed, send_options
+from .dispatch import publish_grants
+from .messages import JOIN_HEADER, TaskMessage, gate_message, is_delayed, send_options, ticket_header
 from .outage import TRANSIENT, outlast_restart
 from .process import current
+from .sending import send
 
 logger = logging.getLogger(__name__)
 
@@ -47,13 +49,6 @@ def submit(task, args: tuple, kwargs: dict, options: dict, idempotency_key: str 
     key = task.key_for(args, kwargs, bound)
     if is_delayed(options):
         options["headers"] = {**(options.get("headers") or {}), JOIN_HEADER: uuid()}
-    message = gate_message(task, task_id, args, kwargs, options)
-    limit = settings.MAX_MESSAGE_BYTES
-    if limit and len(message) > limit:
-        raise InvalidArguments(
-            f"{task.name}: the task message is {len(message)} bytes, over KEYED_QUEUE_MAX_MESSAGE_BYTES "
-            f"({limit}); pass a reference to large data instead of the data"
-        )
     fingerprint, claimed_with = None, {}
     if idempotency_key is not None:
         fingerprint = idempotency.explicit_fingerprint(task.name, idempotency_key)
@@ -69,85 +64,98 @@ def submit(task, args: tuple, kwargs: dict, options: dict, idempotency_key: str 
             logger.debug("duplicate of %s[%s] key=%r: returning the original", task.name, original, key)
             return task.AsyncResult(original)
     try:
-        return _enqueue(task, key, task_id, message, args, kwargs, options)
+        if is_delayed(options):
+            return _delay(task, key, task_id, args, kwargs, options)
+        return _enqueue(task, key, task_id, args, kwargs, options)
     except BaseException:
         if fingerprint is not None:
             idempotency.release(fingerprint, task_id)
         raise
 
 
-def _enqueue(task, key: str, task_id: str, message: bytes, args: tuple, kwargs: dict, options: dict):
-    """Take the ticket, write the record and, if granted, publish: nothing left behind on failure."""
-    row = {
-        "task_id": task_id,
+def _delay(task, key: str, task_id: str, args: tuple, kwargs: dict, options: dict):
+    """A delayed task joins its key's queue when due, on the worker (see ``request.KeyedRequest``)."""
+    message = gate_message(task.name, task_id, args, kwargs, options)
+    with transaction.atomic(using=KeyedTask.objects.db_for_write()):
+        row = _row(task, key, message, options)
+        KeyedTask.objects.insert_submission(status=Status.WAITING, due_at=_due_at(options), **row)
+        return task.send_plain(args, kwargs, task_id=task_id, **options)
+
+
+def _enqueue(task, key: str, task_id: str, args: tuple, kwargs: dict, options: dict):
+    """Celery builds and sends the message; to the gate, which takes its ticket, writes its record and,
+    if granted, publishes it: nothing left behind on failure."""
+
+    def to_gate(message: TaskMessage, send_now) -> None:
+        row = _row(task, key, message, options)
+        gate = current().gate
+        max_waiting = waiting_limit(task)
+        try:
+            submitted = take_ticket(
+                gate, task.name, key, row["message"].encode(), task_id=task_id, limit=task.serial_limit,
+                max_waiting=max_waiting,
+            )  # fmt: skip
+        except QueueFull as full:
+            raise KeyQueueFull(
+                f"{task.name}: key {key!r} has {full.waiting} tasks waiting, the most it may have "
+                f"(max_waiting={max_waiting}); nothing was submitted"
+            ) from full
+        except redis.RedisError as exc:
+            raise GateUnavailable(f"{task.name}: the keyed queue's Redis is unreachable: {exc}") from exc
+        assert submitted is not None  # only joins can be duplicates
+        try:
+            KeyedTask.objects.insert_submission(
+                ticket=submitted.ticket,
+                status=Status.DISPATCHED if submitted.granted else Status.WAITING,
+                dispatched_at=timezone.now() if submitted.granted else None,
+                **row,
+            )
+        except BaseException:
+            # Nobody saw the ticket: its number can be given back.
+            withdraw(task, key, submitted.ticket, forget=True)
+            raise
+        if not submitted.granted:
+            return
+        try:
+            send_now(ticket_header(key, submitted.ticket, 1))
+        except BaseException as exc:
+            # The message may have left before the error: keep the number so it can never start another.
+            try:
+                withdraw(task, key, submitted.ticket, forget=False)
+            except redis.RedisError as gate_error:
+                # The ticket keeps its message and its record: the reaper publishes it again.
+                raise GateUnavailable(
+                    f"{task.name}: publishing failed ({exc!r}) and the keyed queue's Redis is unreachable, "
+                    f"so the task stays queued and may still run: {gate_error}"
+                ) from exc
+            KeyedTask.objects.forget(task_id, key, submitted.ticket)
+            raise
+
+    return send(task.app, task, task_id, args, kwargs, options, to_gate)
+
+
+def _row(task, key: str, message: TaskMessage, options: dict) -> dict:
+    """The submission's record, its stored message encoded (refused if too large)."""
+    encoded = message.encode(task.serializer)
+    limit = settings.MAX_MESSAGE_BYTES
+    if limit and len(encoded) > limit:
+        raise InvalidArguments(
+            f"{task.name}: the task message is {len(encoded)} bytes, over KEYED_QUEUE_MAX_MESSAGE_BYTES "
+            f"({limit}); pass a reference to large data instead of the data"
+        )
+    return {
+        "task_id": message.task_id,
         "task_name": task.name,
         "key": key,
         "arguments": describe_arguments(
-            task.name, args, kwargs, argsrepr=options.get("argsrepr"), kwargsrepr=options.get("kwargsrepr")
+            task.name,
+            message.args,
+            message.kwargs,
+            argsrepr=options.get("argsrepr"),
+            kwargsrepr=options.get("kwargsrepr"),
         ),
-        "message": message.decode(),
+        "message": encoded.decode(),
     }
-    if is_delayed(options):
-        # A delayed task joins its key's queue when due, on the worker (see ``request.KeyedRequest``).
-        with transaction.atomic(using=KeyedTask.objects.db_for_write()):
-            KeyedTask.objects.insert_submission(status=Status.WAITING, due_at=_due_at(options), **row)
-            return task.send_plain(args, kwargs, task_id=task_id, **options)
-
-    gate = current().gate
-    max_waiting = waiting_limit(task)
-    try:
-        submitted = take_ticket(
-            gate, task.name, key, message, task_id=task_id, limit=task.serial_limit, max_waiting=max_waiting
-        )
-    except QueueFull as full:
-        raise KeyQueueFull(
-            f"{task.name}: key {key!r} has {full.waiting} tasks waiting, the most it may have "
-            f"(max_waiting={max_waiting}); nothing was submitted"
-        ) from full
-    except redis.RedisError as exc:
-        raise GateUnavailable(f"{task.name}: the keyed queue's Redis is unreachable: {exc}") from exc
-    assert submitted is not None  # only joins can be duplicates
-    try:
-        KeyedTask.objects.insert_submission(
-            ticket=submitted.ticket,
-            status=Status.DISPATCHED if submitted.granted else Status.WAITING,
-            dispatched_at=timezone.now() if submitted.granted else None,
-            **row,
-        )
-    except BaseException:
-        # Nobody saw the ticket: its number can be given back.
-        withdraw(task, key, submitted.ticket, forget=True)
-        raise
-    if not submitted.granted:
-        return parked_result(task, task_id, options)
-    try:
-        # Celery's own result: dropping it and making another would unsubscribe and resubscribe.
-        return send(
-            task.app, TaskMessage(task.name, task_id, args, kwargs, options), key, submitted.ticket, 1, task=task
-        )
-    except BaseException as exc:
-        # The message may have left before the error: keep the number so it can never start another.
-        try:
-            withdraw(task, key, submitted.ticket, forget=False)
-        except redis.RedisError as gate_error:
-            # The ticket keeps its message and its record: the reaper publishes it again.
-            raise GateUnavailable(
-                f"{task.name}: publishing failed ({exc!r}) and the keyed queue's Redis is unreachable, "
-                f"so the task stays queued and may still run: {gate_error}"
-            ) from exc
-        KeyedTask.objects.forget(task_id, key, submitted.ticket)
-        raise
-
-
-def parked_result(task, task_id: str, options: dict):
-    """The AsyncResult of a task waiting for its key, as ``send_task`` makes one when it publishes:
-    marked ignored with ``ignore_result``, and among the children of the task that submitted it."""
-    result = task.AsyncResult(task_id)
-    result.ignored = bool(options.get("ignore_result"))
-    parent = task.app.current_worker_task
-    if parent is not None and options.get("add_to_parent", True):
-        parent.add_trail(result)
-    return result
 
 
 def waiting_limit(task) -> int:

@@ -3,8 +3,8 @@
 import pytest
 from celery import Task
 
-from django_keyed_queue.worker.dispatch import send
-from django_keyed_queue.worker.messages import TaskMessage
+from django_keyed_queue.worker.messages import TaskMessage, ticket_header
+from django_keyed_queue.worker.sending import publish_stored
 from testproject.demo.tasks import step
 from tests.helpers import read_history, wait_for_records, wait_until
 
@@ -12,10 +12,11 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.workers]
 
 
 def publish_ticket(key: str, ticket: int, dispatch: int, args: tuple, kwargs: dict, options: dict):
-    """Publish a message of ``step`` carrying ticket ``ticket`` of ``key``, as the dispatcher would."""
+    """Publish a message of ``step`` carrying ticket ``ticket`` of ``key``, as the dispatcher would; its result."""
     options = dict(options)
     message = TaskMessage(step.name, options.pop("task_id"), args, kwargs, options)
-    return send(step.app, message, key, ticket, dispatch, task=step)
+    publish_stored(step.app, message, ticket_header(key, ticket, dispatch))
+    return step.AsyncResult(message.task_id)
 
 
 def starts_of(key: str) -> list[int]:

@@ -12,17 +12,10 @@ from celery.exceptions import TimeLimitExceeded
 from testproject.compat import journal
 from testproject.compat.tasks import add, fail, flaky, hard_limited, logs, request_fields, soft_limited
 from tests.compat.conftest import EVENTS_QUEUE
-from tests.compat.support import MARKS, WAITED, events, hold_key, journal_has, kinds, worker_log
+from tests.compat.support import MARKS, hold_key, journal_has, kinds, worker_log
 from tests.waiting import wait_until
 
 pytestmark = MARKS
-
-#: A task that waited for its key is published (or run by local handoff) when its turn comes, by the
-#: process that frees its key: the publish signals fire there, not in the caller.
-NOT_PUBLISHED = (
-    "a task that waited for its key is published when its turn comes, by the process that frees its key: "
-    "before_task_publish and after_task_publish fire there, not in the caller"
-)
 
 
 def signals_of(task_id: str) -> list[dict]:
@@ -38,8 +31,10 @@ def wait_for_signal(name: str, task_id: str, timeout: float = 10) -> dict:
     return wait_until(lambda: journal_has(f"signal:{name}", task_id), timeout, message=f"{name} of {task_id}")
 
 
-@kinds(waited=NOT_PUBLISHED)
+@kinds()
 def test_publish_signals_fire_in_the_process_that_sends_the_task(kind, key, workers):
+    """Also for a task that waits for its key: Celery built its message and sent it, to the gate, in
+    the caller; the process that publishes it when its turn comes fires nothing."""
     hold_key(kind, key)
     result = add(kind).delay(1, 2, key=key)
     assert result.get(timeout=10) == 3
@@ -62,15 +57,11 @@ def test_the_worker_logs_and_signals_the_task_s_receipt(kind, key, workers):
 
 @kinds()
 def test_a_header_added_by_before_task_publish_reaches_the_task(kind, key, workers):
-    """Tracing tools add their context this way; a task that waited for its key gets the header of the
-    process that published it (or ran it by local handoff), where the signal fired."""
-    holder = hold_key(kind, key)
+    """Tracing tools add the caller's context this way; a task that waited for its key, and ran by
+    local handoff or by a message its turn published, gets the caller's too."""
+    hold_key(kind, key)
     result = request_fields(kind).delay(["compat_published_by"], key=key)
-    published_by = result.get(timeout=10)["compat_published_by"]
-    if kind == WAITED:
-        assert published_by == next(e["pid"] for e in events(key, "start") if e["id"] == holder.id)
-    else:
-        assert published_by == os.getpid()
+    assert result.get(timeout=10)["compat_published_by"] == os.getpid()
 
 
 @kinds()

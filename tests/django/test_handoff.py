@@ -27,9 +27,9 @@ def worker_reads_celery_only():
 def test_a_plain_grant_gets_the_request_its_message_would_carry(worker_reads_celery_only):
     request = request_for(step.name, {"priority": 3, "headers": {"tenant": "a"}})
     assert request[HEADER] == {"key": "k", "ticket": 7, "dispatch": 2}
-    assert (request["id"], request["task"], request["args"], request["kwargs"]) == ("task-1", step.name, ("k", 3), {})
+    assert (request["id"], request["task"], request["args"], request["kwargs"]) == ("task-1", step.name, ["k", 3], {})
     assert request["delivery_info"] == {
-        "exchange": "celery",
+        "exchange": "",  # Celery publishes to a direct exchange's queue by name, with the default exchange
         "routing_key": "celery",
         "priority": 3,
         "redelivered": False,

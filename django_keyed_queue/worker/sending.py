@@ -1,0 +1,132 @@
+"""A keyed task's message is built by Celery's own ``send_task``, in the process that sends it, and goes to the gate.
+
+Celery builds the message as for a plain task: routing, serializer, pydantic,
+``argsrepr``, stamping, priorities, and the ``before_task_publish`` receivers
+that add headers (tracing does) all shape it there, and the publish signals
+and the ``task-sent`` event fire there. Where Celery hands the finished
+message to its producer, ``GateProducer`` hands it to the gate instead: the
+gate stores it with a ticket (its ``sent`` part), and it goes to the broker
+now if its key is free, or later, exactly as built, when its turn comes
+(``publish_stored``). The process that publishes it later builds nothing and
+fires no publish signal: the message was sent, to the gate, by its caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from kombu import Queue
+
+from .messages import TaskMessage, gate_message
+
+#: What Celery passes to ``Producer.publish`` that says how to publish, not what; the rest but the
+#: message's destination, headers and per-call timeouts are its properties.
+PUBLISH_OPTIONS = ("serializer", "compression", "retry", "retry_policy", "delivery_mode")
+#: Publish arguments that only make sense in the process that calls them.
+LOCAL_PUBLISH_OPTIONS = ("timeout", "confirm_timeout")
+
+#: What the gate does with a message Celery built: stores it, and may send it now with a ticket's header.
+ToGate = Callable[[TaskMessage, Callable[[dict], None]], None]
+
+
+class GateProducer:
+    """The producer Celery's ``send_task`` is given: the message of ``task_id`` goes to ``to_gate``.
+
+    Everything else Celery does with its producer (the ``task-sent`` event, the
+    result backend's set-up) goes to the real one.
+    """
+
+    def __init__(self, producer: Any, app: Any, task_id: str, options: dict, to_gate: ToGate) -> None:
+        self._producer, self._app, self._task_id = producer, app, task_id
+        self._options, self._to_gate = options, to_gate
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._producer, name)
+
+    def publish(self, body: Any, **publish: Any) -> None:
+        headers = publish.get("headers") or {}
+        if headers.get("id") != self._task_id:
+            if isinstance(body, dict) and body.get("id") == self._task_id:
+                raise ImproperlyConfigured("keyed tasks need Celery's task message protocol 2 (task_protocol = 2)")
+            return self._producer.publish(body, **publish)
+        args, kwargs, embed = body
+        publish = {name: value for name, value in publish.items() if name not in LOCAL_PUBLISH_OPTIONS}
+        declare = publish.pop("declare", None) or ()
+        exchange = publish.pop("exchange")
+        sent = {
+            "headers": publish.pop("headers"),
+            "embed": embed,
+            "exchange": getattr(exchange, "name", exchange) or "",
+            "routing_key": publish.pop("routing_key") or "",
+            "declare": [entity.name for entity in declare if isinstance(entity, Queue)],
+            "publish": {name: publish.pop(name, None) for name in PUBLISH_OPTIONS},
+            "properties": publish,
+        }
+        stored = gate_message(headers["task"], self._task_id, tuple(args), kwargs, self._options, sent)
+        self._to_gate(stored, lambda header: publish_stored(self._app, stored, header, self._producer))
+
+
+def send(app, task: Any, task_id: str, args: tuple, kwargs: dict, options: dict, to_gate: ToGate):
+    """Celery's ``send_task`` of ``task`` (a task, or its name), its message given to ``to_gate``; its AsyncResult.
+
+    ``options`` as ``messages.send_options`` gives them, or as a stored message holds them.
+    """
+    options = dict(options)
+    producer = options.pop("producer", None) or options.pop("publisher", None)
+    connection = options.pop("connection", None)
+    if connection is not None:
+        producer = app.amqp.Producer(connection, auto_declare=False)
+    name = task if isinstance(task, str) else task.name
+    typed = {} if isinstance(task, str) else {"result_cls": task.AsyncResult, "task_type": task}
+    with app.producer_or_acquire(producer) as real:
+        gated = GateProducer(real, app, task_id, options, to_gate)
+        return app.send_task(name, args, kwargs, task_id=task_id, producer=gated, **typed, **options)
+
+
+def built(app, message: TaskMessage) -> TaskMessage:
+    """``message`` with the message Celery builds for it (``sent``), built now if it was stored without it.
+
+    A delayed task's join stores its message without it: Celery builds it here,
+    and the publish signals fire here.
+    """
+    if message.sent is not None:
+        return message
+    captured: list[TaskMessage] = []
+
+    def keep(built: TaskMessage, send_now: Callable[[dict], None]) -> None:
+        captured.append(built)
+
+    options = {**message.options, "add_to_parent": False}  # on the gate's behalf, not a child of this process's task
+    send(app, message.task_name, message.task_id, message.args, message.kwargs, options, keep)
+    return captured[0]
+
+
+def publish_stored(app, message: TaskMessage, header: dict, producer: Any = None) -> None:
+    """Publish a stored message as Celery built it, with ``header`` (a ticket's) added; no signal fires."""
+    message = built(app, message)
+    sent = message.sent
+    assert sent is not None
+    publish = {**sent["properties"], **{name: value for name, value in sent["publish"].items() if value is not None}}
+    with app.producer_or_acquire(producer) as real:
+        real.publish(
+            (list(message.args), message.kwargs, sent["embed"]),
+            exchange=sent["exchange"],
+            routing_key=sent["routing_key"],
+            declare=_queues(app, sent["declare"]),
+            headers={**sent["headers"], **header},
+            **publish,
+        )
+
+
+def _queues(app, names: list[str]) -> list[Queue]:
+    """The queues a message declares where it is published, as the app knows them (or would make them)."""
+    queues = app.amqp.queues
+    known = []
+    for name in names:
+        try:
+            known.append(queues[name])
+        except KeyError:  # task_create_missing_queues is off, and this process does not know the queue
+            pass
+    return known
