@@ -222,11 +222,11 @@ def test_a_key_at_its_depth_limit_refuses_the_next_task_and_writes_nothing(gate_
 
 @pytest.mark.parametrize("options", [{}, {"countdown": 60}, {"idempotency_key": "big"}])
 def test_a_message_over_the_size_limit_is_refused_and_writes_nothing(gate_redis, broker, options):
-    with override_settings(KEYED_QUEUE_MAX_MESSAGE_BYTES=500):
+    with override_settings(KEYED_QUEUE_MAX_MESSAGE_BYTES=3000):
         with pytest.raises(
-            InvalidArguments, match=r"the task message is \d+ bytes, over KEYED_QUEUE_MAX_MESSAGE_BYTES \(500\)"
+            InvalidArguments, match=r"the task message is \d+ bytes, over KEYED_QUEUE_MAX_MESSAGE_BYTES \(3000\)"
         ):
-            step.apply_async(("a", "x" * 1000), queue=QUEUE, **options)
+            step.apply_async(("a", "x" * 3000), queue=QUEUE, **options)
         nothing_left(gate_redis, broker)
         assert not IdempotencyKey.objects.exists()
         step.apply_async(("a", "x" * 50), queue=QUEUE, **options)  # a smaller one fits
