@@ -7,6 +7,8 @@ import logging
 import signal
 from typing import Any
 
+from billiard.common import TERM_SIGNAME
+from celery.platforms import signals as platform_signals
 from celery.signals import (
     beat_init,
     task_postrun,
@@ -24,6 +26,7 @@ from django.dispatch import receiver
 from ..conf import PREFIX, settings
 from ..exceptions import ActionRefused
 from ..records.statuses import Status
+from ..worker import handoff_runs
 from ..worker.dispatch import run_kept
 from ..worker.messages import HEADER
 from ..worker.process import WorkerTraits, current, note_worker
@@ -42,6 +45,7 @@ _ENDING_SIGNALS = (signal.SIGTERM, signal.SIGKILL)
 def _note_worker(sender=None, **_: object) -> None:
     """Before the worker builds its consumer and forks its pool: what its processes need to know."""
     note_worker(WorkerTraits((sender.time_limit, sender.soft_time_limit), bool(sender.task_events)))
+    handoff_runs.share(max(sender.concurrency or 0, getattr(sender, "max_concurrency", None) or 0))
     tolerate_lost_brpop_on_close()
     _withdraw_revoked_tasks()
     reaper = sender.keyed_queue_reaper = WorkerReaper(sender.app, periodic=settings.WORKER_REAPER)
@@ -49,7 +53,8 @@ def _note_worker(sender=None, **_: object) -> None:
 
 
 def _withdraw_revoked_tasks() -> None:
-    """Celery's ``revoke`` control command, then ``recovery.withdraw_revoked`` on its task ids.
+    """Celery's ``revoke`` control command, then, with ``terminate``, ``handoff_runs.terminate``
+    (Celery kills only tasks that came by message) and ``recovery.withdraw_revoked`` on its task ids.
 
     Celery sends no signal when a worker receives a revoke; its remote control
     commands are a registry (``Panel``), where this wraps the ``revoke`` entry.
@@ -59,12 +64,16 @@ def _withdraw_revoked_tasks() -> None:
         return
 
     @functools.wraps(celery_revoke)
-    def revoke(state, task_id, *args: Any, **kwargs: Any) -> Any:
-        reply = celery_revoke(state, task_id, *args, **kwargs)
+    def revoke(state, task_id, terminate: bool = False, signal: Any = None, **kwargs: Any) -> Any:
+        reply = celery_revoke(state, task_id, terminate=terminate, signal=signal, **kwargs)
+        task_ids = maybe_list(task_id) or []
         try:
-            withdraw_revoked(maybe_list(task_id) or [], app=state.app)
+            if terminate:
+                signum = platform_signals.signum(signal or TERM_SIGNAME)
+                handoff_runs.terminate(state.app, state.consumer, task_ids, signum)
+            withdraw_revoked(task_ids, app=state.app)
         except Exception:
-            logger.exception("revoked task ids %s: the keyed ones waiting could not be withdrawn", task_id)
+            logger.exception("revoked task ids %s: the keyed ones could not be withdrawn or killed", task_id)
         return reply
 
     revoke.withdraws_keyed_tasks = True  # type: ignore[attr-defined]

@@ -25,7 +25,7 @@ from ..gate import Grant, Recovery
 from ..records.models import KeyedTask
 from ..records.statuses import Status
 from ..records.transitions import Transition
-from . import handoff
+from . import handoff, handoff_runs
 from .messages import TaskMessage, ticket_header
 from .process import current
 from .sending import publish_stored
@@ -191,9 +191,11 @@ def run_kept(app, task_id: str) -> None:
             kept, state.kept = state.kept, None
             logger.debug("running key=%r ticket=%s here (local handoff)", kept.grant.key, kept.grant.ticket)
             state.tracing = kept
+            handoff_runs.note(task_id, kept.request)  # this job's own task finished: it hosts this run
             handoff.trace(app, app.tasks[kept.request["task"]], kept.request, process.worker)
             state.tracing = None
     finally:
+        handoff_runs.clear()
         state.running, state.tracing = False, None
         left, state.kept = state.kept, None
         if left is not None:  # the loop was interrupted: the grant goes out as usual

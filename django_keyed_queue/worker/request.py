@@ -6,6 +6,9 @@ attempt is ended there (see ``run.end_killed_run``); any other attempt
 of the same task, such as the one a recovery started after this one stalled,
 goes on.
 
+A job lost with its process after its own task ended, while it ran another by
+local handoff, keeps that task's result (``on_failure``).
+
 A delayed task (``countdown``, ``eta``) takes its ticket when due, here, before
 the worker sends it to its pool: if it must wait for its key, its delivery ends
 unrun, so no run signal fires for it until its turn.
@@ -16,10 +19,13 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timezone
 
+from billiard.einfo import ExceptionWithTraceback  # type: ignore[attr-defined]  # Celery's own import; not in the stubs
+from billiard.exceptions import Terminated, WorkerLostError
 from celery.worker.request import Request
 from celery.worker.state import task_ready
 
 from ..records.statuses import Status
+from . import handoff_runs
 from .messages import HEADER, JOIN_HEADER, ticket_header
 from .run import end_killed_run, join
 
@@ -42,7 +48,9 @@ class KeyedRequest(Request):
         self._joined = True
         try:
             context = self._context  # type: ignore[attr-defined]  # Request's own, not in celery-types
-            key, submitted = join(self.task, context, self.args, self.kwargs, start=False, wait_out_outage=False)
+            key, submitted = join(
+                self.task, context, self.args, self.kwargs, start=False, wait_out_outage=False, received=self.message
+            )
         except Exception:  # a bad key, or the gate unreachable: the run joins from the pool, as it can
             logger.warning("%s[%s] joins its key's queue from its run", self.name, self.id, exc_info=True)
             return False
@@ -55,6 +63,21 @@ class KeyedRequest(Request):
         task_ready(self)
         self.acknowledge()
         return True
+
+    def on_failure(self, exc_info, send_failed_event=True, return_ok=False):
+        """A job lost with its process after its own task ended, while it ran another by local handoff:
+        the task's result stands (Celery before 5.7 would overwrite it with ``WorkerLostError``)."""
+        exc = exc_info.exception
+        exc = exc.exc if isinstance(exc, ExceptionWithTraceback) else exc
+        if isinstance(exc, (WorkerLostError, Terminated, SystemExit, KeyboardInterrupt)):
+            hosted = handoff_runs.hosted_by(self.id, self.worker_pid)
+            if hosted is not None:
+                logger.info("%s[%s] had ended when its process was lost running %s[%s] by local handoff",
+                            self.name, self.id, hosted["task"], hosted["id"])  # fmt: skip
+                task_ready(self)
+                self.acknowledge()
+                return None
+        return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
 
     def on_timeout(self, soft: bool, timeout: float) -> None:
         super().on_timeout(soft, timeout)

@@ -28,7 +28,7 @@ from .dispatch import hand_over, requeue_kept
 from .messages import DELAY_OPTIONS, HEADER, JOIN_HEADER, TaskMessage, gate_message, send_options, ticket_header
 from .outage import outlast_restart
 from .process import current
-from .sending import send
+from .sending import delivered, send
 from .submit import take_ticket
 
 logger = logging.getLogger(__name__)
@@ -215,12 +215,21 @@ def _join(task: Any, args: tuple, kwargs: dict) -> tuple[Lease, int]:
 
 
 def join(
-    task: Any, request: Any, args: tuple, kwargs: dict, *, start: bool, wait_out_outage: bool
+    task: Any,
+    request: Any,
+    args: tuple,
+    kwargs: dict,
+    *,
+    start: bool,
+    wait_out_outage: bool,
+    received: Any = None,
 ) -> tuple[str, SubmitResult | None]:
     """A delayed task now due takes a ticket of its key: the key, and what the gate gave (None: a duplicate).
 
     ``request`` is the task's Celery request (a worker's, or the run's own). With
     ``start`` a granted ticket is started too. A ticket that must wait is recorded.
+    ``received``, the kombu message as the worker received it, is stored as the
+    message to publish when the ticket's turn comes.
     """
     key = task.key_for(args, kwargs)
     options = {k: v for k, v in request.as_execution_options().items() if k not in DELAY_OPTIONS}
@@ -230,7 +239,8 @@ def join(
     join_id = getattr(request, JOIN_HEADER, None) or request.id  # a message sent before there was one: its id
     # Carried by the message its grant publishes: that run's record is the join's (see ``Run.begin``).
     options["headers"] = {**(options.get("headers") or {}), JOIN_HEADER: join_id}
-    message = gate_message(task.name, request.id, args, kwargs, options)
+    sent = None if received is None else delivered(received, {**received.headers, JOIN_HEADER: join_id})
+    message = gate_message(task.name, request.id, args, kwargs, options, sent)
     submitted = take_ticket(
         current().gate,
         task.name,

@@ -18,6 +18,7 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from kombu import Queue
+from kombu.serialization import registry  # type: ignore[attr-defined]  # kombu exports it; its stubs do not
 
 from .messages import TaskMessage, gate_message
 
@@ -26,6 +27,9 @@ from .messages import TaskMessage, gate_message
 PUBLISH_OPTIONS = ("serializer", "compression", "retry", "retry_policy", "delivery_mode")
 #: Publish arguments that only make sense in the process that calls them.
 LOCAL_PUBLISH_OPTIONS = ("timeout", "confirm_timeout")
+
+#: Properties of a delivered message that Celery set when it published it (the rest are the transport's).
+DELIVERED_PROPERTIES = ("correlation_id", "reply_to", "priority")
 
 #: What the gate does with a message Celery built: stores it, and may send it now with a ticket's header.
 ToGate = Callable[[TaskMessage, Callable[[dict], None]], None]
@@ -85,11 +89,40 @@ def send(app, task: Any, task_id: str, args: tuple, kwargs: dict, options: dict,
         return app.send_task(name, args, kwargs, task_id=task_id, producer=gated, **typed, **options)
 
 
+def delivered(message: Any, headers: dict) -> dict:
+    """The ``sent`` part of a delivered message (a kombu ``Message``), with ``headers`` as its headers.
+
+    A delayed task joins its key's queue on the worker its message reached: what
+    its caller's Celery built is published again as it came, with no eta-free copy
+    built and no publish signal fired a second time.
+    """
+    headers = dict(headers)
+    compression = headers.pop("compression", None)  # kombu's: it compresses again when told to
+    properties = message.properties or {}
+    routing = message.delivery_info or {}
+    return {
+        "headers": headers,
+        "embed": message.payload[2],
+        "exchange": routing.get("exchange") or "",
+        "routing_key": routing.get("routing_key") or "",
+        "declare": [routing["routing_key"]] if routing.get("routing_key") else [],
+        "publish": {
+            "serializer": registry.type_to_name.get(message.content_type),
+            "compression": compression,
+            "retry": None,
+            "retry_policy": None,
+            "delivery_mode": properties.get("delivery_mode"),
+        },
+        "properties": {name: properties[name] for name in DELIVERED_PROPERTIES if properties.get(name) is not None},
+    }
+
+
 def built(app, message: TaskMessage) -> TaskMessage:
     """``message`` with the message Celery builds for it (``sent``), built now if it was stored without it.
 
-    A delayed task's join stores its message without it: Celery builds it here,
-    and the publish signals fire here.
+    Only a delayed task that joined its key's queue from its run (its worker's
+    main process could not) stores its message without it: Celery builds it
+    here, and the publish signals fire a second time, here.
     """
     if message.sent is not None:
         return message

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from celery.exceptions import TimeLimitExceeded
@@ -111,6 +112,23 @@ def test_run_signals_fire_once_for_a_delayed_task(kind, key, workers):
         "task_prerun",
         "task_success",
         "task_postrun",
+    ]
+
+
+@kinds()
+def test_a_delayed_task_s_message_is_published_once_as_its_caller_built_it(kind, key, workers):
+    """Also when its key is busy when due: it waits in the gate and its message, as its caller's
+    Celery built it (eta and the caller's header in it), is published when its turn comes."""
+    hold_key(kind, key, seconds=2)  # still busy when the delayed task is due
+    eta = datetime.now(timezone.utc) + timedelta(seconds=1)
+    result = request_fields(kind).apply_async((["compat_published_by", "eta"],), {"key": key}, eta=eta)
+    fields = result.get(timeout=10)
+    assert fields["compat_published_by"] == os.getpid(), "the caller's header reaches the run"
+    assert datetime.fromisoformat(fields["eta"]) == eta, "the run's request shows its eta, as Celery's does"
+    published = [e for e in signals_of(result.id) if e["event"].endswith("_task_publish")]
+    assert [(e["event"], e["pid"]) for e in published] == [
+        ("signal:before_task_publish", os.getpid()),
+        ("signal:after_task_publish", os.getpid()),
     ]
 
 
