@@ -9,6 +9,7 @@ import os
 import time
 
 from celery import shared_task
+from celery.signals import before_task_publish
 from django.conf import settings
 
 from django_keyed_queue import keyed_serial_task
@@ -90,3 +91,56 @@ def retried_step(self, key: str, n: int) -> int:
     if self.request.retries == 0:
         raise self.retry(countdown=0.2)
     return logged(self.request.id, key, n, 0.0)
+
+
+# Twins: one body, as a keyed task and as a plain one, for the side-by-side checks.
+
+
+def request_fields(self, key: str, n: int, names: list, seconds: float = 0.0) -> dict:
+    """What ``self.request`` holds under ``names``, after a logged run of ``seconds``."""
+    logged(self.request.id, key, n, seconds)
+    return {name: self.request.get(name) for name in names}
+
+
+keyed_fields = keyed_serial_task(key="{key}", bind=True, name="shop.tasks.keyed_fields")(request_fields)
+plain_fields = shared_task(bind=True, name="shop.tasks.plain_fields")(request_fields)
+
+
+def add_untyped(key: str, x: int, y: int) -> int:
+    return x + y
+
+
+keyed_untyped = keyed_serial_task(key="{key}", typing=False, name="shop.tasks.keyed_untyped")(add_untyped)
+plain_untyped = shared_task(typing=False, name="shop.tasks.plain_untyped")(add_untyped)
+
+try:
+    from pydantic import BaseModel
+except ImportError:  # pydantic=True tasks need it
+    pass
+else:
+
+    class Person(BaseModel):
+        name: str
+
+    class Greeting(BaseModel):
+        text: str
+
+    def greet(person: Person, key: str) -> Greeting:
+        return Greeting(text=f"hello {person.name}")
+
+    keyed_greet = keyed_serial_task(key="{key}", pydantic=True, name="shop.tasks.keyed_greet")(greet)
+    plain_greet = shared_task(pydantic=True, name="shop.tasks.plain_greet")(greet)
+
+
+@before_task_publish.connect
+def _note_publisher(headers=None, **_: object) -> None:
+    """As tracing tools do: a header of the publisher's own; each publish is noted in published.jsonl."""
+    if headers is None:
+        return
+    headers["published_by"] = os.getpid()
+    line = json.dumps({"id": headers.get("id"), "pid": os.getpid()}) + "\n"
+    fd = os.open(settings.BASE_DIR / "published.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
