@@ -42,6 +42,9 @@ DEFAULTS: dict[str, Any] = {
     # The database alias of the records (KeyedTask, IdempotencyKey), with
     # "django_keyed_queue.records.router.KeyedQueueRouter" in DATABASE_ROUTERS; None: as routed.
     "DATABASE": None,
+    # delay()/apply_async() of a keyed task inside transaction.atomic() waits for the commit, as
+    # delay_on_commit() does; False takes the ticket at once, as Celery publishes at once.
+    "SUBMIT_ON_COMMIT": False,
     # The health view answers anyone, not only staff (for a load balancer's probe).
     "HEALTH_PUBLIC": False,
     # Dotted path or callable (task_name, args, kwargs) -> (args, kwargs) applied

@@ -63,6 +63,11 @@ def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def database() -> str:
+    """The alias of the database the keys are claimed in."""
+    return router.db_for_write(IdempotencyKey)
+
+
 def claim(fingerprint: str, task_name: str, task_id: str, *, key: str | None = None, arguments: str = "") -> str | None:
     """Claim ``fingerprint`` for ``task_id``; None if claimed, else the original task's id.
 
@@ -70,7 +75,7 @@ def claim(fingerprint: str, task_name: str, task_id: str, *, key: str | None = N
     arguments raises IdempotencyConflict unless ``KEYED_QUEUE_IDEMPOTENCY_CHECK_ARGUMENTS`` is off.
     """
     deadline = time.monotonic() + SETTLE_SECONDS
-    db = router.db_for_write(IdempotencyKey)
+    db = database()
     while True:
         now = timezone.now()
         try:

@@ -1,13 +1,20 @@
-"""``@keyed_serial_task``: a real Celery task (via ``shared_task``) run serially per key."""
+"""``@keyed_serial_task``: a real Celery task, shared as ``shared_task`` shares one, run serially per key.
+
+Its class is built on the task class of each app that registers it: the app's
+``task_cls`` (``DjangoTask`` in a Django project, whose ``delay_on_commit`` keyed
+tasks keep), or the ``base=`` given, with ``KeyedSerialTask`` mixed in first.
+"""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import string
 from collections.abc import Callable
 from typing import Any
 
-from celery import shared_task
+from celery import Task, _state
+from celery.local import Proxy
 
 from ..exceptions import InvalidKey
 from .task import KeyedSerialTask
@@ -27,17 +34,47 @@ def keyed_serial_task(*, key: str | Callable[..., str], limit: int = 1, **option
         raise InvalidKey("key must not be empty")
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         raise ValueError(f"limit must be an int >= 1, got {limit!r}")
-    base = options.pop("base", KeyedSerialTask)
-    if not (isinstance(base, type) and issubclass(base, KeyedSerialTask)):
-        raise TypeError(f"base must be a subclass of KeyedSerialTask, got {base!r}")
+    base = options.pop("base", None)
+    if base is not None and not (isinstance(base, type) and issubclass(base, Task)):
+        raise TypeError(f"base must be a Celery task class (a subclass of celery.Task), got {base!r}")
 
     def decorate(fun: Callable) -> Any:
         if isinstance(key, str):
             _check_template(fun, key, bound=options.get("bind", False))
         serial_key = key if isinstance(key, str) else staticmethod(key)
-        return shared_task(base=base, serial_key=serial_key, serial_limit=limit, **options)(fun)
+        return _shared(fun, base, {"serial_key": serial_key, "serial_limit": limit, **options})
 
     return decorate
+
+
+def _shared(fun: Callable, base: type | None, options: dict) -> Any:
+    """Celery's ``shared_task``, with the task's class made per app: every app, finalized or not yet
+    made, registers it; the proxy returned is the current app's task."""
+    if type(fun) is Proxy:
+        raise TypeError("@keyed_serial_task was applied to a task; apply it to the function alone")
+
+    def register(app: Any) -> Any:
+        return app._task_from_fun(fun, base=keyed_class(base or app.Task), **options)
+
+    _state.connect_on_app_finalize(register)
+    for app in _state._get_active_apps():  # type: ignore[attr-defined]  # as shared_task does; not in the stubs
+        if app.finalized:
+            with app._finalize_mutex:
+                register(app)
+
+    def current_task() -> Any:
+        app = _state.get_current_app()
+        return app.tasks[options.get("name") or app.gen_task_name(fun.__name__, fun.__module__)]
+
+    return Proxy(current_task)
+
+
+@functools.cache
+def keyed_class(base: type) -> type:
+    """``base`` (an app's task class, or a project's own) with keyed serial execution mixed in first."""
+    if issubclass(base, KeyedSerialTask):
+        return base
+    return type(f"KeyedSerial{base.__name__}", (KeyedSerialTask, base), {"__module__": base.__module__})
 
 
 def _check_template(fun: Callable, template: str, *, bound: bool) -> None:

@@ -6,14 +6,16 @@ Nothing is left behind when a step fails: no ticket, no row, no message, no clai
 
 from __future__ import annotations
 
+import inspect
 import logging
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
 import redis
 from celery.utils import uuid
-from django.db import transaction
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.utils import timezone
 
 from ..conf import settings
@@ -35,18 +37,42 @@ logger = logging.getLogger(__name__)
 SUBMIT_RETRY_SECONDS = 5.0
 
 
-def submit(task, args: tuple, kwargs: dict, options: dict, idempotency_key: str | None):
-    """``task.apply_async(args, kwargs, **options)`` through the key's queue; the task's AsyncResult."""
+@dataclass(frozen=True)
+class Checked:
+    """A submission checked, with nothing written: what it sends, its key and its idempotency claim."""
+
+    task_id: str
+    args: tuple
+    kwargs: dict
+    #: As ``messages.send_options`` gives them.
+    options: dict
+    key: str
+    fingerprint: str | None
+    claimed_with: dict
+
+
+def checked_key(
+    task, args: tuple, kwargs: dict, serializer: str | None
+) -> tuple[tuple, dict, inspect.BoundArguments, str]:
+    """The arguments as sent, bound, and their key; raises ``InvalidArguments`` or ``InvalidKey``.
+
+    ``pydantic=True`` tasks (Celery 5.7+) send their models as dicts, as Celery's
+    ``apply_async`` does, and the key is made from the arguments as sent, because
+    that is what the worker holds when it checks the message's key.
+    """
     bound = task._bind(args, kwargs)
-    task_id = options.pop("task_id", None) or uuid()
-    options = send_options(task, args, kwargs, options)
-    dump = getattr(task, "_dump_pydantic_arguments", None)  # pydantic=True, Celery 5.7+
-    if dump is not None and options.get("serializer") != "pickle":
-        # As Celery's apply_async does: models go as dicts. The key is made from the arguments as
-        # sent, because that is what the worker holds when it checks the message's key.
+    dump = getattr(task, "_dump_pydantic_arguments", None)
+    if dump is not None and serializer != "pickle":
         args, kwargs = dump(args, kwargs)
         args, bound = tuple(args), task._bind(args, kwargs)
-    key = task.key_for(args, kwargs, bound)
+    return args, kwargs, bound, task.key_for(args, kwargs, bound)
+
+
+def check(task, args: tuple, kwargs: dict, options: dict, idempotency_key: str | None) -> Checked:
+    """Everything a submission checks before it writes anything (``KeyedQueueError`` on bad input)."""
+    task_id = options.pop("task_id", None) or uuid()
+    options = send_options(task, args, kwargs, options)
+    args, kwargs, bound, key = checked_key(task, args, kwargs, options.get("serializer"))
     if is_delayed(options):
         options["headers"] = {**(options.get("headers") or {}), JOIN_HEADER: uuid()}
     fingerprint, claimed_with = None, {}
@@ -58,11 +84,22 @@ def submit(task, args: tuple, kwargs: dict, options: dict, idempotency_key: str 
         }
     elif task.idempotent:
         fingerprint = idempotency.arguments_fingerprint(task.name, bound.arguments)
-    if fingerprint is not None:
-        original = idempotency.claim(fingerprint, task.name, task_id, **claimed_with)
+    return Checked(task_id, args, kwargs, options, key, fingerprint, claimed_with)
+
+
+def submit(task, args: tuple, kwargs: dict, options: dict, idempotency_key: str | None, *, claimed: bool = False):
+    """``task.apply_async(args, kwargs, **options)`` through the key's queue; the task's AsyncResult.
+
+    ``claimed``: the idempotency key was claimed for this task id already (``submit_on_commit``).
+    """
+    checked = check(task, args, kwargs, options, idempotency_key)
+    fingerprint, task_id, key = checked.fingerprint, checked.task_id, checked.key
+    if fingerprint is not None and not claimed:
+        original = idempotency.claim(fingerprint, task.name, task_id, **checked.claimed_with)
         if original is not None:
             logger.debug("duplicate of %s[%s] key=%r: returning the original", task.name, original, key)
             return task.AsyncResult(original)
+    args, kwargs, options = checked.args, checked.kwargs, checked.options
     try:
         if is_delayed(options):
             return _delay(task, key, task_id, args, kwargs, options)
@@ -71,6 +108,40 @@ def submit(task, args: tuple, kwargs: dict, options: dict, idempotency_key: str 
         if fingerprint is not None:
             idempotency.release(fingerprint, task_id)
         raise
+
+
+def in_transaction(using: str | None = None) -> bool:
+    """The caller is inside ``transaction.atomic()`` on database ``using`` (the default database)."""
+    return connections[using or DEFAULT_DB_ALIAS].in_atomic_block
+
+
+def submit_on_commit(task, args: tuple, kwargs: dict, options: dict, idempotency_key: str | None):
+    """``task.apply_async(...)`` once the caller's transaction commits (at once outside one): the ticket
+    is taken then, so tasks of one key run in commit order, and a rollback leaves nothing.
+
+    Bad input raises now, inside the transaction. An idempotency key is claimed
+    now when the records live in the transaction's database, so that the claim
+    commits or rolls back with it and a duplicate returns the original at once;
+    else it is claimed at commit. Returns the AsyncResult the task will have.
+    """
+    if not in_transaction():
+        return task.apply_async(args, kwargs, idempotency_key=idempotency_key, **options)
+    options = dict(options)
+    checked = check(task, args, kwargs, dict(options), idempotency_key)
+    gate_message(task.name, checked.task_id, checked.args, checked.kwargs, checked.options).encode(task.serializer)
+    options["task_id"] = checked.task_id
+    if task.app.conf.task_always_eager:  # Celery's eager run, at commit
+        transaction.on_commit(partial(task.apply_async, args, kwargs, **options))
+        return task.AsyncResult(checked.task_id)
+    claimed = checked.fingerprint is not None and idempotency.database() == DEFAULT_DB_ALIAS
+    if claimed:
+        assert checked.fingerprint is not None
+        original = idempotency.claim(checked.fingerprint, task.name, checked.task_id, **checked.claimed_with)
+        if original is not None:
+            return task.AsyncResult(original)
+    logger.debug("%s[%s] key=%r is submitted when the transaction commits", task.name, checked.task_id, checked.key)
+    transaction.on_commit(partial(submit, task, args, kwargs, options, idempotency_key, claimed=claimed))
+    return task.AsyncResult(checked.task_id)
 
 
 def _delay(task, key: str, task_id: str, args: tuple, kwargs: dict, options: dict):

@@ -16,11 +16,12 @@ from celery import Task, chord, group
 from celery.exceptions import Ignore, Reject, Retry
 from celery.utils.functional import chunks as chunked
 
+from ..conf import settings
 from ..exceptions import InvalidArguments, InvalidKey
 from ..gate import MAX_KEY_LENGTH, Lease
 from ..records.statuses import Status
 from .run import Run
-from .submit import submit
+from .submit import checked_key, in_transaction, submit, submit_on_commit
 
 logger = logging.getLogger(__name__)
 
@@ -56,12 +57,33 @@ class KeyedSerialTask(Task):
         """
         args, kwargs = tuple(args or ()), dict(kwargs or {})
         if self.app.conf.task_always_eager:
+            # Celery's eager run: self.apply(). Checked first, as Celery checks the arguments first.
+            checked_key(self, args, kwargs, options.get("serializer") or self.serializer)
             return super().apply_async(args, kwargs, **options)
         run: Run | None = getattr(self.request, "keyed_run", None)
         replacing = getattr(self.request, "keyed_replaced", False)
         if run is not None and options.get("task_id") == self.request.id and not replacing:
             return run.retry_in_place(args, kwargs, options)
+        if settings.SUBMIT_ON_COMMIT and in_transaction():
+            return submit_on_commit(self, args, kwargs, options, idempotency_key)
         return submit(self, args, kwargs, options, idempotency_key)
+
+    def apply_async_on_commit(self, args=None, kwargs=None, *, idempotency_key: str | None = None, **options):
+        """``apply_async`` when the caller's transaction commits (at once outside one), as Celery's
+        ``DjangoTask`` does; bad input raises now. Returns the AsyncResult the task will have."""
+        args, kwargs = tuple(args or ()), dict(kwargs or {})
+        return submit_on_commit(self, args, kwargs, options, idempotency_key)
+
+    def delay_on_commit(self, *args: Any, **kwargs: Any):
+        """``delay`` when the caller's transaction commits (at once outside one); bad input raises now."""
+        return self.apply_async_on_commit(args, kwargs)
+
+    def apply(self, args=None, kwargs=None, **options):  # type: ignore[override]
+        """Celery's eager run (``task_always_eager``, ``Task.apply()``), inline and without the gate, after
+        the checks a queued submission makes: bad input raises ``InvalidKey`` or ``InvalidArguments``."""
+        args, kwargs = tuple(args or ()), dict(kwargs or {})
+        checked_key(self, args, kwargs, options.get("serializer") or self.serializer)
+        return super().apply(args, kwargs, **options)
 
     def replace(self, sig: Any) -> Any:
         """Celery's ``replace``. The replacement is a new submission with this task's id: a keyed
@@ -136,7 +158,9 @@ class KeyedSerialTask(Task):
         if request.called_directly:
             return super().__call__(*args, **kwargs)  # Celery's: pushes a request with the arguments
         if request.is_eager:
-            return self.run(*args, **kwargs)  # Celery's tracer pushed the request
+            # Celery's tracer pushed the request. Inline, nothing else runs: the run holds its key.
+            request.keyed_lease = Lease(checked_key(self, args, kwargs, self.serializer)[3], 0, 0)  # type: ignore[attr-defined]
+            return self.run(*args, **kwargs)
         run = Run.begin(self, args, kwargs)
         # Celery's request Context takes any attribute; celery-types lists only Celery's own.
         request.keyed_run, request.keyed_lease, request.keyed_attempts = run, run.lease, run.attempts  # type: ignore[attr-defined]
@@ -168,7 +192,7 @@ class KeyedSerialTask(Task):
 
     @property
     def keyed_lease(self) -> Lease | None:
-        """The running task's lease; ``keyed_lease.token`` is its fencing token."""
+        """The running task's lease; ``keyed_lease.token`` is its fencing token (0 in an eager run)."""
         return getattr(self.request, "keyed_lease", None)
 
     def holds_key(self) -> bool:
@@ -177,5 +201,7 @@ class KeyedSerialTask(Task):
         Check it before a write that must not happen twice, or store
         ``keyed_lease.token`` with the write and refuse smaller tokens.
         """
+        if self.request.is_eager:
+            return True  # an eager run (tests) runs inline, without the gate
         run: Run | None = getattr(self.request, "keyed_run", None)
         return run is not None and run.holds_key()

@@ -76,7 +76,11 @@ class UserProject:
             path.write_text(written + ("\n" if written else "") + code)
         with open(self.directory / "shop" / "tasks.py", "a") as tasks:
             tasks.write("\n" + (FILES / "tasks.py").read_text())
+        with open(self.directory / "shop" / "models.py", "a") as models:
+            models.write("\n" + (FILES / "models.py").read_text())
+        shutil.copy(FILES / "test_eager.py", self.directory / "shop" / "tests.py")
         shutil.copy(FILES / "produce.py", self.directory / "produce.py")
+        self.manage("makemigrations", "shop", "--verbosity", "0")
         self.manage("migrate", "--verbosity", "0")
 
     def run(

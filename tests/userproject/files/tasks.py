@@ -144,3 +144,19 @@ def _note_publisher(headers=None, **_: object) -> None:
         os.write(fd, line.encode())
     finally:
         os.close(fd)
+
+
+@keyed_serial_task(key=lambda account_id, n: f"account:{int(account_id)}")
+def by_callable(account_id: int, n: int) -> int:
+    """A key callable that raises for a bad account id: the submission fails with InvalidKey."""
+    return n
+
+
+@keyed_serial_task(key="{key}", bind=True)
+def order_seen(self, key: str, n: int, order_id: int) -> int:
+    """Logs whether the order its transaction wrote is there when it runs."""
+    from .models import Order
+
+    log("start", key, n, self.request.id, seen=Order.objects.filter(pk=order_id).exists())
+    log("end", key, n, self.request.id)
+    return n
