@@ -197,3 +197,15 @@ def test_the_django_project_s_keyed_tasks_have_django_s_task_methods():
 def test_a_base_that_is_not_a_task_class_fails_at_import():
     with pytest.raises(TypeError, match="base must be a Celery task class"):
         keyed_serial_task(key="{key}", base=object)
+
+
+def test_wait_for_keyed_tasks_names_the_tasks_that_have_not_ended(gate_redis, broker):
+    from django_keyed_queue.testing import wait_for_keyed_tasks
+
+    waiting = step.apply_async(("c", 1), queue=QUEUE)  # no worker consumes QUEUE
+    with pytest.raises(AssertionError, match=rf"demo\.tasks\.step\[{waiting.id}\] key='c' dispatched"):
+        wait_for_keyed_tasks(waiting.id, timeout=0.3)
+    with pytest.raises(AssertionError, match="unknown-id: no record yet"):
+        wait_for_keyed_tasks("unknown-id", timeout=0.3)
+    KeyedTask.objects.filter(task_id=waiting.id).update(status="succeeded")
+    assert [row.task_id for row in wait_for_keyed_tasks(timeout=0.3)] == [waiting.id]
