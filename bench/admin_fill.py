@@ -12,7 +12,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 #: (task name, weight): names the testproject registers, so the task-name filter lists them.
 TASKS = (
@@ -52,7 +52,7 @@ def generate(count: int, seed: int = 5) -> Iterator[tuple]:
     names = [name for name, _ in TASKS]
     weights = [weight for _, weight in TASKS]
     tickets: Counter[str] = Counter()
-    start = datetime(2025, 1, 1, tzinfo=timezone.utc)
+    start = datetime(2025, 1, 1, tzinfo=UTC)
     step = timedelta(days=60) / max(count, 1)
     for i in range(count):
         key = f"tenant:{rnd.randrange(HOT_KEYS)}" if rnd.random() < 0.1 else f"account:{rnd.randrange(COLD_KEYS)}"

@@ -81,7 +81,7 @@ class Lease:
     token: int
 
 
-class RecoveryAction(str, enum.Enum):
+class RecoveryAction(enum.StrEnum):
     """What the reaper does to a ticket (a ``str``: each member equals, and prints as, its value)."""
 
     #: Its lease expired (its worker died or stalled): publish it again, with the next dispatch.
@@ -94,10 +94,6 @@ class RecoveryAction(str, enum.Enum):
     GRANT = "grant"
     #: A finished run whose worker died before writing its record: write it.
     OUTCOME = "outcome"
-
-    def __str__(self) -> str:
-        # As ``enum.StrEnum`` (3.11+) does: log lines and reports show the value, not ``RecoveryAction.FAIL``.
-        return self.value
 
 
 @dataclass(frozen=True)

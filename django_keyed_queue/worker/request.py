@@ -17,7 +17,7 @@ unrun, so no run signal fires for it until its turn.
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from billiard.einfo import ExceptionWithTraceback  # type: ignore[attr-defined]  # Celery's own import; not in the stubs
 from billiard.exceptions import Terminated, WorkerLostError
@@ -43,7 +43,7 @@ class KeyedRequest(Request):
             return True
         if self._joined or self.request_dict.get(HEADER) is not None:
             return False
-        if self.eta is not None and self.eta > datetime.now(timezone.utc):
+        if self.eta is not None and self.eta > datetime.now(UTC):
             return False  # asked on receipt: not due yet
         self._joined = True
         try:

@@ -133,12 +133,12 @@ def submit_on_commit(task, args: tuple, kwargs: dict, options: dict, idempotency
     if task.app.conf.task_always_eager:  # Celery's eager run, at commit
         transaction.on_commit(partial(task.apply_async, args, kwargs, **options))
         return task.AsyncResult(checked.task_id)
-    claimed = checked.fingerprint is not None and idempotency.database() == DEFAULT_DB_ALIAS
-    if claimed:
-        assert checked.fingerprint is not None
+    claimed = False
+    if checked.fingerprint is not None and idempotency.database() == DEFAULT_DB_ALIAS:
         original = idempotency.claim(checked.fingerprint, task.name, checked.task_id, **checked.claimed_with)
         if original is not None:
             return task.AsyncResult(original)
+        claimed = True
     logger.debug("%s[%s] key=%r is submitted when the transaction commits", task.name, checked.task_id, checked.key)
     transaction.on_commit(partial(submit, task, args, kwargs, options, idempotency_key, claimed=claimed))
     return task.AsyncResult(checked.task_id)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from celery.exceptions import TaskRevokedError
@@ -107,7 +107,7 @@ def test_a_delayed_task_does_not_hold_back_the_ones_sent_after_it(kind, key, wor
 @kinds()
 def test_eta_runs_it_no_sooner(kind, key, workers):
     hold_key(kind, key, seconds=1.5)
-    eta = datetime.now(timezone.utc) + timedelta(seconds=1)
+    eta = datetime.now(UTC) + timedelta(seconds=1)
     delayed = add(kind).apply_async((1, 2), {"key": key}, eta=eta)
     assert delayed.get(timeout=10) == 3
     began = {e["id"]: e["t"] for e in events(key, "start")}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from celery.exceptions import TimeLimitExceeded
@@ -120,7 +120,7 @@ def test_a_delayed_task_s_message_is_published_once_as_its_caller_built_it(kind,
     """Also when its key is busy when due: it waits in the gate and its message, as its caller's
     Celery built it (eta and the caller's header in it), is published when its turn comes."""
     hold_key(kind, key, seconds=2)  # still busy when the delayed task is due
-    eta = datetime.now(timezone.utc) + timedelta(seconds=1)
+    eta = datetime.now(UTC) + timedelta(seconds=1)
     result = request_fields(kind).apply_async((["compat_published_by", "eta"],), {"key": key}, eta=eta)
     fields = result.get(timeout=10)
     assert fields["compat_published_by"] == os.getpid(), "the caller's header reaches the run"

@@ -78,7 +78,7 @@ class UserProject:
             tasks.write("\n" + (FILES / "tasks.py").read_text())
         with open(self.directory / "shop" / "models.py", "a") as models:
             models.write("\n" + (FILES / "models.py").read_text())
-        shutil.copy(FILES / "test_eager.py", self.directory / "shop" / "tests.py")
+        shutil.copy(FILES / "eager_tests.py", self.directory / "shop" / "tests.py")
         shutil.copy(FILES / "produce.py", self.directory / "produce.py")
         self.manage("makemigrations", "shop", "--verbosity", "0")
         self.manage("migrate", "--verbosity", "0")
