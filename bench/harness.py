@@ -24,18 +24,37 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class Cluster:
-    """Broker redis-server (broker db 1, results db 2, history db 3), gate redis-server, SQLite, workers."""
+#: The records' databases the benchmarks compare: SQLite as `startproject` makes it (rollback journal),
+#: SQLite in WAL mode (the testproject's), and PostgreSQL with durable commits.
+DATABASES = ("sqlite", "sqlite-wal", "postgresql")
 
-    def __init__(self, workers: int, concurrency: int, keep: bool = False) -> None:
+
+class Cluster:
+    """Broker redis-server (broker db 1, results db 2, history db 3), gate redis-server (or the broker's
+    db 0, ``gate_on_broker``), the records' database, workers (``prefetch`` messages per process)."""
+
+    def __init__(
+        self,
+        workers: int,
+        concurrency: int,
+        keep: bool = False,
+        *,
+        database: str = "sqlite-wal",
+        gate_on_broker: bool = False,
+        prefetch: int = 1,
+    ) -> None:
+        if database not in DATABASES:
+            raise ValueError(f"database must be one of {', '.join(DATABASES)}, got {database!r}")
         self.dir = Path(tempfile.mkdtemp(prefix="keyed-queue-bench-"))
         self.keep = keep
+        self.database = database
         self.broker_url = f"redis://127.0.0.1:{free_port()}"
-        self.gate_url = f"redis://127.0.0.1:{free_port()}"
+        self.gate_url = self.broker_url if gate_on_broker else f"redis://127.0.0.1:{free_port()}"
         self.n_workers = workers
         self.concurrency = concurrency
         self.servers: list = []
         self.workers: list = []
+        self.postgres = None
         os.environ.update(
             {
                 "DJANGO_SETTINGS_MODULE": "testproject.settings",
@@ -43,18 +62,28 @@ class Cluster:
                 "TESTPROJECT_DB": str(self.dir / "db.sqlite3"),
                 "TESTPROJECT_REDIS_URL": self.broker_url,
                 "TESTPROJECT_GATE_REDIS_URL": f"{self.gate_url}/0",
+                "TESTPROJECT_PREFETCH": str(prefetch),
                 # Production-like: no query log in the producer or the workers.
                 "TESTPROJECT_DEBUG": "0",
             }
         )
+        if database == "sqlite":
+            os.environ["TESTPROJECT_SQLITE"] = "startproject"
 
     def start(self) -> None:
-        from testproject.servers import RedisServer, Worker
+        from testproject.servers import PostgresServer, RedisServer, Worker
 
-        for name, url in (("broker", self.broker_url), ("gate", self.gate_url)):
+        urls = {"broker": self.broker_url, "gate": self.gate_url}
+        for name, url in urls.items():
+            if name == "gate" and url == self.broker_url:
+                continue  # one server for both
             server = RedisServer(url, self.dir / f"redis-{name}")
             self.servers.append(server)
             server.start()
+        if self.database == "postgresql":
+            self.postgres = PostgresServer(log_dir=self.dir / "postgresql", durable=True).start()
+            self.postgres.create_database("bench")
+            os.environ["TESTPROJECT_DATABASE_URL"] = self.postgres.url("bench")
 
         import django
         from django.core.management import call_command
@@ -78,6 +107,11 @@ class Cluster:
                 server.stop()
             except Exception as exc:
                 print(f"stopping redis-server {server.url} failed: {exc!r}", file=sys.stderr)
+        if self.postgres is not None:
+            from django.db import connections
+
+            connections.close_all()
+            self.postgres.stop()
         if self.keep or failed:
             print(f"kept {self.dir} (logs, database)", file=sys.stderr)
         else:

@@ -1,9 +1,11 @@
 """Throughput of keyed serial tasks against plain Celery tasks, on the same real workers, in one run.
 
     python -m bench.throughput [--tasks 2000 --keys 500 --hot-tasks 400 --workers 2 --concurrency 2 --rounds 3]
+                               [--database sqlite|sqlite-wal|postgresql] [--gate-on-broker] [--prefetch 4]
 
-Starts a broker redis-server, a separate gate redis-server, a SQLite file database and real prefork
-workers in a temp dir, then alternates plain and keyed rounds of two scenarios:
+Starts a broker redis-server, a separate gate redis-server (or one for both), the records' database
+(a SQLite file, or a PostgreSQL server with durable commits) and real prefork workers in a temp dir,
+then alternates plain and keyed rounds of two scenarios:
 
 - many keys: ``--tasks`` tasks spread over ``--keys`` keys (a seeded shuffle, the same for both variants);
 - one hot key: ``--hot-tasks`` tasks all on one key.
@@ -26,7 +28,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .harness import Cluster, CommandStats, Timers, cpu_seconds
+from .harness import DATABASES, Cluster, CommandStats, Timers, cpu_seconds
 from .report import print_profile, print_rounds, print_summary, summarize
 
 #: A queue no worker consumes: submissions measured on their own land here and are deleted.
@@ -69,11 +71,12 @@ class Bench:
         self.gate_stats = CommandStats(redis.Redis.from_url(f"{cluster.gate_url}/0"))
         self.broker_stats = CommandStats(redis.Redis.from_url(f"{cluster.broker_url}/0"))
         self.own_calls: Counter = Counter()  # commands this process sends the broker server to watch
-        self.cpu_groups = {
-            "workers": [w.process.pid for w in cluster.workers],
-            "broker redis": [cluster.servers[0].process.pid],
-            "gate redis": [cluster.servers[1].process.pid],
-        }
+        self.cpu_groups = {"workers": [w.process.pid for w in cluster.workers]}
+        if len(cluster.servers) == 1:  # --gate-on-broker: its commands are counted as the gate's and the broker's
+            self.cpu_groups["broker and gate redis"] = [cluster.servers[0].process.pid]
+        else:
+            self.cpu_groups["broker redis"] = [cluster.servers[0].process.pid]
+            self.cpu_groups["gate redis"] = [cluster.servers[1].process.pid]
         self.timers = Timers() if args.profile else None
         if self.timers:
             self._instrument()
@@ -247,10 +250,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", type=Path, help="write a PNG of the figures here (needs matplotlib)")
     parser.add_argument("--json", type=Path, help="write the raw figures here")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs, database)")
+    parser.add_argument(
+        "--database",
+        choices=DATABASES,
+        default="sqlite-wal",
+        help="the records' database: SQLite as startproject makes it, SQLite in WAL mode, or PostgreSQL",
+    )
+    parser.add_argument(
+        "--gate-on-broker", action="store_true", help="one redis-server for the broker and the gate (the common set-up)"
+    )
+    parser.add_argument("--prefetch", type=int, default=4, help="worker_prefetch_multiplier (Celery's default: 4)")
     args = parser.parse_args(argv)
 
     started = time.monotonic()
-    cluster = Cluster(args.workers, args.concurrency, keep=args.keep)
+    cluster = Cluster(
+        args.workers,
+        args.concurrency,
+        keep=args.keep,
+        database=args.database,
+        gate_on_broker=args.gate_on_broker,
+        prefetch=args.prefetch,
+    )
     rounds: list[Round] = []
     submit_us: dict[str, list[float]] = {}
     failed = False
@@ -258,8 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cluster.start()
         print(
-            f"{args.workers} workers x prefork {args.concurrency}, {os.cpu_count()} CPUs, records on (SQLite), "
-            f"gate on its own redis-server; setup {time.monotonic() - started:.1f} s; "
+            f"{args.workers} workers x prefork {args.concurrency}, prefetch {args.prefetch}, {os.cpu_count()} CPUs, "
+            f"records on ({args.database}), gate {'on the broker' if args.gate_on_broker else 'on its own'} "
+            f"redis-server; setup {time.monotonic() - started:.1f} s; "
             f"load average {os.getloadavg()[0]:.2f}"
         )
         bench = Bench(cluster, args)

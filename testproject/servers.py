@@ -108,9 +108,11 @@ class PostgresServer:
     which owns the temp dir. Nothing listens on TCP: clients connect through the socket.
     """
 
-    def __init__(self, log_dir: Path | None = None, user: str = "postgres") -> None:
+    def __init__(self, log_dir: Path | None = None, user: str = "postgres", durable: bool = False) -> None:
         self.log_dir = log_dir
         self.user = user
+        #: Commits wait for the disk, as on a user's server (the benchmarks); else no fsync (the tests).
+        self.durable = durable
         self.port = free_port()  # names the socket file; other clusters in other dirs may share it
         self.directory: Path | None = None
 
@@ -130,8 +132,10 @@ class PostgresServer:
             # A test and benchmark server: losing it in a crash loses nothing of value.
             conf.write(
                 f"port = {self.port}\nunix_socket_directories = '{self.directory}'\nlisten_addresses = ''\n"
-                "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\nmax_connections = 50\n"
+                "max_connections = 50\n"
             )
+            if not self.durable:
+                conf.write("fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n")
         log = self.directory / "postgres.log"
         self._run([bindir / "pg_ctl", "-D", data, "-l", log, "-w", "-t", "60", "start"], owner)
         return self

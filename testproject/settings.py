@@ -69,6 +69,10 @@ DATABASES = {
         "TEST": {"NAME": _DB_PATH},
     }
 }
+# TESTPROJECT_SQLITE=startproject: SQLite as `startproject` makes it (rollback journal, no options), for
+# the benchmarks' comparison of the databases users have.
+if os.environ.get("TESTPROJECT_SQLITE") == "startproject":
+    DATABASES["default"]["OPTIONS"] = {}
 
 # PostgreSQL instead of SQLite: postgresql://USER[:PASSWORD]@[HOST][:PORT]/NAME[?host=/socket/dir]
 if os.environ.get("TESTPROJECT_DATABASE_URL"):
@@ -117,7 +121,7 @@ CELERY_BROKER_URL = f"{_REDIS}/1"
 # resubscribes under the lock it holds); .ci/versions runs the django tier of Celery 5.4 without it.
 CELERY_RESULT_BACKEND = f"{_REDIS}/2" if os.environ.get("TESTPROJECT_RESULTS", "1") == "1" else None
 CELERY_TASK_SERIALIZER = "json"
-CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_WORKER_PREFETCH_MULTIPLIER = int(os.environ.get("TESTPROJECT_PREFETCH", "1"))
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # Crash tests restart Redis under running tasks.
