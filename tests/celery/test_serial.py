@@ -92,3 +92,15 @@ def test_a_task_that_expires_while_parked_passes_its_key_on(workers, gate_redis)
         next(e["t"] for e in events if (e["event"], e["n"]) == pair) for pair in (("end", 0), ("start", 2))
     )
     assert started - ended < 5, "the key passed on at once, not after the dispatch timeout"
+
+
+def test_a_task_submitted_in_a_transaction_that_rolls_back_still_runs_and_is_recorded(workers, gate_redis):
+    """Plain delay() takes its ticket at once, as Celery publishes at once (docs/guarantees.md, "Enqueue
+    on commit"): its row goes with the rollback, and the worker writes it again when the task runs."""
+    from django.db import transaction
+
+    with pytest.raises(RuntimeError), transaction.atomic():
+        result = step.delay("rolled-back", 1)
+        raise RuntimeError("roll back")
+    records = wait_for_records([result.id])
+    assert (records[result.id].status, records[result.id].ticket) == ("succeeded", 1)
