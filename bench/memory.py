@@ -1,0 +1,113 @@
+"""Redis bytes per task and per key at many keys: dispatched, waiting, idle, and after the idle horizon.
+
+    python -m bench.memory [--keys 100000 --horizon-keys 10000]
+
+Starts a broker and a gate redis-server in a temp dir (no workers). Every task message is a real
+stored message of the demo ``step`` as Celery builds it (submitted once through ``apply_async``,
+then copied with fresh task ids), and every transition is the gate's own call. Over ``--keys``
+keys, one after another:
+
+- one task per key, granted (dispatched, not started): bytes per key with its task;
+- a second task per key, which waits: bytes per waiting task;
+- both run to their end (start, finish): bytes per idle key, then again once the index of
+  recent task ids has expired (it does within 60 s);
+- over ``--horizon-keys`` more keys, run to idle by a gate whose idle horizon is 2 s: what is
+  left of an idle key once the horizon has passed.
+
+Each figure is ``used_memory`` growth divided by the count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import uuid
+
+from .harness import Cluster
+
+QUEUE = "bench-memory"
+#: The index of recent task ids is kept for 30 s and expires in two generations.
+RECENT_EXPIRY_SECONDS = 65
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--keys", type=int, default=100_000)
+    parser.add_argument("--horizon-keys", type=int, default=10_000)
+    args = parser.parse_args(argv)
+
+    cluster = Cluster(workers=0, concurrency=1)
+    try:
+        cluster.start()
+        from django_keyed_queue.gate import Gate
+        from django_keyed_queue.gate.keys import DEADLINE_INDEX, KeyNames
+        from django_keyed_queue.worker.process import get_gate
+        from testproject.demo.tasks import step
+
+        gate = get_gate()
+        client = gate.client
+        gate.pause("template")
+        sent = step.apply_async(("template", 1), queue=QUEUE)
+        message = client.hget(KeyNames("template").messages, 1)
+        old_id = sent.id.encode()
+
+        def copy() -> tuple[str, bytes]:
+            task_id = str(uuid.uuid4())
+            return task_id, message.replace(old_id, task_id.encode())
+
+        def used() -> int:
+            return int(client.info("memory")["used_memory"])
+
+        def to_idle(g: Gate, key: str, ticket: int) -> None:
+            started = g.start(key, ticket, 1)
+            g.finish(key, ticket, started.token)
+
+        keys = [f"account:{i}" for i in range(args.keys)]
+        print(f"Redis {client.info('server')['redis_version']}, {args.keys} keys, message of {len(message)} bytes")
+        base = used()
+        for key in keys:
+            task_id, copied = copy()
+            gate.submit(key, copied, task_id=task_id)
+        dispatched = used()
+        for key in keys:
+            task_id, copied = copy()
+            gate.submit(key, copied, task_id=task_id)
+        waiting = used()
+        for key in keys:
+            to_idle(gate, key, 1)  # grants ticket 2
+            to_idle(gate, key, 2)
+        idle = used()
+        print(f"waiting {RECENT_EXPIRY_SECONDS} s for the index of recent task ids to expire ...", flush=True)
+        time.sleep(RECENT_EXPIRY_SECONDS)
+        idle_expired, names_left = used(), client.dbsize()
+
+        horizon_gate = Gate(client, idle_horizon_seconds=2)
+        before_horizon = used()
+        for i in range(args.horizon_keys):
+            task_id, copied = copy()
+            horizon_gate.submit(f"short:{i}", copied, task_id=task_id)
+            to_idle(horizon_gate, f"short:{i}", 1)
+        print(f"waiting {RECENT_EXPIRY_SECONDS} s for their idle horizon (2 s) and recent ids ...", flush=True)
+        time.sleep(RECENT_EXPIRY_SECONDS)
+        after_horizon, names_after = used(), client.dbsize()
+
+        n, h = args.keys, args.horizon_keys
+        print("Redis bytes (used_memory growth / count):")
+        print(f"  a key with one dispatched task:          {(dispatched - base) / n:8.0f} per key")
+        print(f"  a waiting task (the key's second):       {(waiting - dispatched) / n:8.0f} per task")
+        print(f"  an idle key, both tasks done:            {(idle - base) / n:8.0f} per key")
+        print(f"  an idle key, its recent ids expired:     {(idle_expired - base) / n:8.0f} per key")
+        print(f"  an idle key past its idle horizon:       {(after_horizon - before_horizon) / h:8.0f} per key")
+        print(f"  Redis names: {names_left} for {n} idle keys; {names_after - names_left} more for {h} keys past it")
+        print(
+            f"  the deadline index holds {client.zcard(DEADLINE_INDEX)} entries: no reaper runs here, and a key's "
+            "entry stays until one visits it"
+        )
+    finally:
+        cluster.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
