@@ -14,6 +14,7 @@ import socket
 import sys
 import tempfile
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -125,6 +126,25 @@ class Cluster:
             if worker.log_path.exists():
                 lines += [f"{worker.name}: {line}" for line in worker.log().splitlines() if pattern.search(line)]
         return lines
+
+
+class StoredMessage:
+    """A real message the gate stores for ``step(key, n)``, as Celery builds it (submitted once through
+    ``apply_async`` behind the paused ``key``), and copies of it under fresh task ids."""
+
+    def __init__(self, gate, key: str, n: object, queue: str) -> None:
+        from django_keyed_queue.gate.keys import KeyNames
+        from testproject.demo.tasks import step
+
+        gate.pause(key)
+        sent = step.apply_async((key, n), queue=queue)
+        self.message: bytes = gate.client.hget(KeyNames(key).messages, gate.inspect(key).last_ticket)
+        self.task_id: str = sent.id
+
+    def copy(self) -> tuple[str, bytes]:
+        """A fresh task id, and the message with it in place of the original's."""
+        task_id = str(uuid.uuid4())
+        return task_id, self.message.replace(self.task_id.encode(), task_id.encode())
 
 
 def cpu_seconds(groups: dict[str, list[int]]) -> dict[str, float]:

@@ -22,9 +22,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import uuid
 
-from .harness import Cluster
+from .harness import Cluster, StoredMessage
 
 QUEUE = "bench-memory"
 #: The index of recent task ids is kept for 30 s and expires in two generations.
@@ -43,18 +42,11 @@ def main(argv: list[str] | None = None) -> int:
         from django_keyed_queue.gate import Gate
         from django_keyed_queue.gate.keys import DEADLINE_INDEX, KeyNames
         from django_keyed_queue.worker.process import get_gate
-        from testproject.demo.tasks import step
 
         gate = get_gate()
         client = gate.client
-        gate.pause("template")
-        sent = step.apply_async(("template", 1), queue=QUEUE)
-        message = client.hget(KeyNames("template").messages, 1)
-        old_id = sent.id.encode()
-
-        def copy() -> tuple[str, bytes]:
-            task_id = str(uuid.uuid4())
-            return task_id, message.replace(old_id, task_id.encode())
+        stored = StoredMessage(gate, "template", 1, QUEUE)
+        copy, message = stored.copy, stored.message
 
         def used() -> int:
             return int(client.info("memory")["used_memory"])

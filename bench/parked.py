@@ -26,7 +26,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from .harness import Cluster
+from .harness import Cluster, StoredMessage
 from .stats import median, percentile
 
 QUEUE = "bench-parked"
@@ -68,31 +68,20 @@ def main(argv: list[str] | None = None) -> int:
         gate = get_gate()
         client = gate.client
 
-        def template(key: str, n: object) -> tuple[bytes, str]:
-            """A real stored message of ``step(key, n)``, and its task id."""
-            gate.pause(key)
-            result = step.apply_async((key, n), queue=QUEUE)
-            ticket = gate.inspect(key).last_ticket
-            return client.hget(KeyNames(key).messages, ticket), result.id
-
-        def park(key: str, message: bytes, old_id: str, count: int) -> list[tuple[str, bytes]]:
-            """``count`` more copies of ``message`` behind ``key``, each with its own task id."""
-            parked = []
+        def park(key: str, stored: StoredMessage, count: int) -> None:
+            """``count`` more copies of ``stored`` behind ``key``, each with its own task id."""
             for _ in range(count):
-                task_id = str(uuid.uuid4())
-                copy = message.replace(old_id.encode(), task_id.encode())
+                task_id, copy = stored.copy()
                 gate.submit(key, copy, task_id=task_id)
-                parked.append((task_id, copy))
-            return parked
 
         def bytes_per_task(key: str, n: object, count: int) -> tuple[float, float, int]:
             before = client.info("memory")["used_memory"]
-            message, old_id = template(key, n)
-            park(key, message, old_id, count - 1)
+            stored = StoredMessage(gate, key, n, QUEUE)
+            park(key, stored, count - 1)
             grown = client.info("memory")["used_memory"] - before
             names = KeyNames(key)
             index = sum(client.memory_usage(name) or 0 for name in (names.recent, names.recent_older))
-            return (grown - index) / count, index / count, len(message)
+            return (grown - index) / count, index / count, len(stored.message)
 
         print(f"Redis {client.info('server')['redis_version']}, {args.parked} tasks parked behind one key")
         small, index, size = bytes_per_task("deep", 1, args.parked)
