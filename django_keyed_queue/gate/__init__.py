@@ -18,6 +18,7 @@ from .results import (
     RecoveryAction,
     StartResult,
     SubmitResult,
+    Unwritten,
 )
 from .scripts import Code
 
@@ -38,4 +39,5 @@ __all__ = [
     "RecoveryAction",
     "StartResult",
     "SubmitResult",
+    "Unwritten",
 ]

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
 import redis
+from redis.commands.core import Script
 from redis.connection import Connection
 from redis.exceptions import NoScriptError, ResponseError
 from redis.typing import EncodableT
 
-from .keys import DEADLINE_INDEX, PAUSED_KEYS, KeyNames
+from .keys import DEADLINE_INDEX, PAUSED_KEYS, UNWRITTEN_INDEX, KeyNames
 from .results import (
     FinishResult,
     Grant,
@@ -25,6 +26,7 @@ from .results import (
     RecoveryAction,
     StartResult,
     SubmitResult,
+    Unwritten,
 )
 from .scripts import SCRIPT_NAMES, Code, ms_to_seconds, seconds_to_ms, source
 
@@ -49,6 +51,8 @@ class Gate:
     so the scripts cannot write it: each call that can create a holder sends
     a ``ZADD LT`` of an early estimate in the same round trip, and the
     reaper, after visiting a key, moves it to the key's real next deadline.
+    The unwritten index (keys holding submission records not yet written
+    to the database) is kept the same way.
     """
 
     def __init__(
@@ -72,9 +76,13 @@ class Gate:
         reply: list[Any] = self._scripts[name](keys=keys, args=args)
         return reply
 
-    def _call_and_index(self, name: str, key: str, keys: Sequence[str], args: Sequence[EncodableT]) -> list[Any]:
-        """Run a script that may create a holder of ``key``, and index the key, in one round trip."""
-        reply: list[Any] = self._pipelined(name, [(keys, args)], index=key)[0]
+    def _call_and_index(
+        self, name: str, key: str, keys: Sequence[str], args: Sequence[EncodableT], *, unwritten: bool = False
+    ) -> list[Any]:
+        """Run a script that may create a holder of ``key``, and index the key, in one round trip;
+        ``unwritten``: the script may keep a submission record of ``key``, index that too."""
+        also = [("ZADD", UNWRITTEN_INDEX, 0, key)] if unwritten else []
+        reply: list[Any] = self._pipelined(name, [(keys, args)], index=key, also=also)[0]
         return reply
 
     def _deadline_hint_ms(self, within_ms: int | None = None) -> int:
@@ -97,6 +105,7 @@ class Gate:
         task_id: str = "",
         retried: bool = False,
         max_waiting: int = 0,
+        record: bytes = b"",
     ) -> SubmitResult | None:
         """Take the next ticket of ``key`` and store ``message`` with it.
 
@@ -109,12 +118,14 @@ class Gate:
         none is taken (found for at least ``RECENT_SUBMISSION_SECONDS``).
         ``max_waiting`` > 0: raises QueueFull, taking nothing, when this ticket
         would wait behind that many others.
+        A non-empty ``record`` is kept with the ticket until :meth:`forget_unwritten`
+        (see :meth:`claim_unwritten`).
         """
         names = KeyNames(key)
         code, ticket, token, _ = self._call_and_index(
             "submit",
             key,
-            [*names.all(), names.joined, names.recent, names.recent_older],
+            [*names.all(), names.joined, names.recent, names.recent_older, names.unwritten],
             [
                 message,
                 limit,
@@ -127,7 +138,9 @@ class Gate:
                 task_id,
                 max_waiting,
                 seconds_to_ms(RECENT_SUBMISSION_SECONDS),
+                record,
             ],
+            unwritten=bool(record),
         )
         if code == Code.DUPLICATE:
             logger.debug("submit key=%r join_id=%s duplicate", key, join_id)
@@ -208,21 +221,27 @@ class Gate:
         logger.debug("requeue key=%r ticket=%s code=%s", key, ticket, Code(code).name)
         return bool(code == Code.OK)
 
-    def cancel(self, key: str, ticket: int, *, limit: int | None = None, forget: bool = False) -> FinishResult:
+    def cancel(
+        self, key: str, ticket: int, *, limit: int | None = None, forget: bool = False, failed: bool = False
+    ) -> FinishResult:
         """Withdraw a ticket that has not started; returns tickets granted in its place.
 
         ``limit`` None: the key's own, as its submissions set it.
 
-        ``forget=True`` is for a submission that failed before anyone saw its
-        ticket: the ticket number is given back when it was the last one taken.
+        ``failed=True`` is for a submission that failed: its record is dropped if
+        its row is not written yet. ``forget=True`` (implies ``failed``) when it failed
+        before anyone saw its ticket: the ticket number is given back when it was the last one taken.
         """
         names = KeyNames(key)
         reply = self._call_and_index(
             "cancel",
             key,
-            [*names.all(), names.recent, names.recent_older],
-            [ticket, "" if limit is None else limit, self.dispatch_timeout_ms, self.idle_horizon_ms, int(forget)],
-        )
+            [*names.all(), names.recent, names.recent_older, names.unwritten],
+            [
+                ticket, "" if limit is None else limit, self.dispatch_timeout_ms, self.idle_horizon_ms,
+                int(forget), int(failed or forget),
+            ],
+        )  # fmt: skip
         result = FinishResult(Code(reply[0]), self._grants(key, reply[1:]))
         logger.debug("cancel key=%r ticket=%s code=%s", key, ticket, result.code.name)
         return result
@@ -303,6 +322,41 @@ class Gate:
         [code] = self._call("refuse_join", [KeyNames(key).joined], [task_id, due_ms, self.idle_horizon_ms])
         logger.debug("refuse join key=%r task_id=%s code=%s", key, task_id, Code(code).name)
         return Code(code) is Code.OK
+
+    def claim_unwritten(self, *, claim_seconds: float, batch: int = 500) -> list[tuple[str, int]]:
+        """Claim up to ``batch`` keys holding submission records not yet written, for ``claim_seconds``.
+
+        Returns (key, claim) pairs; other callers pass a claimed key by until
+        :meth:`forget_unwritten` releases it or the claim lapses.
+        """
+        flat = self._call("claim_unwritten", [UNWRITTEN_INDEX], [seconds_to_ms(claim_seconds), batch])
+        return [(_text(flat[i]), int(flat[i + 1])) for i in range(0, len(flat), 2)]
+
+    def unwritten(self, keys: Sequence[str]) -> list[Unwritten]:
+        """The submission records kept for ``keys``, with their tickets' messages, in one round trip."""
+        calls: list[tuple[Sequence[str], Sequence[EncodableT]]] = [
+            ([KeyNames(key).unwritten, KeyNames(key).messages], []) for key in keys
+        ]
+        found = []
+        for key, flat in zip(keys, self._pipelined("unwritten", calls), strict=True):
+            for ticket, kept, message in zip(flat[0::3], flat[1::3], flat[2::3], strict=True):
+                state, at_ms, record = kept.split(b"|", 2)
+                found.append(Unwritten(key, int(ticket), state == b"d", int(at_ms), record, message or None))
+        return found
+
+    def forget_unwritten(self, written: Iterable[Unwritten], claims: Iterable[tuple[str, int]] = ()) -> None:
+        """Delete records whose rows are written, and release ``claims`` (from :meth:`claim_unwritten`)
+        of keys no submission was kept for since; one round trip."""
+        # Deleted first: a claim released before its records were would leave them unindexed.
+        deleted: list[tuple[EncodableT, ...]] = [("HDEL", KeyNames(w.key).unwritten, w.ticket) for w in written]
+        released = [v for key, claim in claims for v in (key, claim, -1)]
+        script = self._scripts["reindex"]
+
+        def commands() -> list[tuple[EncodableT, ...]]:
+            return [*deleted, ("EVALSHA", script.sha, 1, UNWRITTEN_INDEX, *released)] if released else deleted
+
+        if deleted or released:
+            self._run(commands, script)
 
     def forget_outcomes(self, written: Iterable[tuple[str, str]]) -> None:
         """Delete the outcomes of runs whose records are written: (key, task id) pairs, one round trip."""
@@ -438,27 +492,37 @@ class Gate:
         *,
         index: str | None = None,
         index_within_ms: int | None = None,
+        also: Sequence[tuple[EncodableT, ...]] = (),
     ) -> list[Any]:
         """Run script ``name`` once per (keys, args) in one round trip, loading it if Redis lost it.
 
         With ``index``, also move that key early in the deadline index (``ZADD LT``): to when a
         deadline ``index_within_ms`` from now falls due, by default the earliest a new holder's can.
+        ``also``: more commands for the same round trip, sent last.
         """
         script = self._scripts[name]
-        for attempt in (1, 2):
-            commands: list[tuple[EncodableT, ...]] = [
+
+        def commands() -> list[tuple[EncodableT, ...]]:
+            sent: list[tuple[EncodableT, ...]] = [
                 ("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls
             ]
             if index is not None:
-                commands.append(("ZADD", DEADLINE_INDEX, "LT", self._deadline_hint_ms(index_within_ms), index))
-            replies = self._round_trip(commands)
+                sent.append(("ZADD", DEADLINE_INDEX, "LT", self._deadline_hint_ms(index_within_ms), index))
+            return [*sent, *also]
+
+        return self._run(commands, script)[: len(calls)]
+
+    def _run(self, commands: Callable[[], list[tuple[EncodableT, ...]]], script: Script) -> list[Any]:
+        """Send ``commands()`` in one round trip; if Redis lost ``script``, load it and send them again."""
+        for attempt in (1, 2):
+            replies = self._round_trip(commands())
             if attempt == 1 and any(isinstance(r, NoScriptError) for r in replies):
                 script.sha = self.client.script_load(script.script)
                 continue
             for reply in replies:
                 if isinstance(reply, Exception):
                     raise reply
-            return replies[: len(calls)]
+            return replies
         raise AssertionError("unreachable")
 
     def _round_trip(self, commands: list[tuple[EncodableT, ...]]) -> list[Any]:

@@ -14,6 +14,10 @@ PREFIX = "keyed_queue"
 #: ZSET logical key -> server ms when the key may next need the reaper (its own slot).
 DEADLINE_INDEX = f"{PREFIX}:deadlines"
 
+#: ZSET of logical keys holding submissions whose rows are not written yet: score 0, or while a
+#: writer has claimed the key, server ms when its claim lapses (its own slot).
+UNWRITTEN_INDEX = f"{PREFIX}:unwritten"
+
 #: SET of the logical keys an operator paused (its own slot); the live keys page lists them.
 PAUSED_KEYS = f"{PREFIX}:paused"
 
@@ -81,6 +85,11 @@ class KeyNames:
     def outcomes(self) -> str:
         """HASH task id -> the record of a finished run, until the record is written."""
         return f"{self.base}:outcomes"
+
+    @property
+    def unwritten(self) -> str:
+        """HASH ticket -> a submission's record, kept with its ticket until its row is written."""
+        return f"{self.base}:unwritten"
 
     @property
     def joined(self) -> str:

@@ -40,6 +40,22 @@ class SubmitResult:
 
 
 @dataclass(frozen=True)
+class Unwritten:
+    """A submission's record the gate keeps with its ticket until the row is written."""
+
+    key: str
+    ticket: int
+    #: Granted at submission (its message was published then), else parked.
+    granted: bool
+    #: Server ms of the submission.
+    at_ms: int
+    #: As the producer gave it (opaque to the gate).
+    record: bytes
+    #: The ticket's stored message; None once it finished or was withdrawn.
+    message: bytes | None
+
+
+@dataclass(frozen=True)
 class StartResult:
     code: Code
     token: int = 0

@@ -11,6 +11,7 @@ _INCLUDE = re.compile(r'^--- @include "([a-z_]+)"$', re.MULTILINE)
 SCRIPT_NAMES = (
     *("submit", "start", "finish", "retry", "renew"),
     *("cancel", "refuse_join", "reap", "reindex", "rebuild", "pause", "give_up", "republish_soon"),
+    *("claim_unwritten", "unwritten"),
 )
 
 

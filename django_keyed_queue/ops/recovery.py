@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from ..exceptions import ActionRefused, MessageRefused
 from ..gate import MAX_KEY_LENGTH, Code, Recovery, RecoveryAction
+from ..records import submissions
 from ..records.idempotency import repoint
 from ..records.models import KeyedTask
 from ..records.statuses import Status
@@ -39,6 +40,8 @@ class ReapReport:
     recoveries: list[Recovery] = field(default_factory=list)
     #: Recoveries whose message the broker refused: the reaper publishes them again.
     unpublished: list[Recovery] = field(default_factory=list)
+    #: Submissions whose rows were written from the records kept in the gate.
+    written: int = 0
 
     def count(self, action: RecoveryAction) -> int:
         return sum(1 for r in self.recoveries if r.action is action)
@@ -50,9 +53,12 @@ class ReapReport:
 
 
 def reap(*, dry_run: bool = False, batch: int = 500, max_batches: int = 100, app=None) -> ReapReport:
-    """Recover every holder whose deadline passed; in a dry run, only report what would be done."""
+    """Write the rows of submissions kept in the gate, and recover every holder whose deadline passed;
+    in a dry run, only report what would be recovered."""
     app = app or current_app
     report = ReapReport()
+    if not dry_run:
+        report.written = submissions.write_due(get_gate())
     for _ in range(max_batches):
         visited, found = get_gate().reap(batch=batch, dry_run=dry_run)
         report.visited += visited
@@ -110,11 +116,11 @@ def _act(app, recovery: Recovery, reason: str = "") -> bool:
     lost = reason or f"its worker was lost: the lease of attempt {recovery.attempts} expired"
     if recovery.action is RecoveryAction.FAIL:
         failed = {"finished_at": now, "error": f"{lost}; no recoveries left"}
-        KeyedTask.objects.settle(task_id, recovery.key, recovery.ticket, Status.FAILED, **failed)
+        submissions.settle(get_gate(), task_id, recovery.key, recovery.ticket, Status.FAILED, **failed)
         return True
     if recovery.action is RecoveryAction.REDISPATCH:
         again = {"dispatched_at": now, "error": f"{lost}; dispatched again"}
-        KeyedTask.objects.settle(task_id, recovery.key, recovery.ticket, Status.DISPATCHED, **again)
+        submissions.settle(get_gate(), task_id, recovery.key, recovery.ticket, Status.DISPATCHED, **again)
     # A redispatch's record was settled above; any other publish records its dispatch.
     record = recovery.action is not RecoveryAction.REDISPATCH
     return publish(app, recovery, record=record) is not Published.BROKER_REFUSED

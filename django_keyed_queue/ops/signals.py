@@ -26,6 +26,7 @@ from django.dispatch import receiver
 from ..conf import PREFIX, settings
 from ..exceptions import ActionRefused
 from ..records.statuses import Status
+from ..records.submissions import RecordWriter
 from ..worker import handoff_runs
 from ..worker.dispatch import run_kept
 from ..worker.messages import HEADER
@@ -128,13 +129,16 @@ def _start_worker_reaper(sender=None, **_: object) -> None:
     reaper = getattr(sender.controller, "keyed_queue_reaper", None)
     if reaper is not None:
         reaper.start()
+        # Submissions' rows are written by the workers (see ``records.submissions``).
+        sender.controller.keyed_queue_record_writer = RecordWriter(lambda: current().gate).start()
 
 
 @worker_shutdown.connect
 def _stop_worker_reaper(sender=None, **_: object) -> None:
-    reaper = getattr(sender, "keyed_queue_reaper", None)
-    if reaper is not None:
-        reaper.stop()
+    for upkeep in ("keyed_queue_reaper", "keyed_queue_record_writer"):
+        thread = getattr(sender, upkeep, None)
+        if thread is not None:
+            thread.stop()
 
 
 @beat_init.connect

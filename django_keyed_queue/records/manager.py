@@ -84,18 +84,21 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
             if creatable and not all_found:
                 found = self.using(db.alias).filter(task_id__in={t.task_id for t in creatable})
                 existing = set(found.values_list("task_id", "key", "ticket"))
-                for t in creatable:
-                    if t.submission not in existing and not (t.joins and (t.task_id, t.key, None) in existing):
-                        self._create_missing(t, db)
+                missing = [
+                    t
+                    for t in creatable
+                    if t.submission not in existing and not (t.joins and (t.task_id, t.key, None) in existing)
+                ]
+                if missing:
+                    self._create_missing(missing, db)
 
-    def _create_missing(self, t: Transition, db: BaseDatabaseWrapper) -> None:
-        """The producer died before writing the row, or its transaction has not committed."""
-        try:
-            with transaction.atomic(using=db.alias):
-                self.using(db.alias).create(**t.row_to_create())
-        except IntegrityError:  # the producer's row committed meanwhile
-            with db.cursor() as cursor:
-                cursor.execute(_update_sql(self.model, db.alias), _update_params(self.model, t, db))
+    def _create_missing(self, missing: list[Transition], db: BaseDatabaseWrapper) -> None:
+        """Rows no one wrote yet: a submission's, or one a worker's transition found missing."""
+        rows = [self.model(**t.row_to_create()) for t in missing]
+        self.using(db.alias).bulk_create(rows, ignore_conflicts=True)
+        # A row another writer committed meanwhile was kept: apply to it what its insert would have said.
+        with db.cursor() as cursor:
+            cursor.executemany(_update_sql(self.model, db.alias), [_update_params(self.model, t, db) for t in missing])
 
     def settle(self, task_id: str, key: str, ticket: int, status: str, **fields: Any) -> int:
         """Set a submission's status now, whatever it was, unless it already ended (recovery's write).
@@ -136,6 +139,8 @@ def _update_sql(model: type[models.Model], alias: str) -> str:
         for f in FIELDS
     ]
     sets.append(f"{qn('ticket')} = COALESCE({qn('ticket')}, %(ticket)s)")  # a join's row gets its ticket
+    message = qn("message")
+    sets.append(f"{message} = CASE WHEN {message} = '' THEN COALESCE(%(message)s, '') ELSE {message} END")
     # Status and attempts last: every SET must see the row as it was.
     sets += [f"{qn(f)} = CASE WHEN {forward} THEN %({f})s ELSE {qn(f)} END" for f in ("status", "attempts")]
     # A submission's row: its task id, key and ticket; a delayed task's join also finds its row without a ticket.
@@ -155,7 +160,7 @@ def _update_params(model: type[models.Model], t: Transition, db: BaseDatabaseWra
     given = t.fields
     params = {name: _db_value(db, model_field, given.get(name)) for name, model_field in _fields(model)}
     params.update(status=t.status, attempts=t.attempts, rank=STATUS_RANK[t.status])
-    params.update(task_id=t.task_id, key=t.key, ticket=t.ticket, joins=int(t.joins))
+    params.update(task_id=t.task_id, key=t.key, ticket=t.ticket, joins=int(t.joins), message=t.message)
     return params
 
 

@@ -84,6 +84,8 @@ class Transition:
     joins: bool = False
     #: The gate key holding this run's outcome, deleted once the record is written.
     outcome_key: str | None = None
+    #: The task message as the gate stores it, for a row that has none (what a rebuild needs).
+    message: str | None = None
 
     @property
     def submission(self) -> tuple[str, str, int]:
@@ -110,11 +112,14 @@ class Transition:
             create=last.create or first.create,
             joins=first.joins or last.joins,
             outcome_key=last.outcome_key or first.outcome_key,
+            message=last.message or first.message,
         )
 
     def row_to_create(self) -> dict[str, Any]:
         """The fields of the row to create when the transition finds none."""
         create = _described(dict(self.create or {}))
+        if self.message:
+            create["message"] = self.message
         return {
             **create, **self.fields,
             "task_id": self.task_id, "key": self.key, "ticket": self.ticket,

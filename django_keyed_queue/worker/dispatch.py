@@ -22,7 +22,7 @@ from django.utils import timezone
 from ..conf import settings
 from ..exceptions import MessageRefused
 from ..gate import Grant, Recovery
-from ..records.models import KeyedTask
+from ..records import submissions
 from ..records.statuses import Status
 from ..records.transitions import Transition
 from . import handoff, handoff_runs
@@ -139,7 +139,7 @@ def _fail_refused(grant: Grant | Recovery, refused: MessageRefused) -> list[Gran
     withdrawn = current().gate.cancel(grant.key, grant.ticket)
     if refused.task_id != "?":
         failed = {"finished_at": timezone.now(), "error": str(refused)}
-        KeyedTask.objects.settle(refused.task_id, grant.key, grant.ticket, Status.FAILED, **failed)
+        submissions.settle(current().gate, refused.task_id, grant.key, grant.ticket, Status.FAILED, **failed)
     return withdrawn.granted
 
 

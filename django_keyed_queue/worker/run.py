@@ -21,7 +21,7 @@ from celery.exceptions import Ignore, Reject
 from django.utils import timezone
 
 from ..gate import Code, Lease, Outcome, SubmitResult
-from ..records.models import KeyedTask
+from ..records import submissions
 from ..records.statuses import Status
 from ..records.transitions import Transition
 from .dispatch import hand_over, requeue_kept
@@ -295,6 +295,6 @@ def end_killed_run(task_id: str, header: dict | None, *, status: str, reason: st
             task_id, key, ticket, dispatch, reason,
         )  # fmt: skip
         return False
-    KeyedTask.objects.settle(task_id, key, ticket, status, finished_at=timezone.now(), error=reason)
+    submissions.settle(current().gate, task_id, key, ticket, status, finished_at=timezone.now(), error=reason)
     logger.info("keyed queue task %s key=%r ticket=%s dispatch=%s ended: %s", task_id, key, ticket, dispatch, reason)
     return True

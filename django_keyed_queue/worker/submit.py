@@ -1,5 +1,5 @@
 """The producer's submission: check, claim idempotency, and Celery sends the message to the gate, which
-takes a ticket, writes the row and publishes it if granted.
+takes a ticket, keeps the record for the row (``records.submissions`` writes it) and publishes it if granted.
 
 Nothing is left behind when a step fails: no ticket, no row, no message, no claim.
 """
@@ -21,7 +21,7 @@ from django.utils import timezone
 from ..conf import settings
 from ..exceptions import GateUnavailable, InvalidArguments, KeyQueueFull
 from ..gate import Gate, NotSent, QueueFull, SubmitResult
-from ..records import idempotency
+from ..records import idempotency, submissions
 from ..records.models import KeyedTask
 from ..records.statuses import Status
 from ..records.transitions import describe_arguments
@@ -154,7 +154,7 @@ def _delay(task, key: str, task_id: str, args: tuple, kwargs: dict, options: dic
 
 
 def _enqueue(task, key: str, task_id: str, args: tuple, kwargs: dict, options: dict):
-    """Celery builds and sends the message; to the gate, which takes its ticket, writes its record and,
+    """Celery builds and sends the message; to the gate, which takes its ticket, keeps its record and,
     if granted, publishes it: nothing left behind on failure."""
 
     def to_gate(message: TaskMessage, send_now) -> None:
@@ -164,7 +164,7 @@ def _enqueue(task, key: str, task_id: str, args: tuple, kwargs: dict, options: d
         try:
             submitted = take_ticket(
                 gate, task.name, key, row["message"].encode(), task_id=task_id, limit=task.serial_limit,
-                max_waiting=max_waiting,
+                max_waiting=max_waiting, record=submissions.record(task_id, task.name, row["arguments"]),
             )  # fmt: skip
         except QueueFull as full:
             raise KeyQueueFull(
@@ -174,17 +174,6 @@ def _enqueue(task, key: str, task_id: str, args: tuple, kwargs: dict, options: d
         except redis.RedisError as exc:
             raise GateUnavailable(f"{task.name}: the keyed queue's Redis is unreachable: {exc}") from exc
         assert submitted is not None  # only joins can be duplicates
-        try:
-            KeyedTask.objects.insert_submission(
-                ticket=submitted.ticket,
-                status=Status.DISPATCHED if submitted.granted else Status.WAITING,
-                dispatched_at=timezone.now() if submitted.granted else None,
-                **row,
-            )
-        except BaseException:
-            # Nobody saw the ticket: its number can be given back.
-            withdraw(task, key, submitted.ticket, forget=True)
-            raise
         if not submitted.granted:
             return
         try:
@@ -192,14 +181,13 @@ def _enqueue(task, key: str, task_id: str, args: tuple, kwargs: dict, options: d
         except BaseException as exc:
             # The message may have left before the error: keep the number so it can never start another.
             try:
-                withdraw(task, key, submitted.ticket, forget=False)
+                withdraw(task, key, submitted.ticket)
             except redis.RedisError as gate_error:
                 # The ticket keeps its message and its record: the reaper publishes it again.
                 raise GateUnavailable(
                     f"{task.name}: publishing failed ({exc!r}) and the keyed queue's Redis is unreachable, "
                     f"so the task stays queued and may still run: {gate_error}"
                 ) from exc
-            KeyedTask.objects.forget(task_id, key, submitted.ticket)
             raise
 
     return send(task.app, task, task_id, args, kwargs, options, to_gate)
@@ -272,9 +260,9 @@ def take_ticket(
         ) from exc
 
 
-def withdraw(task, key: str, ticket: int, *, forget: bool) -> None:
-    """Give back a ticket no one has seen run; what it frees is dispatched."""
-    withdrawn = current().gate.cancel(key, ticket, limit=task.serial_limit, forget=forget)
+def withdraw(task, key: str, ticket: int) -> None:
+    """Withdraw the ticket of a submission that failed, and its record; what it frees is dispatched."""
+    withdrawn = current().gate.cancel(key, ticket, limit=task.serial_limit, failed=True)
     publish_grants(task.app, withdrawn.granted)
 
 

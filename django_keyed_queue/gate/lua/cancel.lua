@@ -4,12 +4,14 @@
 
   KEYS[1] meta      KEYS[2] queue      KEYS[3] messages      KEYS[4] holders
   KEYS[5] recent    KEYS[6] recent, older generation (the task ids submit remembers)
+  KEYS[7] unwritten (submission records whose rows are not written yet)
   ARGV[1] ticket
   ARGV[2] limit (slots per key); '' = the key's own, kept at submission
   ARGV[3] dispatch timeout, ms
   ARGV[4] idle horizon, ms
   ARGV[5] forget (1 = the submission of this ticket failed before anyone saw it: give
           the ticket number back, and drop the key entirely if it was all there was)
+  ARGV[6] 1 = the submission failed: drop its record if its row is not written yet
 
   Returns {code, ticket1, dispatch1, message1, ...}
     code 0 OK           withdrawn; the listed tickets are now granted and must be published
@@ -46,6 +48,9 @@ if forget then
   end
 end
 redis.call('HDEL', messages_key, ticket)
+if ARGV[6] == '1' then
+  redis.call('HDEL', KEYS[7], ticket)
+end
 if forget and tonumber(redis.call('HGET', meta_key, 'seq')) == tonumber(ticket) then
   if redis.call('HINCRBY', meta_key, 'seq', -1) == 0
     and redis.call('HEXISTS', meta_key, 'fence') == 0

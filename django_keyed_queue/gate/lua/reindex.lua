@@ -1,8 +1,10 @@
 --[[
-  Move keys in the deadline index after the reaper visited them, unless a
-  grant moved them meanwhile (their score is no longer the one the reaper read).
+  Move keys in an index after the reaper visited them, unless a grant moved
+  them meanwhile (their score is no longer the one the reaper read); or
+  release a writer's claims on the unwritten index, unless a submission
+  scored the key again.
 
-  KEYS[1] the deadline index (ZSET logical key -> ms when it may need the reaper)
+  KEYS[1] the index (ZSET logical key -> ms when it may need the reaper; or the unwritten index)
   ARGV[1], ARGV[2], ARGV[3], ...  key, score read, next score (-1 = remove), repeated
 
   Returns the number of keys moved or removed.

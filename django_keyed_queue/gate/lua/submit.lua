@@ -10,6 +10,7 @@
   KEYS[5] joined    ZSET of join ids (task ids of delayed tasks that joined), scored by time
   KEYS[6] recent    HASH task id -> ticket of this generation's submissions
   KEYS[7] older     the previous generation (see ARGV[11])
+  KEYS[8] unwritten HASH ticket -> submission record, until its row is written
   ARGV[1] message (opaque bytes)
   ARGV[2] limit (slots per key)
   ARGV[3] dispatch timeout, ms
@@ -23,6 +24,8 @@
   ARGV[10] most tickets that may wait in the queue (0 = no limit); a submit that would
           wait behind that many is refused
   ARGV[11] generation length, ms: a task id is remembered for one to two generations
+  ARGV[12] the submission's record (opaque bytes; '' = none), kept with the ticket as
+          "<d (granted) or w (waiting)>|<server ms>|<record>" until its row is written
 
   Returns {code, ticket, token, deadline_ms}
     code 0 OK          granted (token > 0 when started, deadline = lease end)
@@ -99,6 +102,10 @@ if task_id ~= '' then
   else
     redis.call('HSET', recent_key, task_id, ticket)
   end
+end
+
+if ARGV[12] ~= '' then
+  redis.call('HSET', KEYS[8], ticket, (free and 'd|' or 'w|') .. now .. '|' .. ARGV[12])
 end
 
 if not free then

@@ -1,0 +1,133 @@
+"""Submissions' rows, written in batches from what the gate keeps with each ticket.
+
+A producer writes no row: its submission's record travels with the ticket in
+the gate's one atomic call (``Gate.submit(record=...)``), so a producer killed
+right after ``apply_async`` returned loses nothing. Every worker's main process
+(``RecordWriter``), ``keyed_queue_reap`` and the operator's pages write those
+rows: each writer claims keys, writes their records in one transaction, and
+only then deletes them from the gate. A worker that runs the task first
+creates the row from its own transition; the two writes merge (see
+``KeyedTaskManager.apply``), in either order.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from django.db import close_old_connections
+
+from ..conf import settings
+from ..gate import Unwritten
+from .models import KeyedTask
+from .statuses import Status
+from .transitions import Transition
+
+if TYPE_CHECKING:
+    from ..gate import Gate
+
+logger = logging.getLogger(__name__)
+
+#: How long a writer's claim on a key lasts: another writer takes the key over after it.
+CLAIM_SECONDS = 10.0
+
+
+_RECORD_FIELDS = ("task_id", "task_name", "arguments")
+
+
+def record(task_id: str, task_name: str, arguments: str) -> bytes:
+    """What a submission keeps with its ticket for its row (the key, ticket and time are the gate's)."""
+    return json.dumps({"task_id": task_id, "task_name": task_name, "arguments": arguments}).encode()
+
+
+def transition(unwritten: Unwritten) -> Transition:
+    """The row a kept record describes, as a transition that creates it; ValueError if it is not one.
+
+    The gate's Redis may hold anything: the record is read as JSON only, and checked.
+    """
+    data = json.loads(unwritten.record)
+    if not isinstance(data, dict) or not all(isinstance(data.get(f), str) for f in _RECORD_FIELDS):
+        raise ValueError(f"not a keyed task submission record: {unwritten.record[:200]!r}")
+    at = datetime.fromtimestamp(unwritten.at_ms / 1000, tz=UTC)
+    granted = unwritten.granted
+    return Transition(
+        data["task_id"],
+        unwritten.key,
+        unwritten.ticket,
+        Status.DISPATCHED if granted else Status.WAITING,
+        0,
+        {"dispatched_at": at} if granted else {},
+        create={"task_name": data["task_name"], "enqueued_at": at, "arguments": data["arguments"]},
+        message=unwritten.message.decode() if unwritten.message is not None else None,
+    )
+
+
+def write(gate: Gate, keys: Sequence[str], claims: Sequence[tuple[str, int]] = ()) -> int:
+    """Write the rows of the records kept for ``keys``, then delete those records and release
+    ``claims``; returns how many were written."""
+    found = gate.unwritten(keys)
+    rows = []
+    for unwritten in found:
+        try:
+            rows.append(transition(unwritten))
+        except (ValueError, TypeError):
+            logger.error("keyed queue key=%r keeps a submission record that is not one: %r", unwritten.key, unwritten)
+    if rows:
+        KeyedTask.objects.apply(*rows)
+    gate.forget_unwritten(found, claims)
+    return len(rows)
+
+
+def write_key(gate: Gate, key: str) -> int:
+    """Write now the rows of ``key``'s submissions kept in the gate (before acting on its rows)."""
+    return write(gate, [key])
+
+
+def write_due(gate: Gate, *, batch: int = 500, max_batches: int = 100) -> int:
+    """Write the rows of every submission kept in the gate, ``batch`` keys at a time; how many were written."""
+    written = 0
+    for _ in range(max_batches):
+        claims = gate.claim_unwritten(claim_seconds=CLAIM_SECONDS, batch=batch)
+        if claims:
+            written += write(gate, [key for key, _ in claims], claims)
+        if len(claims) < batch:
+            break
+    return written
+
+
+def settle(gate: Gate, task_id: str, key: str, ticket: int, status: str, **fields: Any) -> int:
+    """``KeyedTask.objects.settle``, writing the key's kept submissions first if the row is not there yet."""
+    changed = KeyedTask.objects.settle(task_id, key, ticket, status, **fields)
+    if not changed and write_key(gate, key):
+        changed = KeyedTask.objects.settle(task_id, key, ticket, status, **fields)
+    return changed
+
+
+class RecordWriter:
+    """A thread of a worker's main process writing submissions' rows every ``KEYED_QUEUE_RECORD_FLUSH_SECONDS``."""
+
+    def __init__(self, gate: Callable[[], Gate]) -> None:
+        self._gate = gate
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="keyed-queue-submissions", daemon=True)
+
+    def start(self) -> RecordWriter:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(settings.RECORD_FLUSH_SECONDS):
+            try:
+                if not write_due(self._gate()):
+                    # Kept open while there is work: reconnecting every pass costs a connection's set-up.
+                    close_old_connections()
+            except Exception:  # Redis or the database is down: the records stay in the gate, try again
+                logger.warning("keyed queue: writing submissions' rows failed; trying again", exc_info=True)
+                close_old_connections()

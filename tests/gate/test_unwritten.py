@@ -1,0 +1,98 @@
+"""Submission records kept with their tickets until their rows are written: submit, claim, read, forget."""
+
+from __future__ import annotations
+
+import time
+
+from django_keyed_queue.gate.keys import UNWRITTEN_INDEX, KeyNames
+
+
+def _index(client) -> dict[str, float]:
+    return {m.decode(): s for m, s in client.zrange(UNWRITTEN_INDEX, 0, -1, withscores=True)}
+
+
+def test_a_submission_keeps_its_record_with_its_ticket_and_indexes_its_key(gate, gate_redis):
+    granted = gate.submit("k", b"m1", record=b"r1")
+    parked = gate.submit("k", b"m2", record=b"r2")
+    gate.submit("other", b"m3")  # no record: not indexed
+
+    assert _index(gate_redis) == {"k": 0}
+    kept = {u.ticket: u for u in gate.unwritten(["k"])}
+    assert set(kept) == {granted.ticket, parked.ticket}
+    assert (kept[granted.ticket].granted, kept[granted.ticket].record, kept[granted.ticket].message) == (
+        True,
+        b"r1",
+        b"m1",
+    )
+    assert (kept[parked.ticket].granted, kept[parked.ticket].record, kept[parked.ticket].message) == (
+        False,
+        b"r2",
+        b"m2",
+    )
+    server_ms = gate._server_time_ms()
+    assert all(server_ms - 5000 < u.at_ms <= server_ms for u in kept.values())
+
+
+def test_a_record_reads_back_without_its_message_once_the_ticket_finished(gate):
+    submitted = gate.submit("k", b"m1", record=b"r1")
+    started = gate.start("k", submitted.ticket, 1)
+    gate.finish("k", submitted.ticket, started.token)
+
+    [kept] = gate.unwritten(["k"])
+    assert (kept.ticket, kept.record, kept.message) == (submitted.ticket, b"r1", None)
+
+
+def test_claims_are_exclusive_until_released_or_lapsed(gate, gate_redis):
+    gate.submit("a", b"m", record=b"r")
+    gate.submit("b", b"m", record=b"r")
+
+    claims = gate.claim_unwritten(claim_seconds=30, batch=10)
+    assert sorted(k for k, _ in claims) == ["a", "b"]
+    assert gate.claim_unwritten(claim_seconds=30, batch=10) == [], "a claimed key is passed by"
+
+    gate.forget_unwritten(gate.unwritten(["a", "b"]), claims)
+    assert _index(gate_redis) == {}
+    assert gate.unwritten(["a", "b"]) == []
+    assert gate_redis.exists(KeyNames("a").unwritten, KeyNames("b").unwritten) == 0
+
+    gate.submit("c", b"m", record=b"r")
+    [(key, _)] = gate.claim_unwritten(claim_seconds=0.05, batch=10)
+    time.sleep(0.1)
+    assert [k for k, _ in gate.claim_unwritten(claim_seconds=30, batch=10)] == [key], "a lapsed claim is taken over"
+
+
+def test_a_submission_during_a_claim_keeps_its_key_indexed(gate, gate_redis):
+    gate.submit("k", b"m1", record=b"r1")
+    claims = gate.claim_unwritten(claim_seconds=30, batch=10)
+    read = gate.unwritten(["k"])
+    late = gate.submit("k", b"m2", record=b"r2")  # after the writer read, before it forgets
+
+    gate.forget_unwritten(read, claims)
+
+    assert _index(gate_redis) == {"k": 0}, "the late record must stay findable"
+    assert [u.ticket for u in gate.unwritten(["k"])] == [late.ticket]
+
+
+def test_batch_bounds_a_claim(gate):
+    for key in ("a", "b", "c"):
+        gate.submit(key, b"m", record=b"r")
+    assert len(gate.claim_unwritten(claim_seconds=30, batch=2)) == 2
+    assert len(gate.claim_unwritten(claim_seconds=30, batch=2)) == 1
+
+
+def test_a_failed_submission_s_cancel_drops_its_record_and_an_operator_s_keeps_it(gate):
+    failed = gate.submit("k", b"m1", record=b"r1")
+    cancelled = gate.submit("k", b"m2", record=b"r2")
+
+    assert gate.cancel("k", failed.ticket, failed=True).ok
+    assert gate.cancel("k", cancelled.ticket).ok
+
+    assert [u.ticket for u in gate.unwritten(["k"])] == [cancelled.ticket]
+
+
+def test_a_retried_submission_keeps_one_record(gate):
+    first = gate.submit("k", b"m1", task_id="t1", record=b"r1")
+    again = gate.submit("k", b"m1", task_id="t1", record=b"r1", retried=True)
+
+    assert again.ticket == first.ticket
+    assert [(u.ticket, u.record) for u in gate.unwritten(["k"])] == [(first.ticket, b"r1")]
