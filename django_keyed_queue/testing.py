@@ -4,8 +4,20 @@ from __future__ import annotations
 
 import time
 
+from .records import submissions
 from .records.models import KeyedTask
 from .records.statuses import ACTIVE_STATUSES
+from .worker.process import get_gate
+
+
+def write_submission_rows() -> int:
+    """Write now the rows of submissions the gate still keeps; how many were written.
+
+    A submission's row is written by the workers within
+    ``KEYED_QUEUE_RECORD_FLUSH_SECONDS``, not by ``apply_async``: a test that
+    looks at rows right after submitting, without a worker, calls this first.
+    """
+    return submissions.write_due(get_gate())
 
 
 def wait_for_keyed_tasks(*task_ids: str, timeout: float = 30.0, interval: float = 0.1) -> list[KeyedTask]:
@@ -17,6 +29,7 @@ def wait_for_keyed_tasks(*task_ids: str, timeout: float = 30.0, interval: float 
     """
     deadline = time.monotonic() + timeout
     while True:
+        write_submission_rows()
         rows = KeyedTask.objects.order_by("enqueued_at", "pk")
         if task_ids:
             rows = rows.filter(task_id__in=task_ids)

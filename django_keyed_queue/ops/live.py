@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from ..conf import settings
 from ..gate import Gate, HolderState
+from ..records import submissions
 from ..records.models import KeyedTask
 from ..records.statuses import Status
 from ..worker.process import get_gate
@@ -84,6 +85,8 @@ def live_keys(*, limit: int = 100, key: str | None = None) -> tuple[list[KeyStat
     Two database queries and two Redis round trips whatever the number of keys shown, each
     bounded: at most ``limit`` paused keys, and a key's waiting tasks are counted, not read.
     """
+    gate = get_gate()
+    submissions.write_due(gate)  # the operator sees every submission, also while no worker runs
     active = KeyedTask.objects.active()
     if key is not None:
         active = active.filter(key=key)
@@ -94,7 +97,6 @@ def live_keys(*, limit: int = 100, key: str | None = None) -> tuple[list[KeyStat
     )
     found = {row["key"]: row["oldest"] for row in per_key[: limit + 1]}
     more = len(found) > limit
-    gate = get_gate()
     if key is None:
         paused = gate.paused_keys(limit=limit)
         more = more or len(paused) == limit

@@ -152,6 +152,7 @@ def rebuild(*, dry_run: bool = False, app=None) -> RebuildReport:
     app = app or current_app
     report = RebuildReport()
     gate = get_gate()
+    submissions.write_due(gate)  # what this Redis still keeps (after a total loss, nothing)
     active = KeyedTask.objects.active().filter(ticket__isnull=False).order_by("key", "ticket")
     by_key: dict[str, list] = {}
     for row in active.only("pk", "task_id", "task_name", "key", "ticket", "message"):
@@ -250,6 +251,7 @@ def withdraw_revoked(task_ids: Iterable[str], *, app=None) -> list[str]:
     """
     app = app or current_app
     close_old_connections()  # this runs in the worker's main process, between messages
+    submissions.write_due(get_gate())  # a task submitted just now is revoked too
     unstarted = KeyedTask.objects.filter(task_id__in=set(task_ids), status__in=(Status.WAITING, Status.DISPATCHED))
     withdrawn = []
     for task_id, task_name in unstarted.values_list("task_id", "task_name").distinct():
@@ -292,6 +294,7 @@ def retry(task_id: str, *, by: str = "an operator", app=None) -> str:
     except BaseException:
         repoint(new_id, task_id)
         raise
+    submissions.write_key(get_gate(), row.key)  # the operator sees the retry at once
     logger.info("keyed queue task %s key=%r retried as %s by %s", task_id, row.key, new_id, by)
     return new_id
 
@@ -325,7 +328,10 @@ def _join_id(row: KeyedTask, app) -> str:
 
 def _row(task_id: str) -> KeyedTask:
     """The latest submission of ``task_id`` (Celery reuses an id for a replacement, which comes later)."""
-    row = KeyedTask.objects.filter(task_id=task_id).order_by("-id").first()
+    latest = KeyedTask.objects.filter(task_id=task_id).order_by("-id")
+    row = latest.first()
+    if row is None and submissions.write_due(get_gate()):  # submitted so recently that its row is not written
+        row = latest.first()
     if row is None:
         raise ActionRefused(f"no keyed task has the id {task_id!r}")
     return row

@@ -8,6 +8,7 @@ from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 
 from ..conf import settings
+from ..records import submissions
 from ..records.models import KeyedTask
 from ..worker.process import get_gate
 from .live import stuck_keys
@@ -24,6 +25,12 @@ def health(request: HttpRequest) -> JsonResponse:
 
 
 def _report(request: HttpRequest) -> JsonResponse:
+    try:
+        gate = get_gate()
+        submissions.write_due(gate)  # every submission counts, also while no worker runs
+        stuck: int | None = len(stuck_keys(gate))
+    except Exception:
+        stuck = None
     waiting = KeyedTask.objects.filter(status="waiting")
     oldest = waiting.aggregate(at=Min("enqueued_at"))["at"]
     report: dict[str, object] = {
@@ -31,9 +38,5 @@ def _report(request: HttpRequest) -> JsonResponse:
         "running": KeyedTask.objects.filter(status="running").count(),
         "oldest_wait_seconds": round((timezone.now() - oldest).total_seconds(), 3) if oldest else 0.0,
     }
-    try:
-        report["stuck_keys"] = len(stuck_keys(get_gate()))
-        report["redis_reachable"] = True
-    except Exception:
-        report["stuck_keys"], report["redis_reachable"] = None, False
+    report["stuck_keys"], report["redis_reachable"] = stuck, stuck is not None
     return JsonResponse(report, status=200 if report["redis_reachable"] else 503)

@@ -10,6 +10,7 @@ from django.urls import reverse
 
 from django_keyed_queue.gate import Lease
 from django_keyed_queue.records.models import IdempotencyKey, KeyedTask
+from django_keyed_queue.testing import write_submission_rows
 from django_keyed_queue.worker.messages import HEADER, JOIN_HEADER, TaskMessage
 from django_keyed_queue.worker.process import current, get_gate
 from testproject.demo.tasks import charge, step
@@ -45,6 +46,7 @@ def act(client, action: str, *tasks: KeyedTask):
 
 
 def row(result) -> KeyedTask:
+    write_submission_rows()  # as a worker does within KEYED_QUEUE_RECORD_FLUSH_SECONDS
     return KeyedTask.objects.get(task_id=result.id)
 
 
@@ -98,6 +100,7 @@ def test_a_cancelled_delayed_task_never_joins_its_queue(gate_redis, broker, as_u
 def test_retry_submits_a_failed_task_again_at_the_end_of_its_queue(gate_redis, broker, as_user):
     failed = charge.apply_async((7, "10.00"), queue=QUEUE)
     running = charge.apply_async((7, "99.00"), queue=QUEUE)
+    write_submission_rows()
     KeyedTask.objects.filter(task_id=failed.id).update(status="failed", error="boom")
     response = act(as_user("rita", "retry_keyedtask"), "retry_tasks", row(failed))
     [again] = KeyedTask.objects.exclude(task_id__in=[failed.id, running.id])
@@ -183,6 +186,7 @@ def test_key_actions_need_their_own_permission(gate_redis, broker, as_user, acti
 )
 def test_task_actions_need_their_own_permission(gate_redis, broker, as_user, action, permission):
     task = step.apply_async(("k", 1), queue=QUEUE)
+    write_submission_rows()
     KeyedTask.objects.filter(task_id=task.id).update(status="failed")
     others = [c for c in ("cancel_keyedtask", "retry_keyedtask", "release_keyedtask") if c != permission]
     client = as_user("vic", *others)
@@ -228,6 +232,7 @@ def test_the_task_page_draws_its_keys_timeline(gate_redis, broker, as_user):
     started = gate.start("k", 1, 1)
     gate.finish("k", 1, started.token)
     at = row(tasks[0]).enqueued_at
+    write_submission_rows()
     KeyedTask.objects.filter(task_id=tasks[0].id).update(status="succeeded", started_at=at, finished_at=at)
     page = as_user("tim").get(reverse("admin:keyed_queue_keyedtask_change", args=[row(tasks[1]).pk])).content
     page = page.decode()

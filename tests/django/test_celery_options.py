@@ -12,6 +12,7 @@ from django.utils import timezone
 from django_keyed_queue import InvalidArguments, InvalidKey, keyed_serial_task
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.records.transitions import Transition
+from django_keyed_queue.testing import write_submission_rows
 from testproject.demo.tasks import step
 
 from .conftest import QUEUE
@@ -35,6 +36,7 @@ def test_typing_false_sends_a_call_with_missing_arguments_as_celery_does(broker)
         strict.apply_async(("a",), queue=QUEUE)
     result = loose.apply_async(("a",), queue=QUEUE)
     assert json.loads(broker.lindex(QUEUE, 0))["headers"]["id"] == result.id
+    write_submission_rows()
     assert KeyedTask.objects.get(task_id=result.id).key == "loose:a"
 
 
@@ -46,6 +48,7 @@ def test_typing_false_still_needs_the_arguments_its_key_names(broker):
 
 def test_the_record_shows_the_arguments_as_the_caller_asked_celery_to_show_them(broker):
     result = step.apply_async(("k", 1, 0), argsrepr="('k', '<hidden>')", kwargsrepr="{}", queue=QUEUE)
+    write_submission_rows()
     assert KeyedTask.objects.get(task_id=result.id).arguments == "args=('k', '<hidden>') kwargs={}"
     assert json.loads(broker.lindex(QUEUE, 0))["headers"]["argsrepr"] == "('k', '<hidden>')"
 
@@ -53,6 +56,7 @@ def test_the_record_shows_the_arguments_as_the_caller_asked_celery_to_show_them(
 def test_the_redaction_hook_wins_over_argsrepr(broker):
     with override_settings(KEYED_QUEUE_REDACT_ARGUMENTS=lambda name, args, kwargs: (("***",), {})):
         result = step.apply_async(("k", 1, 0), argsrepr="('k', 1, 0)", queue=QUEUE)
+    write_submission_rows()
     assert KeyedTask.objects.get(task_id=result.id).arguments == "args=('***',) kwargs={}"
 
 
@@ -88,4 +92,5 @@ def test_a_pydantic_task_sends_its_models_as_celery_does(broker):
     assert sent["headers"]["id"] == result.id
     args, kwargs, _ = json.loads(base64.b64decode(sent["body"]))
     assert args == [{"account": "a-1", "cents": 250}]
+    write_submission_rows()
     assert KeyedTask.objects.get(task_id=result.id).key == "order:a-1"

@@ -10,6 +10,7 @@ from django_keyed_queue.records.models import IdempotencyKey, KeyedTask
 from django_keyed_queue.records.router import KeyedQueueRouter
 from django_keyed_queue.records.statuses import Status
 from django_keyed_queue.records.transitions import Transition
+from django_keyed_queue.testing import write_submission_rows
 from testproject.demo.tasks import step
 
 from .conftest import QUEUE
@@ -26,6 +27,7 @@ def test_submissions_transitions_and_repairs_write_to_the_named_database(broker)
     first = step.apply_async(("routed", 1, 0), queue=QUEUE, idempotency_key="order-1")
     again = step.apply_async(("routed", 1, 0), queue=QUEUE, idempotency_key="order-1")
     assert again.id == first.id
+    write_submission_rows()
     assert KeyedTask.objects.using("queue").filter(task_id=first.id, status=Status.DISPATCHED).exists()
     assert IdempotencyKey.objects.using("queue").filter(task_id=first.id).exists()
     assert not KeyedTask.objects.using("default").exists() and not IdempotencyKey.objects.using("default").exists()

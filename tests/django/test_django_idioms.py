@@ -10,6 +10,7 @@ from django.test import override_settings
 from django_keyed_queue import InvalidArguments, InvalidKey, KeyedSerialTask, keyed_serial_task
 from django_keyed_queue.gate.keys import KeyNames
 from django_keyed_queue.records.models import IdempotencyKey, KeyedTask
+from django_keyed_queue.testing import write_submission_rows
 from testproject.celery import app
 from testproject.demo.tasks import charge, step, write_file
 
@@ -36,6 +37,7 @@ def test_delay_on_commit_takes_the_ticket_when_the_transaction_commits(gate_redi
         with transaction.atomic():  # the outermost transaction's commit is the one that counts
             result = step.apply_async_on_commit(("c", 1), queue=QUEUE)
         assert nothing_written(gate_redis, broker), "nothing before the commit"
+    write_submission_rows()
     row = KeyedTask.objects.get(task_id=result.id)
     assert (row.key, row.ticket, row.status) == ("c", 1, "dispatched")
     assert broker.llen(QUEUE) == 1
@@ -43,6 +45,7 @@ def test_delay_on_commit_takes_the_ticket_when_the_transaction_commits(gate_redi
 
 def test_delay_on_commit_outside_a_transaction_submits_at_once(gate_redis, broker):
     result = step.delay_on_commit("c", 1)
+    write_submission_rows()
     assert KeyedTask.objects.get(task_id=result.id).ticket == 1
 
 
@@ -92,6 +95,7 @@ def test_tasks_of_one_key_take_tickets_in_commit_order(gate_redis, broker):
         ids["early"] = step.apply_async_on_commit(("c", 2), queue=QUEUE).id
     second_committed.set()
     late.join(10)
+    write_submission_rows()
     tickets = {row.task_id: row.ticket for row in KeyedTask.objects.all()}
     assert tickets == {ids["early"]: 1, ids["late"]: 2}
 
@@ -101,6 +105,7 @@ def test_an_idempotent_duplicate_in_the_transaction_returns_the_original(gate_re
         original = charge.apply_async_on_commit((7, "10.00"), queue=QUEUE)
         duplicate = charge.apply_async_on_commit((7, "10.00"), queue=QUEUE)
         assert duplicate.id == original.id
+    write_submission_rows()
     assert [row.task_id for row in KeyedTask.objects.all()] == [original.id]
     assert charge.delay(7, "10.00").id == original.id, "and after the commit"
 
@@ -110,10 +115,12 @@ def test_the_setting_makes_delay_wait_for_the_commit(gate_redis, broker):
     with transaction.atomic():
         result = step.apply_async(("c", 1), queue=QUEUE)
         assert nothing_written(gate_redis, broker)
+    write_submission_rows()
     assert KeyedTask.objects.get(task_id=result.id).ticket == 1
     with pytest.raises(Rollback), transaction.atomic():
         step.apply_async(("c", 2), queue=QUEUE)
         raise Rollback()
+    write_submission_rows()
     assert KeyedTask.objects.count() == 1 and gate_redis.llen(KeyNames("c").queue) == 0
 
 
@@ -207,5 +214,6 @@ def test_wait_for_keyed_tasks_names_the_tasks_that_have_not_ended(gate_redis, br
         wait_for_keyed_tasks(waiting.id, timeout=0.3)
     with pytest.raises(AssertionError, match="unknown-id: no record yet"):
         wait_for_keyed_tasks("unknown-id", timeout=0.3)
+    write_submission_rows()
     KeyedTask.objects.filter(task_id=waiting.id).update(status="succeeded")
     assert [row.task_id for row in wait_for_keyed_tasks(timeout=0.3)] == [waiting.id]

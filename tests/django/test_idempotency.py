@@ -13,6 +13,7 @@ from django.utils import timezone
 from django_keyed_queue import GateUnavailable, IdempotencyConflict, InvalidArguments
 from django_keyed_queue.records.idempotency import arguments_fingerprint
 from django_keyed_queue.records.models import IdempotencyKey, KeyedTask
+from django_keyed_queue.testing import write_submission_rows
 from testproject.demo.tasks import charge, step
 
 from .conftest import QUEUE
@@ -25,6 +26,7 @@ def test_an_explicit_key_returns_the_original_task(gate_redis, broker):
     again = step.apply_async(("k", 1), queue=QUEUE, idempotency_key="webhook-7")
     other = step.apply_async(("k", 1), queue=QUEUE, idempotency_key="webhook-8")
     assert again.id == first.id != other.id
+    write_submission_rows()
     assert KeyedTask.objects.count() == 2 and broker.llen(QUEUE) == 1  # the other one is parked
     key = IdempotencyKey.objects.get(task_id=first.id)
     assert key.task_name == step.name and key.expires_at - key.created_at == timedelta(days=1)
@@ -39,6 +41,7 @@ def test_an_explicit_key_reused_with_other_arguments_is_refused(gate_redis, brok
         IdempotencyConflict, match=rf"idempotency_key 'charge-7' was used by task {first.id} with other arguments"
     ):
         step.apply_async(("k", 2), queue=QUEUE, idempotency_key="charge-7")
+    write_submission_rows()
     assert KeyedTask.objects.count() == 1 and IdempotencyKey.objects.count() == 1 and broker.llen(QUEUE) == 1
 
     with override_settings(KEYED_QUEUE_IDEMPOTENCY_CHECK_ARGUMENTS=False):
@@ -50,6 +53,7 @@ def test_an_idempotent_task_fingerprints_its_arguments(gate_redis, broker):
     assert charge.apply_async(kwargs={"currency": "EUR", "order_id": 7, "amount": "10.00"}, queue=QUEUE).id == first.id
     assert charge.apply_async((7, "10.00"), queue=QUEUE).id == first.id, "defaults count as given"
     assert charge.apply_async((7, "10.01"), queue=QUEUE).id != first.id
+    write_submission_rows()
     assert KeyedTask.objects.count() == 2
 
 
@@ -63,6 +67,7 @@ def test_fingerprints_of_different_arguments_differ():
 
 def test_the_key_stays_after_the_task_finished(gate_redis, broker):
     first = step.apply_async(("k", 1), queue=QUEUE, idempotency_key="once")
+    write_submission_rows()
     KeyedTask.objects.filter(task_id=first.id).update(status="succeeded")
     assert step.apply_async(("k", 1), queue=QUEUE, idempotency_key="once").id == first.id
 
@@ -77,6 +82,7 @@ def test_after_the_window_a_duplicate_runs_again_and_purge_drops_expired_keys(ga
     out = io.StringIO()
     call_command("keyed_queue_purge", stdout=out)
     assert "deleted 1 expired" in out.getvalue()
+    write_submission_rows()
     assert list(IdempotencyKey.objects.values_list("task_id", flat=True)) == [
         KeyedTask.objects.get(arguments__contains="2").task_id
     ]
@@ -90,6 +96,7 @@ def test_a_submission_that_failed_does_not_consume_its_key(gate_redis, broker):
             step.apply_async(("k", 1), queue=QUEUE, idempotency_key="retry-me")
     assert IdempotencyKey.objects.count() == 0
     accepted = step.apply_async(("k", 1), queue=QUEUE, idempotency_key="retry-me")
+    write_submission_rows()
     assert KeyedTask.objects.get().task_id == accepted.id
 
 
@@ -119,4 +126,5 @@ def test_threads_racing_on_one_key_agree_on_one_task(gate_redis, broker):
     for thread in threads:
         thread.join()
     assert len(ids) == 8 and len(set(ids)) == 1
+    write_submission_rows()
     assert KeyedTask.objects.count() == 1 and broker.llen(QUEUE) == 1

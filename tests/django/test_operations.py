@@ -9,6 +9,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from django_keyed_queue.records.models import KeyedTask
+from django_keyed_queue.testing import write_submission_rows
 from django_keyed_queue.worker.messages import HEADER
 from django_keyed_queue.worker.process import get_gate
 from testproject.demo.tasks import step
@@ -32,6 +33,7 @@ def test_a_paused_key_dispatches_nothing_new_and_resume_dispatches_in_order(gate
     assert "paused 'k'" in run("keyed_queue_pause", "k")
     results = [step.apply_async(("k", n), queue=QUEUE) for n in range(3)]
     assert broker.llen(QUEUE) == 0, "a paused key grants nothing, even with a free slot"
+    write_submission_rows()
     assert {r.status for r in KeyedTask.objects.all()} == {"waiting"}
     status = run("keyed_queue_status", "--key", "k")
     assert "key 'k': paused, last ticket 3" in status and "waiting tickets: [1, 2, 3]" in status

@@ -8,6 +8,7 @@ from django.core.management import call_command
 
 from django_keyed_queue.gate.keys import KeyNames
 from django_keyed_queue.records.models import KeyedTask
+from django_keyed_queue.testing import write_submission_rows
 from django_keyed_queue.worker.messages import HEADER
 from django_keyed_queue.worker.process import get_gate
 from testproject.demo.tasks import step
@@ -25,14 +26,17 @@ def run(*args) -> str:
 
 def test_unfinished_tasks_come_back_in_ticket_order(gate_redis, broker):
     done = step.apply_async(("k", 0), queue=QUEUE)
+    write_submission_rows()
     KeyedTask.objects.filter(task_id=done.id).update(status="succeeded")
     gate = get_gate()
     gate.start("k", 1, 1)
     gate.finish("k", 1, gate.inspect("k").holders[1].token)
     running = step.apply_async(("k", 1), queue=QUEUE)
+    write_submission_rows()
     KeyedTask.objects.filter(task_id=running.id).update(status="running", attempts=1)
     parked = [step.apply_async(("k", n), queue=QUEUE) for n in (2, 3)]
     other = step.apply_async(("j", 0), queue=QUEUE)
+    write_submission_rows()  # as the workers do within KEYED_QUEUE_RECORD_FLUSH_SECONDS
     last_token = gate.inspect("k").last_token
     broker.delete(QUEUE)
     gate_redis.flushdb()  # Redis lost everything
@@ -51,7 +55,9 @@ def test_unfinished_tasks_come_back_in_ticket_order(gate_redis, broker):
     assert KeyedTask.objects.get(task_id=running.id).status == "dispatched"
     assert KeyedTask.objects.get(task_id=done.id).status == "succeeded"
     # The restored key goes on numbering after its last ticket.
-    assert KeyedTask.objects.get(task_id=step.apply_async(("k", 4), queue=QUEUE).id).ticket == 5
+    after = step.apply_async(("k", 4), queue=QUEUE)
+    write_submission_rows()
+    assert KeyedTask.objects.get(task_id=after.id).ticket == 5
 
 
 def test_a_live_key_is_left_alone(gate_redis, broker):

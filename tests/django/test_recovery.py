@@ -12,6 +12,7 @@ from django.core.management import call_command
 from django_keyed_queue.gate import Gate
 from django_keyed_queue.gate.keys import KeyNames
 from django_keyed_queue.records.models import KeyedTask
+from django_keyed_queue.testing import write_submission_rows
 from django_keyed_queue.worker.messages import HEADER
 from django_keyed_queue.worker.run import end_killed_run
 from testproject.demo.tasks import step
@@ -92,6 +93,7 @@ def test_a_run_sent_a_signal_it_survives_is_left_to_end_itself(gate_redis, broke
     before = gate_redis.hgetall(KeyNames("k").holders)
     task_revoked.send(sender=step, request=request, terminated=True, signum=signal.SIGUSR1, expired=False)
     assert gate_redis.hgetall(KeyNames("k").holders) == before
+    write_submission_rows()
     assert KeyedTask.objects.get(task_id=result.id).status == "dispatched"
 
 
@@ -102,6 +104,7 @@ def test_a_kill_ends_only_the_attempt_its_message_names(gate_redis, broker):
     assert not end_killed_run(result.id, replaced, status="failed", reason="hard time limit exceeded (1s)")
     assert not end_killed_run(result.id, None, status="failed", reason="hard time limit exceeded (1s)")
     assert gate_redis.hgetall(KeyNames("k").holders) == before, "no attempt named: nothing ended"
+    write_submission_rows()
     assert KeyedTask.objects.get(task_id=result.id).status == "dispatched"
 
     assert end_killed_run(result.id, getattr(request, HEADER), status="failed", reason="hard time limit exceeded")

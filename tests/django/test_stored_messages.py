@@ -11,6 +11,7 @@ from django_keyed_queue.exceptions import ActionRefused, MessageRefused
 from django_keyed_queue.gate.keys import KeyNames
 from django_keyed_queue.ops import recovery
 from django_keyed_queue.records.models import KeyedTask
+from django_keyed_queue.testing import write_submission_rows
 from django_keyed_queue.worker.messages import TaskMessage
 from django_keyed_queue.worker.process import get_gate
 from testproject.demo.tasks import step
@@ -71,6 +72,7 @@ def test_a_parked_message_rewritten_as_pickle_fails_its_task_and_the_key_moves_o
 
 def test_the_admin_s_retry_refuses_a_failed_row_whose_message_is_pickle(gate_redis, broker, tmp_path):
     task = step.apply_async(("k", 1), queue=QUEUE)
+    write_submission_rows()
     KeyedTask.objects.filter(task_id=task.id).update(
         status="failed", message=pickled_envelope(task.id, tmp_path / "ran").decode()
     )

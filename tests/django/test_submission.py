@@ -13,6 +13,7 @@ from django_keyed_queue import GateUnavailable, InvalidArguments, InvalidKey, Ke
 from django_keyed_queue.gate import MAX_KEY_LENGTH, Gate
 from django_keyed_queue.gate.keys import DEADLINE_INDEX, KeyNames
 from django_keyed_queue.records.models import IdempotencyKey, KeyedTask
+from django_keyed_queue.testing import write_submission_rows
 from django_keyed_queue.worker.messages import HEADER, JOIN_HEADER, TaskMessage
 from django_keyed_queue.worker.process import current
 from django_keyed_queue.worker.run import join
@@ -31,6 +32,8 @@ def nothing_left(gate_redis, broker):
 
 def test_free_key_is_dispatched_with_its_ticket(gate_redis, broker):
     result = step.apply_async(("a", 1), queue=QUEUE)
+    assert not KeyedTask.objects.exists(), "the producer writes no row"
+    assert write_submission_rows() == 1
     row = KeyedTask.objects.get(task_id=result.id)
     assert (row.key, row.ticket, row.status, row.task_name) == ("a", 1, "dispatched", step.name)
     assert row.dispatched_at is not None and "args=('a', 1)" in row.arguments
@@ -42,6 +45,7 @@ def test_free_key_is_dispatched_with_its_ticket(gate_redis, broker):
 def test_busy_key_parks_the_task_in_redis_not_the_broker(gate_redis, broker):
     first = step.apply_async(("a", 1), queue=QUEUE)
     second = step.apply_async(("a", 2), queue=QUEUE)
+    write_submission_rows()
     rows = {r.task_id: r for r in KeyedTask.objects.all()}
     assert rows[second.id].status == "waiting" and rows[second.id].ticket == 2
     assert rows[first.id].status == "dispatched"
@@ -51,6 +55,7 @@ def test_busy_key_parks_the_task_in_redis_not_the_broker(gate_redis, broker):
 
 def test_callable_key_over_the_task_arguments(gate_redis, broker):
     result = write_file.apply_async(("/srv/report.csv", "x"), queue=QUEUE)
+    write_submission_rows()
     assert KeyedTask.objects.get(task_id=result.id).key == "/srv/report.csv"
 
 
@@ -132,6 +137,7 @@ def test_a_submission_whose_reply_was_lost_keeps_the_one_ticket_it_took(gate_red
     result = step.apply_async(("a", 1), queue=QUEUE)
     assert lost == ["EVALSHA"], "the submit ran in Redis and its reply was lost"
     assert gate_redis.hget(KeyNames("a").meta, "seq") == b"2", "one ticket per submission"
+    assert write_submission_rows() == 2, "one record per submission"
     row = KeyedTask.objects.get(task_id=result.id)
     assert (row.ticket, row.status) == (2, "waiting")
     assert [json.loads(m)["headers"]["id"] for m in broker.lrange(QUEUE, 0, -1)] == [behind.id]
@@ -151,7 +157,7 @@ def test_failed_publish_withdraws_the_ticket_and_the_row(gate_redis, broker):
     with Connection("redis://127.0.0.1:1/1", connect_timeout=1) as dead:
         with pytest.raises(OperationalError):
             step.apply_async(("a", 1), queue=QUEUE, producer=dead.Producer(auto_declare=False), retry=False)
-    assert KeyedTask.objects.count() == 0
+    assert write_submission_rows() == 0 and KeyedTask.objects.count() == 0
     assert broker.llen(QUEUE) == 0
     # Only the counters stay (idle, with the horizon's TTL): the number is not reused, since
     # the failed publish might have reached the broker after all. So does the task id's entry
@@ -161,6 +167,7 @@ def test_failed_publish_withdraws_the_ticket_and_the_row(gate_redis, broker):
     assert set(gate_redis.keys("*")) - {DEADLINE_INDEX.encode()} == {names.meta.encode(), names.recent.encode()}
     assert gate_redis.pttl(names.meta) > 0 and 0 < gate_redis.pttl(names.recent) <= 60_000
     follower = step.apply_async(("a", 2), queue=QUEUE)
+    write_submission_rows()
     assert KeyedTask.objects.get(task_id=follower.id).status == "dispatched"
     assert KeyedTask.objects.get(task_id=follower.id).ticket == 2
 
@@ -189,6 +196,7 @@ def test_a_reused_task_id_is_another_submission_with_a_row_of_its_own(gate_redis
     """Celery reuses task ids on purpose (``replace``, a signature sent again): so may users."""
     step.apply_async(("a", 1), queue=QUEUE, task_id="same-id")
     step.apply_async(("a", 2), queue=QUEUE, task_id="same-id")
+    write_submission_rows()
     rows = KeyedTask.objects.filter(task_id="same-id").order_by("ticket")
     assert [(r.ticket, r.status, r.arguments) for r in rows] == [
         (1, "dispatched", "args=('a', 1) kwargs={}"),
@@ -211,9 +219,10 @@ def test_a_key_at_its_depth_limit_refuses_the_next_task_and_writes_nothing(gate_
         with pytest.raises(KeyQueueFull, match=r"key 'a' has 2 tasks waiting, the most it may have \(max_waiting=2\)"):
             step.apply_async(("a", 3), queue=QUEUE, idempotency_key="full")
         assert gate_redis.hgetall(KeyNames("a").meta) == before, "no ticket taken"
-        assert KeyedTask.objects.count() == 3 and broker.llen(QUEUE) == 1
+        assert write_submission_rows() == 3 and KeyedTask.objects.count() == 3 and broker.llen(QUEUE) == 1
         assert not IdempotencyKey.objects.exists(), "the idempotency key was given back"
         step.apply_async(("b", 0), queue=QUEUE)
+        write_submission_rows()
         assert KeyedTask.objects.filter(key="b").exists(), "other keys are not limited"
         monkeypatch.setattr(step, "max_waiting", 3)  # a task's own limit overrides the setting
         step.apply_async(("a", 3), queue=QUEUE)

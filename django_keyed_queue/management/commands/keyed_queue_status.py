@@ -1,8 +1,12 @@
+import contextlib
+
+import redis
 from django.core.management.base import BaseCommand, CommandError
 from django.db.models import Count, Min
 from django.utils import timezone
 
 from django_keyed_queue.ops.recovery import checked_key
+from django_keyed_queue.records import submissions
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.worker.process import get_gate
 
@@ -22,6 +26,8 @@ class Command(BaseCommand):
         if key is not None:
             with gate_reachable():
                 checked_key(key)
+        with contextlib.suppress(redis.RedisError):  # an unreachable Redis is reported below
+            submissions.write_due(get_gate())  # every submission counts, also while no worker runs
         rows = KeyedTask.objects.active() if key is None else KeyedTask.objects.for_key(key).active()
         counts = dict(rows.values_list("status").annotate(n=Count("id")).values_list("status", "n"))
         oldest = rows.filter(status="waiting").aggregate(at=Min("enqueued_at"))["at"]

@@ -1,0 +1,101 @@
+"""Submissions' rows, written from the records the gate keeps with their tickets (``records.submissions``)."""
+
+import logging
+
+import pytest
+from django.utils import timezone
+
+from django_keyed_queue.gate.keys import UNWRITTEN_INDEX, KeyNames
+from django_keyed_queue.records import submissions
+from django_keyed_queue.records.models import KeyedTask
+from django_keyed_queue.records.statuses import Status
+from django_keyed_queue.records.transitions import Transition
+from django_keyed_queue.testing import write_submission_rows
+from django_keyed_queue.worker.process import get_gate
+from django_keyed_queue.worker.run import end_killed_run
+from testproject.demo.tasks import step
+
+from .conftest import QUEUE
+
+pytestmark = pytest.mark.django_db
+
+
+def test_rows_are_written_once_with_their_message_and_the_gate_forgets_the_records(gate_redis, broker):
+    first = step.apply_async(("k", 1), queue=QUEUE, argsrepr="('k', '<one>')")
+    second = step.apply_async(("k", 2), queue=QUEUE)
+    assert not KeyedTask.objects.exists()
+
+    assert write_submission_rows() == 2
+    assert write_submission_rows() == 0, "written records are forgotten"
+    assert gate_redis.exists(KeyNames("k").unwritten, UNWRITTEN_INDEX) == 0
+    rows = {r.task_id: r for r in KeyedTask.objects.all()}
+    assert (rows[first.id].status, rows[first.id].ticket, rows[first.id].arguments) == (
+        "dispatched", 1, "args=('k', '<one>') kwargs={}",
+    )  # fmt: skip
+    assert (rows[second.id].status, rows[second.id].ticket, rows[second.id].dispatched_at) == ("waiting", 2, None)
+    for row in rows.values():
+        assert row.message.encode() == gate_redis.hget(KeyNames("k").messages, row.ticket), "what a rebuild needs"
+        assert abs((timezone.now() - row.enqueued_at).total_seconds()) < 5
+
+
+def test_a_row_its_worker_wrote_first_keeps_its_progress_and_gains_its_message(gate_redis, broker):
+    result = step.apply_async(("k", 1), queue=QUEUE)
+    started = {"task_name": step.name, "enqueued_at": timezone.now(), "args": ("k", 1), "kwargs": {}}
+    KeyedTask.objects.apply(Transition(result.id, "k", 1, Status.RUNNING, 1, {"worker": "w1"}, create=started))
+
+    assert write_submission_rows() == 1
+    row = KeyedTask.objects.get(task_id=result.id)
+    assert (row.status, row.attempts, row.worker) == ("running", 1, "w1"), "the submission's record moves nothing back"
+    assert row.message and row.message.encode() == gate_redis.hget(KeyNames("k").messages, 1)
+
+
+def test_a_record_written_after_its_task_finished_leaves_the_row_finished(gate_redis, broker):
+    result = step.apply_async(("k", 1), queue=QUEUE)
+    gate = get_gate()
+    gate.finish("k", 1, gate.start("k", 1, 1).token)
+    done = {"task_name": step.name, "enqueued_at": timezone.now(), "args": ("k", 1), "kwargs": {}}
+    KeyedTask.objects.apply(Transition(result.id, "k", 1, Status.SUCCEEDED, 1, {}, create=done))
+
+    assert write_submission_rows() == 1
+    assert KeyedTask.objects.get(task_id=result.id).status == "succeeded"
+
+
+def test_ending_a_run_whose_row_is_not_written_yet_writes_it_first(gate_redis, broker):
+    result = step.apply_async(("k", 1), queue=QUEUE)
+    assert get_gate().start("k", 1, 1).ok
+    header = {"key": "k", "ticket": 1, "dispatch": 1}
+
+    assert end_killed_run(result.id, header, status="failed", reason="hard time limit exceeded")
+
+    row = KeyedTask.objects.get(task_id=result.id)
+    assert (row.status, row.error) == ("failed", "hard time limit exceeded")
+    assert write_submission_rows() == 0
+
+
+def test_a_record_that_is_not_one_is_logged_and_dropped_and_the_others_are_written(gate_redis, broker, caplog):
+    result = step.apply_async(("k", 1), queue=QUEUE)
+    gate_redis.hset(KeyNames("k").unwritten, 99, b"w|1700000000000|" + b'{"task_id": 7}')
+    gate_redis.hset(KeyNames("j").unwritten, 1, b"w|1700000000000|not json")
+    gate_redis.zadd(UNWRITTEN_INDEX, {"j": 0})
+
+    with caplog.at_level(logging.ERROR, logger=submissions.__name__):
+        assert write_submission_rows() == 1
+    assert [r.task_id for r in KeyedTask.objects.all()] == [result.id]
+    assert caplog.text.count("keeps a submission record that is not one") == 2
+    assert gate_redis.exists(KeyNames("k").unwritten, KeyNames("j").unwritten, UNWRITTEN_INDEX) == 0
+
+
+def test_a_failed_database_write_keeps_the_records_for_the_next_writer(gate_redis, broker, monkeypatch):
+    result = step.apply_async(("k", 1), queue=QUEUE)
+
+    def database_down(*transitions):
+        raise RuntimeError("database unreachable")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(KeyedTask.objects, "apply", database_down)
+        with pytest.raises(RuntimeError):
+            write_submission_rows()
+    assert gate_redis.hlen(KeyNames("k").unwritten) == 1
+    gate_redis.zadd(UNWRITTEN_INDEX, {"k": 0})  # as when the failed writer's claim lapses
+    assert write_submission_rows() == 1
+    assert KeyedTask.objects.filter(task_id=result.id).exists()
