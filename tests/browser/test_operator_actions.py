@@ -7,6 +7,7 @@ from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
 
 from django_keyed_queue.records.models import KeyedTask
+from django_keyed_queue.testing import write_submission_rows
 from django_keyed_queue.worker.process import get_gate
 from testproject.demo.tasks import step
 
@@ -18,7 +19,9 @@ QUEUE = "keyed-queue-browser-unconsumed"
 
 
 def submit(key: str, n: int) -> KeyedTask:
-    return KeyedTask.objects.get(task_id=step.apply_async((key, n), queue=QUEUE).id)
+    result = step.apply_async((key, n), queue=QUEUE)
+    write_submission_rows()  # as a worker does within KEYED_QUEUE_RECORD_FLUSH_SECONDS
+    return KeyedTask.objects.get(task_id=result.id)
 
 
 def live_rows(page) -> list[str]:

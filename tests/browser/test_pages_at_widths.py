@@ -20,6 +20,7 @@ from django.utils import timezone
 from django_keyed_queue.gate import Gate
 from django_keyed_queue.records.models import IdempotencyKey, KeyedTask
 from django_keyed_queue.records.statuses import Status
+from django_keyed_queue.testing import write_submission_rows
 from django_keyed_queue.worker.process import get_gate
 from testproject.demo.tasks import step
 from tests.browser.conftest import DATA_DIR, SERVER_REAP_INTERVAL_SECONDS
@@ -168,7 +169,9 @@ def seed_history() -> list[KeyedTask]:
 
 
 def submit(key: str, n: int) -> KeyedTask:
-    return KeyedTask.objects.get(task_id=step.apply_async((key, n), queue=QUEUE).id)
+    result = step.apply_async((key, n), queue=QUEUE)
+    write_submission_rows()  # as a worker does within KEYED_QUEUE_RECORD_FLUSH_SECONDS
+    return KeyedTask.objects.get(task_id=result.id)
 
 
 def run(task: KeyedTask, gate: Gate) -> None:

@@ -1,0 +1,48 @@
+"""A submission's row in the user's project: the producer writes none, and a worker writes every one within
+a second, also for a producer killed with SIGKILL right after ``delay()`` returned and for parked tasks."""
+
+import json
+import signal
+import time
+
+import pytest
+
+from tests.helpers import check_history, wait_until
+
+pytestmark = pytest.mark.workers
+
+#: Run in ``manage.py shell``: a held key with 20 tasks parked behind it and 20 free keys, then SIGKILL.
+SCRIPT = """
+import json, os, signal
+from shop.tasks import step
+
+ids = [step.delay("held", 0, 3).id]
+ids += [step.delay("held", n, 0).id for n in range(1, 21)]
+ids += [step.delay(f"free-{n}", n, 0).id for n in range(20)]
+print(json.dumps(ids), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_rows_of_a_producer_killed_right_after_submitting_appear_within_a_second(make_project):
+    project = make_project()
+    project.worker("a")
+
+    shell = project.manage("shell", "-c", SCRIPT, check=False)
+    killed_at = time.monotonic()
+    assert shell.returncode == -signal.SIGKILL, shell.stderr
+    ids = json.loads(shell.stdout.splitlines()[-1])
+
+    rows = wait_until(lambda: (r := project.rows()) and set(ids) <= set(r) and r, 1.0, 0.02, "every row")
+    elapsed = time.monotonic() - killed_at
+    parked = [rows[task_id] for task_id in ids[1:21]]
+    assert [r["ticket"] for r in parked] == list(range(2, 22))
+    assert {r["status"] for r in parked} == {"waiting"}, "their only other copy is in the gate"
+    assert all(r["message"] for r in parked), "what a rebuild needs"
+
+    def ended():
+        events = project.history()
+        return events if sum(e["event"] == "end" for e in events) == len(ids) else None
+
+    check_history(wait_until(ended, 60, 0.1, "every task to end"))
+    print(f"rows of a killed producer's {len(ids)} submissions appeared {elapsed:.3f}s after it died")
