@@ -17,6 +17,7 @@ from .results import (
     Recovery,
     RecoveryAction,
     StartResult,
+    Submission,
     SubmitResult,
     Unwritten,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "Recovery",
     "RecoveryAction",
     "StartResult",
+    "Submission",
     "SubmitResult",
     "Unwritten",
 ]

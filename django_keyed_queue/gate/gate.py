@@ -25,6 +25,7 @@ from .results import (
     Recovery,
     RecoveryAction,
     StartResult,
+    Submission,
     SubmitResult,
     Unwritten,
 )
@@ -76,13 +77,9 @@ class Gate:
         reply: list[Any] = self._scripts[name](keys=keys, args=args)
         return reply
 
-    def _call_and_index(
-        self, name: str, key: str, keys: Sequence[str], args: Sequence[EncodableT], *, unwritten: bool = False
-    ) -> list[Any]:
-        """Run a script that may create a holder of ``key``, and index the key, in one round trip;
-        ``unwritten``: the script may keep a submission record of ``key``, index that too."""
-        also = [("ZADD", UNWRITTEN_INDEX, 0, key)] if unwritten else []
-        reply: list[Any] = self._pipelined(name, [(keys, args)], index=key, also=also)[0]
+    def _call_and_index(self, name: str, key: str, keys: Sequence[str], args: Sequence[EncodableT]) -> list[Any]:
+        """Run a script that may create a holder of ``key``, and index the key, in one round trip."""
+        reply: list[Any] = self._pipelined(name, [(keys, args)], index=key)[0]
         return reply
 
     def _deadline_hint_ms(self, within_ms: int | None = None) -> int:
@@ -121,32 +118,75 @@ class Gate:
         A non-empty ``record`` is kept with the ticket until :meth:`forget_unwritten`
         (see :meth:`claim_unwritten`).
         """
-        names = KeyNames(key)
-        code, ticket, token, _ = self._call_and_index(
-            "submit",
-            key,
-            [*names.all(), names.joined, names.recent, names.recent_older, names.unwritten],
-            [
-                message,
-                limit,
-                self.dispatch_timeout_ms,
-                self.lease_ms if start else 0,
-                join_id,
-                self.idle_horizon_ms,
-                max_lost,
-                "1" if retried else "",
-                task_id,
-                max_waiting,
-                seconds_to_ms(RECENT_SUBMISSION_SECONDS),
-                record,
-            ],
-            unwritten=bool(record),
-        )
-        if code == Code.DUPLICATE:
+        call = self._submit_call(
+            key, message, limit=limit, lease_ms=self.lease_ms if start else 0, join_id=join_id, max_lost=max_lost,
+            task_id=task_id, retried=retried, max_waiting=max_waiting, record=record,
+        )  # fmt: skip
+        also = [("ZADD", UNWRITTEN_INDEX, 0, key)] if record else []
+        [reply] = self._pipelined("submit", [call], index=key, also=also)
+        if reply[0] == Code.DUPLICATE:
             logger.debug("submit key=%r join_id=%s duplicate", key, join_id)
             return None
+        result = self._submit_result(key, reply)
+        if isinstance(result, QueueFull):
+            raise result
+        return result
+
+    def submit_many(
+        self, submissions: Sequence[Submission], *, retried: bool = False
+    ) -> list[SubmitResult | QueueFull]:
+        """Submit each of ``submissions`` as :meth:`submit` does, in order, in one round trip.
+
+        A key at its ``max_waiting`` gets its ``QueueFull`` in the list, and no ticket.
+        """
+        calls = [
+            self._submit_call(
+                s.key,
+                s.message,
+                limit=s.limit,
+                task_id=s.task_id,
+                retried=retried,
+                max_waiting=s.max_waiting,
+                record=s.record,
+            )  # fmt: skip
+            for s in submissions
+        ]
+        keys = list(dict.fromkeys(s.key for s in submissions))
+        hint = self._deadline_hint_ms()
+        also: list[tuple[EncodableT, ...]] = [("ZADD", DEADLINE_INDEX, "LT", *(v for k in keys for v in (hint, k)))]
+        recorded = list(dict.fromkeys(s.key for s in submissions if s.record))
+        if recorded:
+            also.append(("ZADD", UNWRITTEN_INDEX, *(v for k in recorded for v in (0, k))))
+        replies = self._pipelined("submit", calls, also=also) if calls else []
+        return [self._submit_result(s.key, reply) for s, reply in zip(submissions, replies, strict=True)]
+
+    def _submit_call(
+        self,
+        key: str,
+        message: bytes,
+        *,
+        limit: int,
+        lease_ms: int = 0,
+        join_id: str = "",
+        max_lost: int = 0,
+        task_id: str,
+        retried: bool,
+        max_waiting: int,
+        record: bytes,
+    ) -> tuple[list[str], list[EncodableT]]:
+        names = KeyNames(key)
+        keys = [*names.all(), names.joined, names.recent, names.recent_older, names.unwritten]
+        args: list[EncodableT] = [
+            message, limit, self.dispatch_timeout_ms, lease_ms, join_id, self.idle_horizon_ms, max_lost,
+            "1" if retried else "", task_id, max_waiting, seconds_to_ms(RECENT_SUBMISSION_SECONDS), record,
+        ]  # fmt: skip
+        return keys, args
+
+    @staticmethod
+    def _submit_result(key: str, reply: list[Any]) -> SubmitResult | QueueFull:
+        code, ticket, token, _ = reply
         if code == Code.QUEUE_FULL:
-            raise QueueFull(key, int(ticket))
+            return QueueFull(key, int(ticket))
         result = SubmitResult(ticket=int(ticket), granted=code == Code.OK, token=int(token))
         logger.debug("submit key=%r ticket=%s granted=%s", key, result.ticket, result.granted)
         return result

@@ -32,6 +32,18 @@ class QueueFull(Exception):
 
 
 @dataclass(frozen=True)
+class Submission:
+    """One of the submissions of ``Gate.submit_many``: as ``Gate.submit``'s arguments of the same names."""
+
+    key: str
+    message: bytes
+    task_id: str
+    record: bytes = b""
+    limit: int = 1
+    max_waiting: int = 0
+
+
+@dataclass(frozen=True)
 class SubmitResult:
     ticket: int
     granted: bool

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
@@ -20,7 +21,7 @@ from django.utils import timezone
 
 from ..conf import settings
 from ..exceptions import GateUnavailable, InvalidArguments, KeyQueueFull
-from ..gate import Gate, NotSent, QueueFull, SubmitResult
+from ..gate import Gate, NotSent, QueueFull, Submission, SubmitResult
 from ..records import idempotency, submissions
 from ..records.models import KeyedTask
 from ..records.statuses import Status
@@ -29,7 +30,7 @@ from .dispatch import publish_grants
 from .messages import JOIN_HEADER, TaskMessage, gate_message, is_delayed, send_options, ticket_header
 from .outage import TRANSIENT, outlast_restart
 from .process import current
-from .sending import send
+from .sending import publish_stored, send
 
 logger = logging.getLogger(__name__)
 
@@ -193,6 +194,148 @@ def _enqueue(task, key: str, task_id: str, args: tuple, kwargs: dict, options: d
     return send(task.app, task, task_id, args, kwargs, options, to_gate)
 
 
+def submit_many(
+    task, calls: Iterable[Any], options: dict, idempotency_keys: Iterable[str | None] | None, batch_size: int
+) -> list:
+    """``apply_async`` of each call, with one gate round trip per ``batch_size`` calls; their AsyncResults.
+
+    A call is a tuple of positional arguments or a dict of keyword arguments.
+    Every call is checked and its message built before anything is written; a
+    key's tasks take their tickets in the order of ``calls``.
+    """
+    calls = list(calls)
+    keys = [None] * len(calls) if idempotency_keys is None else list(idempotency_keys)
+    if len(keys) != len(calls):
+        raise InvalidArguments(f"{task.name}: {len(keys)} idempotency keys for {len(calls)} calls")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"{task.name}: batch_size must be an int >= 1, got {batch_size!r}")
+    if options.get("task_id") is not None:
+        raise InvalidArguments(f"{task.name}: task_id names one task; each call of a bulk submission gets its own")
+    arguments = [_call_arguments(task, call) for call in calls]
+    checked = [check(task, *call, dict(options), key) for call, key in zip(arguments, keys, strict=True)]
+    if task.app.conf.task_always_eager or (settings.SUBMIT_ON_COMMIT and in_transaction()):
+        # Celery's eager runs, or submissions at the commit: one by one, as apply_async makes them.
+        return [
+            task.apply_async(*call, idempotency_key=key, task_id=c.task_id, **options)
+            for call, c, key in zip(arguments, checked, keys, strict=True)
+        ]
+    if is_delayed(options):  # each joins its key's queue when due, as one submission does
+        return [
+            submit(task, *call, {**options, "task_id": c.task_id}, key)
+            for call, c, key in zip(arguments, checked, keys, strict=True)
+        ]
+    prepared = [_prepared(task, c) for c in checked]
+    results: list = []
+    with task.app.producer_or_acquire(options.get("producer")) as producer:
+        for start in range(0, len(prepared), batch_size):
+            results += _submit_batch(task, prepared[start : start + batch_size], producer, submitted=len(results))
+    return results
+
+
+def _call_arguments(task, call: Any) -> tuple[tuple, dict]:
+    if isinstance(call, dict):
+        return (), call
+    if isinstance(call, (tuple, list)):
+        return tuple(call), {}
+    raise InvalidArguments(
+        f"{task.name}: a call of a bulk submission is a tuple of positional arguments or a dict of "
+        f"keyword arguments, got {type(call).__name__}"
+    )
+
+
+@dataclass
+class _Prepared:
+    checked: Checked
+    message: TaskMessage
+    submission: Submission
+    result: Any
+    claimed: bool = False
+
+
+def _prepared(task, checked: Checked) -> _Prepared:
+    """A checked call with the message Celery builds for it (the publish signals fire now), stored form checked."""
+    built: list[TaskMessage] = []
+    result = send(
+        task.app, task, checked.task_id, checked.args, checked.kwargs, checked.options,
+        lambda message, send_now: built.append(message),
+    )  # fmt: skip
+    row = _row(task, checked.key, built[0], checked.options)
+    submission = Submission(
+        checked.key, row["message"].encode(), checked.task_id,
+        record=submissions.record(checked.task_id, task.name, row["arguments"]),
+        limit=task.serial_limit, max_waiting=waiting_limit(task),
+    )  # fmt: skip
+    return _Prepared(checked, built[0], submission, result)
+
+
+def _submit_batch(task, batch: list[_Prepared], producer: Any, *, submitted: int) -> list:
+    """Claim idempotency keys, take the batch's tickets in one round trip, publish the granted; the results.
+
+    If a step fails, what it had not yet published is withdrawn, and the error
+    says how many of the calls (``submitted`` before this batch) went in.
+    """
+    results, sending = [], []
+    for item in batch:
+        c = item.checked
+        original = c.fingerprint and idempotency.claim(c.fingerprint, task.name, c.task_id, **c.claimed_with)
+        if original:
+            results.append(task.AsyncResult(original))
+            continue
+        item.claimed = c.fingerprint is not None
+        results.append(item.result)
+        sending.append(item)
+    try:
+        outcomes = _take_tickets(task, [item.submission for item in sending])
+    except BaseException:
+        _release_claims(sending)
+        raise
+    for i, (item, outcome) in enumerate(zip(sending, outcomes, strict=True)):
+        key = item.submission.key
+        try:
+            if isinstance(outcome, QueueFull):
+                raise KeyQueueFull(
+                    f"{task.name}: key {key!r} has {outcome.waiting} tasks waiting, the most it may have "
+                    f"(max_waiting={item.submission.max_waiting})"
+                )
+            if outcome.granted:
+                publish_stored(task.app, item.message, ticket_header(key, outcome.ticket, 1), producer)
+        except BaseException as exc:
+            later = list(zip(sending[i:], outcomes[i:], strict=True))
+            # The last first: none is granted in another's place, and unseen tickets give their numbers back.
+            for unsent, taken in reversed(later):
+                if not isinstance(taken, QueueFull):
+                    withdraw(task, unsent.submission.key, taken.ticket, forget=unsent is not item)
+            _release_claims([unsent for unsent, _ in later])
+            went_in = submitted + results.index(item.result)
+            exc.add_note(f"the first {went_in} calls of the bulk submission were submitted, the rest were not")
+            raise
+    return results
+
+
+def _take_tickets(task, batch: list[Submission]) -> list:
+    """``Gate.submit_many``, asked again with ``retried`` when a lost reply may hide tickets taken."""
+    gate = current().gate
+    try:
+        return gate.submit_many(batch)
+    except NotSent as exc:
+        raise GateUnavailable(f"{task.name}: the keyed queue's Redis is unreachable: {exc}") from exc
+    except TRANSIENT:
+        logger.warning("a bulk submission of %d calls lost its reply; asking the gate again", len(batch))
+    try:
+        return outlast_restart(partial(gate.submit_many, batch, retried=True), seconds=SUBMIT_RETRY_SECONDS)[0]
+    except redis.RedisError as exc:
+        raise GateUnavailable(
+            f"{task.name}: the keyed queue's Redis went away during a bulk submission, whose last batch "
+            f"may have been queued and may still run: {exc}"
+        ) from exc
+
+
+def _release_claims(items: list[_Prepared]) -> None:
+    for item in items:
+        if item.claimed and item.checked.fingerprint is not None:
+            idempotency.release(item.checked.fingerprint, item.checked.task_id)
+
+
 def _row(task, key: str, message: TaskMessage, options: dict) -> dict:
     """The submission's record, its stored message encoded (refused if too large)."""
     encoded = message.encode(task.serializer)
@@ -260,9 +403,11 @@ def take_ticket(
         ) from exc
 
 
-def withdraw(task, key: str, ticket: int) -> None:
-    """Withdraw the ticket of a submission that failed, and its record; what it frees is dispatched."""
-    withdrawn = current().gate.cancel(key, ticket, limit=task.serial_limit, failed=True)
+def withdraw(task, key: str, ticket: int, *, forget: bool = False) -> None:
+    """Withdraw the ticket of a submission that failed, and its record; what it frees is dispatched.
+
+    ``forget``: no message of it was published, so its number can be given back."""
+    withdrawn = current().gate.cancel(key, ticket, limit=task.serial_limit, forget=forget, failed=True)
     publish_grants(task.app, withdrawn.granted)
 
 

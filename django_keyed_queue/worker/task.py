@@ -21,7 +21,7 @@ from ..exceptions import InvalidArguments, InvalidKey
 from ..gate import MAX_KEY_LENGTH, Lease
 from ..records.statuses import Status
 from .run import Run
-from .submit import checked_key, in_transaction, submit, submit_on_commit
+from .submit import checked_key, in_transaction, submit, submit_many, submit_on_commit
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +67,23 @@ class KeyedSerialTask(Task):
         if settings.SUBMIT_ON_COMMIT and in_transaction():
             return submit_on_commit(self, args, kwargs, options, idempotency_key)
         return submit(self, args, kwargs, options, idempotency_key)
+
+    def apply_async_many(
+        self,
+        calls: Iterable[tuple | list | dict],
+        *,
+        idempotency_keys: Iterable[str | None] | None = None,
+        batch_size: int = 500,
+        **options: Any,
+    ) -> list:
+        """``apply_async`` of many calls, each a tuple of positional arguments or a dict of keyword
+        arguments, with ``options`` for all; their AsyncResults, in order.
+
+        One gate round trip per ``batch_size`` calls. Every call is checked, and its
+        message built, before anything is written; a key's tasks run in list order.
+        ``idempotency_keys``, if given, has one key (or None) per call.
+        """
+        return submit_many(self, calls, options, idempotency_keys, batch_size)
 
     def apply_async_on_commit(self, args=None, kwargs=None, *, idempotency_key: str | None = None, **options):
         """``apply_async`` when the caller's transaction commits (at once outside one), as Celery's

@@ -10,6 +10,7 @@ import pytest
 import redis
 from django.conf import settings
 
+from django_keyed_queue.testing import write_submission_rows
 from django_keyed_queue.worker.process import get_gate
 from testproject.demo.tasks import lingering_step, returning_step
 from tests.helpers import check_history, read_history, wait_for_records, wait_until
@@ -146,6 +147,7 @@ def test_after_redis_lost_everything_the_rebuild_runs_every_unfinished_task_in_o
     from django.core.management import call_command
 
     results = [lingering_step.apply_async((f"lost-{n % 2}", n // 2), queue=chaos.queue) for n in range(8)]
+    write_submission_rows()  # as a worker does within KEYED_QUEUE_RECORD_FLUSH_SECONDS
     gate_redis.flushdb()  # the gate's Redis lost everything; the broker still has the two granted messages
     call_command("keyed_queue_rebuild", stdout=io.StringIO())
     chaos.start(2)
