@@ -16,13 +16,18 @@ def plot(rounds, summary: dict, path: Path) -> None:
     fig, (bars, cdf) = plt.subplots(1, 2, figsize=(11, 4.2))
 
     scenarios = [s for s in summary if "target" in summary[s]]
-    width = 0.27
-    styles = (("plain", "#8c8c8c", "plain Celery"), ("keyed", "#2c7fb8", "keyed"), ("chain", "#e6550d", "Celery chain"))
+    width = 0.2
+    styles = (
+        ("plain", "#8c8c8c", "plain Celery"),
+        ("keyed", "#2c7fb8", "keyed"),
+        ("bulk", "#31a354", "keyed, apply_async_many"),
+        ("chain", "#e6550d", "Celery chain"),
+    )
     for j, (variant, color, label) in enumerate(styles):
         for i, scenario in enumerate(scenarios):
             if variant not in summary[scenario]:
                 continue
-            x = i + (j - 1) * width
+            x = i + (j - 1.5) * width
             values = [r.throughput for r in rounds if r.scenario == scenario and r.variant == variant]
             middle = summary[scenario][variant]
             bars.bar(x, middle, width, color=color, label=label if i == len(scenarios) - 1 else None)

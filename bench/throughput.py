@@ -10,6 +10,9 @@ then alternates plain and keyed rounds of two scenarios:
 - many keys: ``--tasks`` tasks spread over ``--keys`` keys (a seeded shuffle, the same for both variants);
 - one hot key: ``--hot-tasks`` tasks all on one key.
 
+On many keys a third variant, ``bulk``, submits the same tasks with one ``apply_async_many`` call
+(one gate round trip per 500), against plain Celery's loop of ``apply_async``.
+
 Both variants run the same instrumented no-op (``plain_step`` / ``step`` with duration 0), which logs a
 start and an end event to a Redis list. Throughput = tasks / (last end event - first submission), on this
 machine's clock. Records stay on (the default). Exits 1 if a task was lost, ran twice, broke the key's
@@ -134,6 +137,8 @@ class Bench:
             # Plain Celery's own serial handoff: each task's worker publishes the next message.
             chain(*[self.tasks["plain"].si(key, n, 0.0) for key, n in plan]).apply_async()
             ids = []
+        elif variant == "bulk":
+            ids = [r.id for r in self.tasks["keyed"].apply_async_many([(key, n, 0.0) for key, n in plan])]
         else:
             ids = [self.tasks[variant].apply_async((key, n, 0.0)).id for key, n in plan]
         t_submitted = time.time()
@@ -157,7 +162,7 @@ class Bench:
         if len(events) < expected:
             result.problems.append(f"timed out after {self.args.timeout:.0f}s: {len(ends)} of {len(plan)} finished")
 
-        if variant == "keyed":
+        if variant in ("keyed", "bulk"):
             deadline = time.monotonic() + self.args.timeout
             while True:
                 done = KeyedTask.objects.filter(task_id__in=ids, status__in=TERMINAL_STATUSES).count()
@@ -245,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-chain", dest="chain", action="store_false", help="skip the plain Celery chain reference on the hot key"
     )
+    parser.add_argument(
+        "--no-bulk", dest="bulk", action="store_false", help="skip the bulk submission (apply_async_many) on many keys"
+    )
     parser.add_argument("--timeout", type=float, default=120, help="seconds a round may take")
     parser.add_argument("--profile", action="store_true", help="time the submit path in this process")
     parser.add_argument("--plot", type=Path, help="write a PNG of the figures here (needs matplotlib)")
@@ -294,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.rounds if args.submit_tasks else 0):
             for variant in submit_us:
                 submit_us[variant].append(bench.submit_cost(variant, args.submit_tasks))
-        scenarios = [("many-keys", many_keys_plan(args.tasks, args.keys), ("plain", "keyed"))] if args.tasks else []
+        many = ("plain", "keyed", "bulk") if args.bulk else ("plain", "keyed")
+        scenarios = [("many-keys", many_keys_plan(args.tasks, args.keys), many)] if args.tasks else []
         if args.hot_tasks:
             hot = [("hot", n) for n in range(args.hot_tasks)]
             scenarios.append(("hot-key", hot, ("plain", "keyed", "chain") if args.chain else ("plain", "keyed")))

@@ -64,6 +64,8 @@ def test_reap_publishes_a_lost_message_again(make_project, user_redis):
 def test_rebuild_after_redis_lost_everything(make_project, user_redis):
     project = make_project()
     accepted = accepted_by(project.produce("step", 6, 2, 0, 0.05))
+    # No worker runs to write the rows within KEYED_QUEUE_RECORD_FLUSH_SECONDS: the status command does.
+    assert "active tasks: dispatched 2, waiting 4" in project.manage("keyed_queue_status").stdout
     with redis.Redis.from_url(user_redis.url) as admin:
         admin.flushall()
 
