@@ -90,15 +90,15 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
                     if t.submission not in existing and not (t.joins and (t.task_id, t.key, None) in existing)
                 ]
                 if missing:
-                    self._create_missing(missing, db)
-
-    def _create_missing(self, missing: list[Transition], db: BaseDatabaseWrapper) -> None:
-        """Rows no one wrote yet: a submission's, or one a worker's transition found missing."""
-        rows = [self.model(**t.row_to_create()) for t in missing]
-        self.using(db.alias).bulk_create(rows, ignore_conflicts=True)
-        # A row another writer committed meanwhile was kept: apply to it what its insert would have said.
-        with db.cursor() as cursor:
-            cursor.executemany(_update_sql(self.model, db.alias), [_update_params(self.model, t, db) for t in missing])
+                    self.using(db.alias).bulk_create(
+                        [self.model(**t.row_to_create()) for t in missing], ignore_conflicts=True
+                    )
+                # Again: a row another writer committed since the first UPDATE (which missed it), or whose
+                # INSERT beat this one, now gets what this transition says. Moving forward only, it is idempotent.
+                with db.cursor() as cursor:
+                    cursor.executemany(
+                        _update_sql(self.model, db.alias), [_update_params(self.model, t, db) for t in creatable]
+                    )
 
     def settle(self, task_id: str, key: str, ticket: int, status: str, **fields: Any) -> int:
         """Set a submission's status now, whatever it was, unless it already ended (recovery's write).
