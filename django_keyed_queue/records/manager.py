@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from django.db import IntegrityError, connections, models, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models.constants import OnConflict
 from django.utils import timezone
 
 from .statuses import ACTIVE_STATUSES, STATUS_RANK, TERMINAL_STATUSES
@@ -58,8 +59,8 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
         """
         row.setdefault("enqueued_at", timezone.now())
         db = connections[self.db_for_write()]
-        sql, fields, defaults = _insert_sql(self.model, db.alias)
-        params = [_db_value(db, f, row.get(f.attname, d)) for f, d in zip(fields, defaults, strict=True)]
+        sql = _insert_sql(self.model, db.alias, ignore_conflicts=False)
+        params = _insert_params(self.model, db, row)
         try:
             # A savepoint only inside the caller's transaction: in autocommit the INSERT is atomic alone.
             with transaction.atomic(using=db.alias) if db.in_atomic_block else nullcontext():
@@ -72,33 +73,30 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
                 raise
 
     def apply(self, *transitions: Transition) -> None:
-        """Apply transitions now, in one transaction; each moves its submission's row forward or fills its gaps."""
+        """Apply transitions now, in one transaction; each moves its submission's row forward or fills its gaps,
+        and one with ``create`` makes the row if there is none yet.
+
+        Every writer (the workers' buffers, the submissions' writers) takes the rows
+        in one order, each row's statements together, so that concurrent writers
+        wait for each other instead of deadlocking (PostgreSQL aborts one of two
+        transactions that lock rows in opposite orders).
+        """
         db = connections[self.db_for_write()]
-        params = [_update_params(self.model, t, db) for t in transitions]
-        with transaction.atomic(using=db.alias):
-            with db.cursor() as cursor:
-                cursor.executemany(_update_sql(self.model, db.alias), params)
-                # Every row matched (submissions are distinct): none to create, no need to look.
-                all_found = cursor.rowcount == len(transitions)
-            creatable = [t for t in transitions if t.create is not None]
-            if creatable and not all_found:
-                found = self.using(db.alias).filter(task_id__in={t.task_id for t in creatable})
-                existing = set(found.values_list("task_id", "key", "ticket"))
-                missing = [
-                    t
-                    for t in creatable
-                    if t.submission not in existing and not (t.joins and (t.task_id, t.key, None) in existing)
-                ]
-                if missing:
-                    self.using(db.alias).bulk_create(
-                        [self.model(**t.row_to_create()) for t in missing], ignore_conflicts=True
-                    )
-                # Again: a row another writer committed since the first UPDATE (which missed it), or whose
-                # INSERT beat this one, now gets what this transition says. Moving forward only, it is idempotent.
-                with db.cursor() as cursor:
-                    cursor.executemany(
-                        _update_sql(self.model, db.alias), [_update_params(self.model, t, db) for t in creatable]
-                    )
+        ordered = sorted(transitions, key=lambda t: t.submission)
+        update = _update_sql(self.model, db.alias)
+        with transaction.atomic(using=db.alias), db.cursor() as cursor:
+            if all(t.create is None for t in ordered):
+                cursor.executemany(update, [_update_params(self.model, t, db) for t in ordered])
+                return
+            insert = _insert_sql(self.model, db.alias, ignore_conflicts=True)
+            for t in ordered:
+                params = _update_params(self.model, t, db)
+                cursor.execute(update, params)
+                if cursor.rowcount or t.create is None:
+                    continue
+                cursor.execute(insert, _insert_params(self.model, db, t.row_to_create()))
+                if not cursor.rowcount:  # another writer's row came first: apply this to it
+                    cursor.execute(update, params)
 
     def settle(self, task_id: str, key: str, ticket: int, status: str, **fields: Any) -> int:
         """Set a submission's status now, whatever it was, unless it already ended (recovery's write).
@@ -165,16 +163,26 @@ def _update_params(model: type[models.Model], t: Transition, db: BaseDatabaseWra
 
 
 @cache
-def _insert_sql(
-    model: type[models.Model], alias: str
-) -> tuple[str, tuple[models.Field[Any, Any], ...], tuple[Any, ...]]:
-    """The submission INSERT, its fields and their defaults, built once per database."""
-    fields = tuple(f for f in model._meta.concrete_fields if not f.primary_key)
-    qn = connections[alias].ops.quote_name
-    columns = ", ".join(qn(cast(str, f.column)) for f in fields)  # a concrete field has a column
+def _insert_sql(model: type[models.Model], alias: str, *, ignore_conflicts: bool) -> str:
+    """The row INSERT, doing nothing on a conflict if ``ignore_conflicts``; built once per database."""
+    ops = connections[alias].ops
+    fields = _insert_fields(model)
+    columns = ", ".join(ops.quote_name(cast(str, f.column)) for f, _ in fields)  # a concrete field has a column
     placeholders = ", ".join(["%s"] * len(fields))
-    defaults = tuple(f.get_default() for f in fields)  # constants: no field has a callable default
-    return f"INSERT INTO {qn(model._meta.db_table)} ({columns}) VALUES ({placeholders})", fields, defaults
+    on_conflict = OnConflict.IGNORE if ignore_conflicts else None
+    table = ops.quote_name(model._meta.db_table)
+    suffix = ops.on_conflict_suffix_sql([f for f, _ in fields], on_conflict, [], [])
+    return f"{ops.insert_statement(on_conflict)} {table} ({columns}) VALUES ({placeholders}) {suffix}".strip()
+
+
+@cache
+def _insert_fields(model: type[models.Model]) -> tuple[tuple[models.Field[Any, Any], Any], ...]:
+    """The INSERT's fields, each with its default (constants: no field has a callable default)."""
+    return tuple((f, f.get_default()) for f in model._meta.concrete_fields if not f.primary_key)
+
+
+def _insert_params(model: type[models.Model], db: BaseDatabaseWrapper, row: dict[str, Any]) -> list[Any]:
+    return [_db_value(db, f, row.get(f.attname, default)) for f, default in _insert_fields(model)]
 
 
 def _db_value(db: BaseDatabaseWrapper, model_field: models.Field[Any, Any], value: Any) -> Any:
