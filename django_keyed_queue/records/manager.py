@@ -72,9 +72,10 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
             if ticket is None or not made_by_worker.update(enqueued_at=row["enqueued_at"], arguments=row["arguments"]):
                 raise
 
-    def apply(self, *transitions: Transition) -> None:
+    def apply(self, *transitions: Transition, new: bool = False) -> None:
         """Apply transitions now, in one transaction; each moves its submission's row forward or fills its gaps,
-        and one with ``create`` makes the row if there is none yet.
+        and one with ``create`` makes the row if there is none yet (``new``: rows are expected to be missing,
+        so each is inserted first, and updated only if it was there).
 
         Every writer (the workers' buffers, the submissions' writers) takes the rows
         in one order, each row's statements together, so that concurrent writers
@@ -91,9 +92,10 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
             insert = _insert_sql(self.model, db.alias, ignore_conflicts=True)
             for t in ordered:
                 params = _update_params(self.model, t, db)
-                cursor.execute(update, params)
-                if cursor.rowcount or t.create is None:
-                    continue
+                if not (new and t.create is not None):
+                    cursor.execute(update, params)
+                    if cursor.rowcount or t.create is None:
+                        continue
                 cursor.execute(insert, _insert_params(self.model, db, t.row_to_create()))
                 if not cursor.rowcount:  # another writer's row came first: apply this to it
                     cursor.execute(update, params)

@@ -77,7 +77,7 @@ def write(gate: Gate, keys: Sequence[str], claims: Sequence[tuple[str, int]] = (
         except (ValueError, TypeError):
             logger.error("keyed queue key=%r keeps a submission record that is not one: %r", unwritten.key, unwritten)
     if rows:
-        KeyedTask.objects.apply(*rows)
+        KeyedTask.objects.apply(*rows, new=True)
     gate.forget_unwritten(found, claims)
     return len(rows)
 

@@ -88,7 +88,7 @@ def test_a_record_that_is_not_one_is_logged_and_dropped_and_the_others_are_writt
 def test_a_failed_database_write_keeps_the_records_for_the_next_writer(gate_redis, broker, monkeypatch):
     result = step.apply_async(("k", 1), queue=QUEUE)
 
-    def database_down(*transitions):
+    def database_down(*transitions, **options):
         raise RuntimeError("database unreachable")
 
     with monkeypatch.context() as patched:
