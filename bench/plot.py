@@ -63,3 +63,55 @@ def plot(rounds, summary: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_databases(summaries: dict[str, dict], path: Path) -> None:
+    """One bar chart of several runs of the benchmark (``--json`` files), one group per records database:
+    plain, keyed and bulk throughput on many keys, plain and keyed on the hot key."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    panels = (("many-keys", ("plain", "keyed", "bulk")), ("hot-key", ("plain", "keyed")))
+    colors = {"plain": "#8c8c8c", "keyed": "#2c7fb8", "bulk": "#31a354"}
+    labels = {"plain": "plain Celery", "keyed": "keyed", "bulk": "keyed, apply_async_many"}
+    for ax, (scenario, variants) in zip(axes, panels, strict=True):
+        width = 0.8 / len(variants)
+        for j, variant in enumerate(variants):
+            for i, summary in enumerate(summaries.values()):
+                s = summary.get(scenario, {})
+                if variant not in s:
+                    continue
+                x = i + (j - (len(variants) - 1) / 2) * width
+                ax.bar(x, s[variant], width, color=colors[variant], label=labels[variant] if i == 0 else None)
+                if variant != "plain":
+                    ratio = s["ratio"] if variant == "keyed" else s["bulk ratio"]
+                    ax.annotate(f"{ratio:.2f}", (x, s[variant]), ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(range(len(summaries)))
+        ax.set_xticklabels(list(summaries))
+        ax.set_ylabel("tasks/s, median of rounds (label: / plain)")
+        ax.set_title(f"{scenario}: same workers, same run")
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.25)
+        ax.legend(fontsize=8, loc="upper center", ncol=len(variants))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m bench.plot OUT.png NAME=RUN.json ...``: the runs' summaries side by side."""
+    import json
+    import sys
+
+    out, *runs = argv if argv is not None else sys.argv[1:]
+    summaries = {}
+    for run in runs:
+        name, file = run.split("=", 1)
+        summaries[name] = json.loads(Path(file).read_text())["summary"]
+    plot_databases(summaries, Path(out))
+
+
+if __name__ == "__main__":
+    main()
