@@ -1,13 +1,13 @@
 """Every read helper and every write of keyed task records, through the project's database routers.
 
-Rows are written in four ways, each a method here:
+Rows are written in three ways, each a method here:
 
-- ``insert_submission``: a new submission's row (a raw INSERT: it runs on every
-  submission, and the ORM's model machinery would cost about as much as the write);
-- ``apply``: worker-side transitions, forward only: a write applies only if it
-  moves the row to a later attempt, or to a later status of the same attempt;
-- ``settle``: recovery's word, which overrides any status but a terminal one;
-- ``forget``: a submission that failed after its row was written.
+- ``insert_submission``: a delayed submission's row, written by its producer (a raw INSERT);
+- ``apply``: transitions, forward only: a write applies only if it moves the row to
+  a later attempt, or to a later status of the same attempt; one with ``create``
+  makes the row when there is none (a submission's row, written from the gate by
+  ``submissions``, or a worker that got there first);
+- ``settle``: recovery's word, which overrides any status but a terminal one.
 
 The database is ``router.db_for_write(KeyedTask)``: with ``KeyedQueueRouter`` in
 ``DATABASE_ROUTERS``, ``KEYED_QUEUE_DATABASE`` (see ``router``).
@@ -116,9 +116,6 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
         unfinished = rows.using(self.db_for_write()).exclude(status__in=TERMINAL_STATUSES)
         return unfinished.update(status=status, **fields)
 
-    def forget(self, task_id: str, key: str, ticket: int) -> None:
-        """Delete the row of a submission that failed after it was written."""
-        self.using(self.db_for_write()).filter(task_id=task_id, key=key, ticket=ticket).delete()
 
 
 @cache

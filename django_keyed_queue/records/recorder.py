@@ -1,6 +1,6 @@
 """A process's buffer of record transitions, written in batches by a background thread.
 
-A submission's row is written at once (``KeyedTask.objects.insert_submission``).
+A submission's row is written from the gate (``submissions``).
 Later transitions happen on workers, on the task's hot path, so they are
 buffered per process, merged per task, and written in one transaction every
 ``KEYED_QUEUE_RECORD_FLUSH_SECONDS``. Transitions of one task can come from
