@@ -11,6 +11,8 @@ keys, one after another:
 - a second task per key, which waits: bytes per waiting task;
 - both run to their end (start, finish): bytes per idle key, then again once the index of
   recent task ids has expired (it does within 60 s);
+- over ``--horizon-keys`` more keys, one task each with the record a producer keeps for its row,
+  before and after the rows are written;
 - over ``--horizon-keys`` more keys, run to idle by a gate whose idle horizon is 2 s: what is
   left of an idle key once the horizon has passed.
 
@@ -83,6 +85,18 @@ def main(argv: list[str] | None = None) -> int:
         expire("account", args.keys)
         idle_expired, names_left = used(), client.dbsize()
 
+        # A submission's record, kept with its ticket until a worker writes its row (here: write_due).
+        from django_keyed_queue.records import submissions
+
+        before_records = used()
+        for i in range(args.horizon_keys):
+            task_id, copied = copy()
+            record = submissions.record(task_id, "testproject.demo.tasks.step", f"args=('recorded:{i}', 1) kwargs={{}}")
+            gate.submit(f"recorded:{i}", copied, task_id=task_id, record=record)
+        with_records = used()
+        written = submissions.write_due(gate)
+        records_written = used()
+
         horizon_gate = Gate(client, idle_horizon_seconds=2)
         before_horizon = used()
         for i in range(args.horizon_keys):
@@ -101,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  an idle key, both tasks done:            {(idle - base) / n:8.0f} per key")
         print(f"  an idle key, its recent ids expired:     {(idle_expired - base) / n:8.0f} per key")
         print(f"  an idle key past its idle horizon:       {(after_horizon - before_horizon) / h:8.0f} per key")
+        print(
+            f"  a key with one dispatched task and its submission record: {(with_records - before_records) / h:8.0f}"
+            f" per key; {(records_written - before_records) / h:8.0f} once its row was written ({written} rows)"
+        )
         print(f"  Redis names: {names_left} for {n} idle keys; {names_after - names_left} more for {h} keys past it")
         print(
             f"  the deadline index holds {client.zcard(DEADLINE_INDEX)} entries: no reaper runs here, and a key's "
