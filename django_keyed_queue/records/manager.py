@@ -15,6 +15,7 @@ The database is ``router.db_for_write(KeyedTask)``: with ``KeyedQueueRouter`` in
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from contextlib import nullcontext
 from datetime import datetime
@@ -72,10 +73,14 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
             if ticket is None or not made_by_worker.update(enqueued_at=row["enqueued_at"], arguments=row["arguments"]):
                 raise
 
-    def apply(self, *transitions: Transition, new: bool = False) -> None:
+    def apply(self, *transitions: Transition, new: bool = False, create_after: float | None = None) -> list[Transition]:
         """Apply transitions now, in one transaction; each moves its submission's row forward or fills its gaps,
         and one with ``create`` makes the row if there is none yet (``new``: rows are expected to be missing,
         so each is inserted first, and updated only if it was there).
+
+        ``create_after``: a row is made only for a transition whose row has been missing
+        (``missing_since``) for that many seconds; the others are returned, applied to nothing.
+        A worker's transitions wait so for the submission's row its writer is about to write.
 
         Every writer (the workers' buffers, the submissions' writers) takes the rows
         in one order, each row's statements together, so that concurrent writers
@@ -85,10 +90,11 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
         db = connections[self.db_for_write()]
         ordered = sorted(transitions, key=lambda t: t.submission)
         update = _update_sql(self.model, db.alias)
+        now, waiting = time.monotonic(), list[Transition]()
         with transaction.atomic(using=db.alias), db.cursor() as cursor:
             if all(t.create is None for t in ordered):
                 cursor.executemany(update, [_update_params(self.model, t, db) for t in ordered])
-                return
+                return waiting
             insert = _insert_sql(self.model, db.alias, ignore_conflicts=True)
             for t in ordered:
                 params = _update_params(self.model, t, db)
@@ -96,9 +102,13 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
                     cursor.execute(update, params)
                     if cursor.rowcount or t.create is None:
                         continue
+                    if create_after is not None and (t.missing_since is None or now - t.missing_since < create_after):
+                        waiting.append(t)
+                        continue
                 cursor.execute(insert, _insert_params(self.model, db, t.row_to_create()))
                 if not cursor.rowcount:  # another writer's row came first: apply this to it
                     cursor.execute(update, params)
+        return waiting
 
     def settle(self, task_id: str, key: str, ticket: int, status: str, **fields: Any) -> int:
         """Set a submission's status now, whatever it was, unless it already ended (recovery's write).
@@ -115,7 +125,6 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
     def _settle(self, rows: models.QuerySet[Any], status: str, fields: dict[str, Any]) -> int:
         unfinished = rows.using(self.db_for_write()).exclude(status__in=TERMINAL_STATUSES)
         return unfinished.update(status=status, **fields)
-
 
 
 @cache

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 from django.db import IntegrityError, close_old_connections, connections, router
 
@@ -22,6 +24,10 @@ from .models import KeyedTask
 from .transitions import Transition
 
 logger = logging.getLogger(__name__)
+
+#: How long a transition waits for its submission's row before it makes the row itself (the record
+#: kept for it in the gate was lost with Redis, or no worker's main process writes rows).
+CREATE_MISSING_AFTER_SECONDS = 2.0
 
 
 class Recorder:
@@ -47,14 +53,26 @@ class Recorder:
         with self._lock:
             return self._pending.get(submission)
 
-    def flush(self) -> None:
-        """Write everything buffered so far (also called when the process shuts down)."""
+    def flush(self, *, wait_for_rows: bool = True) -> None:
+        """Write everything buffered so far; ``wait_for_rows=False`` (at shutdown) makes missing rows now.
+
+        A transition whose row is not there yet waits, buffered, for the submission's
+        row, which a worker's ``RecordWriter`` writes within ``KEYED_QUEUE_RECORD_FLUSH_SECONDS``
+        (one INSERT, instead of this one and that one's UPDATE), for at most
+        ``CREATE_MISSING_AFTER_SECONDS``; then it makes the row itself.
+        """
         with self._lock:
             batch, self._pending = self._pending, {}
         if not batch:
             return
         try:
-            KeyedTask.objects.apply(*batch.values())
+            create_after = CREATE_MISSING_AFTER_SECONDS if wait_for_rows else None
+            waiting = KeyedTask.objects.apply(*batch.values(), create_after=create_after)
+            if waiting:
+                now = time.monotonic()
+                for t in waiting:
+                    del batch[t.submission]
+                self._put_back(replace(t, missing_since=t.missing_since or now) for t in waiting)
         except IntegrityError:
             # A transition the database refuses must not hold the others back for good: one by one.
             batch = self._write_each(batch)
@@ -93,7 +111,7 @@ class Recorder:
     def close(self) -> None:
         """Stop the background thread and write what is left."""
         self._stop.set()
-        self.flush()
+        self.flush(wait_for_rows=False)
 
     def _run(self) -> None:
         while not self._stop.wait(settings.RECORD_FLUSH_SECONDS):

@@ -86,6 +86,8 @@ class Transition:
     outcome_key: str | None = None
     #: The task message as the gate stores it, for a row that has none (what a rebuild needs).
     message: str | None = None
+    #: When (``time.monotonic()``) a write of it first found no row: see ``KeyedTaskManager.apply``.
+    missing_since: float | None = None
 
     @property
     def submission(self) -> tuple[str, str, int]:
@@ -113,6 +115,7 @@ class Transition:
             joins=first.joins or last.joins,
             outcome_key=last.outcome_key or first.outcome_key,
             message=last.message or first.message,
+            missing_since=min((t.missing_since for t in (first, last) if t.missing_since is not None), default=None),
         )
 
     def row_to_create(self) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """Worker-side record writes: merged, batched, never moving a record backwards."""
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -157,7 +158,7 @@ def test_the_flusher_thread_outlives_a_database_that_fails(monkeypatch):
         idle_passes.append(1)
         raise RuntimeError("the database is down")
 
-    monkeypatch.setattr(KeyedTask.objects, "apply", lambda *transitions: written.extend(transitions))
+    monkeypatch.setattr(KeyedTask.objects, "apply", lambda *transitions, **options: written.extend(transitions) or [])
     monkeypatch.setattr(recorder_module, "close_old_connections", database_down)
     recorder = Recorder()
     with override_settings(KEYED_QUEUE_RECORD_FLUSH_SECONDS=0.01):
@@ -198,3 +199,29 @@ def test_a_delayed_tasks_join_finds_its_row_without_a_ticket_and_no_other():
     make_row(task_id="t2", status="waiting", ticket=None)
     KeyedTask.objects.apply(Transition("t2", "k", 7, "running", 1))
     assert KeyedTask.objects.get(task_id="t2").ticket is None
+
+
+def test_a_worker_s_transition_waits_for_its_submission_s_row_then_makes_it(monkeypatch):
+    """The submissions' writer writes the row within a flush interval; a row that never comes (its record was
+    lost with Redis) is made by the transition after ``CREATE_MISSING_AFTER_SECONDS``."""
+    monkeypatch.setattr(recorder_module, "CREATE_MISSING_AFTER_SECONDS", 0.3)
+    create = {"task_name": "demo.step", "enqueued_at": timezone.now(), "args": ("k", 1), "kwargs": {}}
+    recorder = Recorder()
+    recorder._stop.set()  # no background thread: this test flushes
+    recorder.record(Transition("t1", "k", 1, "running", 1, {"worker": "w1"}, create=create))
+    recorder.record(Transition("t2", "k", 2, "running", 1, {"worker": "w1"}, create=create))
+    make_row(task_id="t2", ticket=2, status="dispatched")  # t2's submission row is written
+
+    recorder.flush()
+    assert list(KeyedTask.objects.values_list("task_id", "status")) == [("t2", "running")]
+    assert recorder.peek(("t1", "k", 1)) is not None, "t1 waits, buffered, for its row"
+
+    make_row(task_id="t1", ticket=1, status="waiting")  # its writer's row arrives
+    recorder.flush()
+    assert KeyedTask.objects.get(task_id="t1").status == "running" and recorder.peek(("t1", "k", 1)) is None
+
+    recorder.record(Transition("t3", "k", 3, "running", 1, {"worker": "w1"}, create=create))
+    recorder.flush()
+    time.sleep(0.35)
+    recorder.flush()  # no row came: it makes one
+    assert KeyedTask.objects.get(task_id="t3").worker == "w1"
