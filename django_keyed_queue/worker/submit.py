@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 from celery.utils import uuid
@@ -36,6 +36,8 @@ logger = logging.getLogger(__name__)
 
 #: How long a submission whose reply was lost keeps asking the gate for its ticket before it fails.
 SUBMIT_RETRY_SECONDS = 5.0
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -313,21 +315,12 @@ def _submit_batch(task, batch: list[_Prepared], producer: Any, *, submitted: int
 
 
 def _take_tickets(task, batch: list[Submission]) -> list:
-    """``Gate.submit_many``, asked again with ``retried`` when a lost reply may hide tickets taken."""
-    gate = current().gate
+    """``Gate.submit_many``, asked again when a lost reply may hide tickets taken."""
+    call = partial(current().gate.submit_many, batch)
     try:
-        return gate.submit_many(batch)
+        return asked_again(call, f"{task.name}: a bulk submission of {len(batch)} calls")
     except NotSent as exc:
         raise GateUnavailable(f"{task.name}: the keyed queue's Redis is unreachable: {exc}") from exc
-    except TRANSIENT:
-        logger.warning("a bulk submission of %d calls lost its reply; asking the gate again", len(batch))
-    try:
-        return outlast_restart(partial(gate.submit_many, batch, retried=True), seconds=SUBMIT_RETRY_SECONDS)[0]
-    except redis.RedisError as exc:
-        raise GateUnavailable(
-            f"{task.name}: the keyed queue's Redis went away during a bulk submission, whose last batch "
-            f"may have been queued and may still run: {exc}"
-        ) from exc
 
 
 def _release_claims(items: list[_Prepared]) -> None:
@@ -384,13 +377,18 @@ def take_ticket(
     a worker (``wait_out_outage``) waits out a restart, as for every call after the fact.
     """
     call = partial(gate.submit, key, message, task_id=task_id, **submit_options)
+    return asked_again(call, f"{task_name}: submitting to key={key!r}", wait_out_outage=wait_out_outage)
+
+
+def asked_again(call: Callable[..., T], what: str, *, wait_out_outage: bool = False) -> T:
+    """``call()``; if its reply was lost, ``call(retried=True)`` until Redis answers (see ``take_ticket``)."""
     try:
         return call()
     except NotSent:
         if not wait_out_outage:
             raise  # Redis is down: nothing was taken, fail at once
     except TRANSIENT:
-        logger.warning("submitting to key=%r lost its reply; asking the gate again", key)
+        logger.warning("%s lost its reply; asking the gate again", what)
     seconds = {} if wait_out_outage else {"seconds": SUBMIT_RETRY_SECONDS}
     try:
         return outlast_restart(partial(call, retried=True), **seconds)[0]
@@ -398,7 +396,7 @@ def take_ticket(
         if wait_out_outage:
             raise
         raise GateUnavailable(
-            f"{task_name}: the keyed queue's Redis went away during the submission, which may have "
+            f"{what}: the keyed queue's Redis went away during the submission, which may have "
             f"been queued and may still run: {exc}"
         ) from exc
 
