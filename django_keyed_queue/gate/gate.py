@@ -380,9 +380,17 @@ class Gate:
         found = []
         for key, flat in zip(keys, self._pipelined("unwritten", calls), strict=True):
             for ticket, kept, message in zip(flat[0::3], flat[1::3], flat[2::3], strict=True):
-                state, at_ms, record = kept.split(b"|", 2)
+                parts = kept.split(b"|", 2)
+                # Not as submit keeps it (someone else wrote it): handed on whole, for the caller to refuse.
+                state, at_ms, record = parts if len(parts) == 3 and parts[1].isdigit() else (b"", b"0", kept)
                 found.append(Unwritten(key, int(ticket), state == b"d", int(at_ms), record, message or None))
         return found
+
+    def unclaim_unwritten(self, claims: Iterable[tuple[str, int]]) -> None:
+        """Give back ``claims`` (from :meth:`claim_unwritten`) whose records were not written: due again at once."""
+        released = [v for key, claim in claims for v in (key, claim, 0)]
+        if released:
+            self._call("reindex", [UNWRITTEN_INDEX], released)
 
     def forget_unwritten(self, written: Iterable[Unwritten], claims: Iterable[tuple[str, int]] = ()) -> None:
         """Delete records whose rows are written, and release ``claims`` (from :meth:`claim_unwritten`)

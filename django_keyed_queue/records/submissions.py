@@ -69,15 +69,21 @@ def transition(unwritten: Unwritten) -> Transition:
 def write(gate: Gate, keys: Sequence[str], claims: Sequence[tuple[str, int]] = ()) -> int:
     """Write the rows of the records kept for ``keys``, then delete those records and release
     ``claims``; returns how many were written."""
-    found = gate.unwritten(keys)
-    rows = []
-    for unwritten in found:
-        try:
-            rows.append(transition(unwritten))
-        except (ValueError, TypeError):
-            logger.error("keyed queue key=%r keeps a submission record that is not one: %r", unwritten.key, unwritten)
-    if rows:
-        KeyedTask.objects.apply(*rows, new=True)
+    try:
+        found = gate.unwritten(keys)
+        rows = []
+        for unwritten in found:
+            try:
+                rows.append(transition(unwritten))
+            except (ValueError, TypeError):
+                logger.error(
+                    "keyed queue key=%r keeps a submission record that is not one: %r", unwritten.key, unwritten
+                )
+        if rows:
+            KeyedTask.objects.apply(*rows, new=True)
+    except BaseException:
+        gate.unclaim_unwritten(claims)  # the next pass, of any writer, tries them again
+        raise
     gate.forget_unwritten(found, claims)
     return len(rows)
 

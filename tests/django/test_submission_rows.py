@@ -76,12 +76,13 @@ def test_a_record_that_is_not_one_is_logged_and_dropped_and_the_others_are_writt
     result = step.apply_async(("k", 1), queue=QUEUE)
     gate_redis.hset(KeyNames("k").unwritten, 99, b"w|1700000000000|" + b'{"task_id": 7}')
     gate_redis.hset(KeyNames("j").unwritten, 1, b"w|1700000000000|not json")
+    gate_redis.hset(KeyNames("j").unwritten, 2, b"no separators at all")
     gate_redis.zadd(UNWRITTEN_INDEX, {"j": 0})
 
     with caplog.at_level(logging.ERROR, logger=submissions.__name__):
         assert write_submission_rows() == 1
     assert [r.task_id for r in KeyedTask.objects.all()] == [result.id]
-    assert caplog.text.count("keeps a submission record that is not one") == 2
+    assert caplog.text.count("keeps a submission record that is not one") == 3
     assert gate_redis.exists(KeyNames("k").unwritten, KeyNames("j").unwritten, UNWRITTEN_INDEX) == 0
 
 
@@ -96,6 +97,6 @@ def test_a_failed_database_write_keeps_the_records_for_the_next_writer(gate_redi
         with pytest.raises(RuntimeError):
             write_submission_rows()
     assert gate_redis.hlen(KeyNames("k").unwritten) == 1
-    gate_redis.zadd(UNWRITTEN_INDEX, {"k": 0})  # as when the failed writer's claim lapses
+    assert gate_redis.zscore(UNWRITTEN_INDEX, "k") == 0, "the failed writer gave its claim back"
     assert write_submission_rows() == 1
     assert KeyedTask.objects.filter(task_id=result.id).exists()

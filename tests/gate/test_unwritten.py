@@ -96,3 +96,15 @@ def test_a_retried_submission_keeps_one_record(gate):
 
     assert again.ticket == first.ticket
     assert [(u.ticket, u.record) for u in gate.unwritten(["k"])] == [(first.ticket, b"r1")]
+
+
+def test_an_unclaimed_key_is_due_again_at_once_and_a_claim_moved_since_is_left(gate, gate_redis):
+    gate.submit("a", b"m", record=b"r")
+    gate.submit("b", b"m", record=b"r")
+    claims = dict(gate.claim_unwritten(claim_seconds=30, batch=10))
+    gate.submit("b", b"m2", record=b"r2")  # b scored 0 again by a submission
+
+    gate.unclaim_unwritten(claims.items())
+
+    assert _index(gate_redis) == {"a": 0, "b": 0}
+    assert sorted(k for k, _ in gate.claim_unwritten(claim_seconds=30, batch=10)) == ["a", "b"]
