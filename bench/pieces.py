@@ -1,0 +1,102 @@
+"""CPU per task of each piece of a keyed task's path, one at a time, in this process (no workers).
+
+    python -m bench.pieces [--tasks 2000] [--database sqlite|sqlite-wal|postgresql]
+
+Starts one redis-server (broker and gate) and the records' database in a temp dir, then runs each
+piece ``--tasks`` times on as many keys, in the order a task meets them, and prints the client's
+CPU time (``time.process_time``) and wall time per task. The redis-server's and PostgreSQL's own
+CPU are not in these figures: ``bench.throughput`` counts the redis-server's. Where the keyed
+path's cost over plain Celery goes, piece by piece (see docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import uuid
+from collections.abc import Callable
+
+from .harness import DATABASES, Cluster
+
+#: A stored message of about the size of the demo ``step``'s.
+MESSAGE = b"x" * 1500
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", type=int, default=2000)
+    parser.add_argument("--database", choices=DATABASES, default="sqlite")
+    args = parser.parse_args(argv)
+    n = args.tasks
+
+    cluster = Cluster(workers=0, concurrency=1, database=args.database, gate_on_broker=True)
+    try:
+        cluster.start()
+        from django.utils import timezone
+
+        from django_keyed_queue.gate import Outcome
+        from django_keyed_queue.records import submissions
+        from django_keyed_queue.records.models import KeyedTask
+        from django_keyed_queue.records.transitions import Transition
+        from django_keyed_queue.worker.process import get_gate
+
+        gate = get_gate()
+        ids = [str(uuid.uuid4()) for _ in range(n)]
+        tokens: dict[int, int] = {}
+        ends: list[Transition] = []
+        print(f"{n} tasks on {n} keys, records in {args.database}, one redis-server")
+
+        def piece(label: str, run: Callable[[], object]) -> None:
+            cpu, wall = time.process_time(), time.perf_counter()
+            run()
+            cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+            print(f"  {label:<58} {1e3 * cpu / n:6.3f} ms CPU  {1e3 * wall / n:6.3f} ms wall per task")
+
+        def submit() -> None:
+            for i in range(n):
+                record = submissions.record(ids[i], "demo.step", f"args=('k{i}', 1) kwargs={{}}")
+                gate.submit(f"k{i}", MESSAGE, task_id=ids[i], record=record)
+
+        def start() -> None:
+            for i in range(n):
+                tokens[i] = gate.start(f"k{i}", 1, 1).token
+
+        def write_rows() -> None:
+            while submissions.write_due(gate, batch=100, max_batches=1):
+                pass
+
+        def build_end() -> None:
+            now = timezone.now()
+            for i in range(n):
+                create = {"task_name": "demo.step", "enqueued_at": now, "args": (f"k{i}", 1), "kwargs": {}}
+                fields = {"started_at": now, "heartbeat_at": now, "worker": "w1"}
+                running = Transition(ids[i], f"k{i}", 1, "running", 1, fields, create=create)
+                ends.append(running.merged_with(Transition(ids[i], f"k{i}", 1, "succeeded", 1, {"finished_at": now})))
+
+        def finish() -> None:
+            for i, end in enumerate(ends):
+                gate.finish(f"k{i}", 1, tokens[i], outcome=Outcome(end.outcome_field, end.to_json()))
+
+        def apply_ends() -> None:
+            for j in range(0, n, 50):
+                KeyedTask.objects.apply(*ends[j : j + 50])
+
+        def forget_outcomes() -> None:
+            for j in range(0, n, 50):
+                gate.forget_outcomes([(t.key, t.outcome_field) for t in ends[j : j + 50]])
+
+        piece("producer: gate.submit with the record (one round trip)", submit)
+        piece("worker: gate.start", start)
+        piece("worker main process: submissions' rows, 100 keys a pass", write_rows)
+        piece("worker: the run's transitions, built and merged", build_end)
+        piece("worker: gate.finish with the outcome (and its JSON)", finish)
+        piece("worker: the run's record written, 50 rows a transaction", apply_ends)
+        piece("worker: written outcomes forgotten, 50 a round trip", forget_outcomes)
+    finally:
+        cluster.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
