@@ -122,8 +122,7 @@ class Gate:
             key, message, limit=limit, lease_ms=self.lease_ms if start else 0, join_id=join_id, max_lost=max_lost,
             task_id=task_id, retried=retried, max_waiting=max_waiting, record=record,
         )  # fmt: skip
-        also = [("ZADD", UNWRITTEN_INDEX, 0, key)] if record else []
-        [reply] = self._pipelined("submit", [call], index=key, also=also)
+        [reply] = self._pipelined("submit", [call], index=key, also=_index_unwritten([key] if record else []))
         if reply[0] == Code.DUPLICATE:
             logger.debug("submit key=%r join_id=%s duplicate", key, join_id)
             return None
@@ -151,13 +150,10 @@ class Gate:
             )  # fmt: skip
             for s in submissions
         ]
-        keys = list(dict.fromkeys(s.key for s in submissions))
-        hint = self._deadline_hint_ms()
-        also: list[tuple[EncodableT, ...]] = [("ZADD", DEADLINE_INDEX, "LT", *(v for k in keys for v in (hint, k)))]
-        recorded = list(dict.fromkeys(s.key for s in submissions if s.record))
-        if recorded:
-            also.append(("ZADD", UNWRITTEN_INDEX, *(v for k in recorded for v in (0, k))))
-        replies = self._pipelined("submit", calls, also=also) if calls else []
+        if not calls:
+            return []
+        recorded = [s.key for s in submissions if s.record]
+        replies = self._pipelined("submit", calls, index=[s.key for s in submissions], also=_index_unwritten(recorded))
         return [self._submit_result(s.key, reply) for s, reply in zip(submissions, replies, strict=True)]
 
     def _submit_call(
@@ -388,7 +384,7 @@ class Gate:
 
     def unclaim_unwritten(self, claims: Iterable[tuple[str, int]]) -> None:
         """Give back ``claims`` (from :meth:`claim_unwritten`) whose records were not written: due again at once."""
-        released = [v for key, claim in claims for v in (key, claim, 0)]
+        released = _claims_moved_to(claims, 0)
         if released:
             self._call("reindex", [UNWRITTEN_INDEX], released)
 
@@ -397,7 +393,7 @@ class Gate:
         of keys no submission was kept for since; one round trip."""
         # Deleted first: a claim released before its records were would leave them unindexed.
         deleted: list[tuple[EncodableT, ...]] = [("HDEL", KeyNames(w.key).unwritten, w.ticket) for w in written]
-        released = [v for key, claim in claims for v in (key, claim, -1)]
+        released = _claims_moved_to(claims, -1)  # -1: removed
         script = self._scripts["reindex"]
 
         def commands() -> list[tuple[EncodableT, ...]]:
@@ -538,24 +534,26 @@ class Gate:
         name: str,
         calls: Sequence[tuple[Sequence[str], Sequence[EncodableT]]],
         *,
-        index: str | None = None,
+        index: str | Sequence[str] | None = None,
         index_within_ms: int | None = None,
         also: Sequence[tuple[EncodableT, ...]] = (),
     ) -> list[Any]:
         """Run script ``name`` once per (keys, args) in one round trip, loading it if Redis lost it.
 
-        With ``index``, also move that key early in the deadline index (``ZADD LT``): to when a
-        deadline ``index_within_ms`` from now falls due, by default the earliest a new holder's can.
-        ``also``: more commands for the same round trip, sent last.
+        With ``index`` (a key, or several), also move those keys early in the deadline index
+        (``ZADD LT``): to when a deadline ``index_within_ms`` from now falls due, by default the
+        earliest a new holder's can. ``also``: more commands for the same round trip, sent last.
         """
         script = self._scripts[name]
+        indexed = [index] if isinstance(index, str) else list(dict.fromkeys(index or ()))
 
         def commands() -> list[tuple[EncodableT, ...]]:
             sent: list[tuple[EncodableT, ...]] = [
                 ("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls
             ]
-            if index is not None:
-                sent.append(("ZADD", DEADLINE_INDEX, "LT", self._deadline_hint_ms(index_within_ms), index))
+            if indexed:
+                hint = self._deadline_hint_ms(index_within_ms)
+                sent.append(("ZADD", DEADLINE_INDEX, "LT", *(v for key in indexed for v in (hint, key))))
             return [*sent, *also]
 
         return self._run(commands, script)[: len(calls)]
@@ -654,6 +652,17 @@ class Gate:
 
     def _grants(self, key: str, flat: list[Any]) -> list[Grant]:
         return [Grant(key, int(flat[i]), int(flat[i + 1]), flat[i + 2]) for i in range(0, len(flat), 3)]
+
+
+def _index_unwritten(keys: Iterable[str]) -> list[tuple[EncodableT, ...]]:
+    """The command scoring ``keys`` 0 in the unwritten index (records kept for them); none for no key."""
+    scored = [v for key in dict.fromkeys(keys) for v in (0, key)]
+    return [("ZADD", UNWRITTEN_INDEX, *scored)] if scored else []
+
+
+def _claims_moved_to(claims: Iterable[tuple[str, int]], score: int) -> list[EncodableT]:
+    """``reindex.lua``'s arguments moving each claimed key to ``score``, unless a submission moved it since."""
+    return [v for key, claim in claims for v in (key, claim, score)]
 
 
 def _send_and_read(conn: Connection, commands: list[tuple[EncodableT, ...]]) -> list[Any]:

@@ -161,19 +161,14 @@ def _enqueue(task, key: str, task_id: str, args: tuple, kwargs: dict, options: d
     if granted, publishes it: nothing left behind on failure."""
 
     def to_gate(message: TaskMessage, send_now) -> None:
-        row = _row(task, key, message, options)
-        gate = current().gate
-        max_waiting = waiting_limit(task)
+        sub = _submission(task, key, message, options)
         try:
             submitted = take_ticket(
-                gate, task.name, key, row["message"].encode(), task_id=task_id, limit=task.serial_limit,
-                max_waiting=max_waiting, record=submissions.record(task_id, task.name, row["arguments"]),
+                current().gate, task.name, key, sub.message, task_id=task_id, limit=sub.limit,
+                max_waiting=sub.max_waiting, record=sub.record,
             )  # fmt: skip
         except QueueFull as full:
-            raise KeyQueueFull(
-                f"{task.name}: key {key!r} has {full.waiting} tasks waiting, the most it may have "
-                f"(max_waiting={max_waiting}); nothing was submitted"
-            ) from full
+            raise _queue_full(task, full, sub, "; nothing was submitted") from full
         except redis.RedisError as exc:
             raise GateUnavailable(f"{task.name}: the keyed queue's Redis is unreachable: {exc}") from exc
         assert submitted is not None  # only joins can be duplicates
@@ -261,13 +256,7 @@ def _prepared(task, checked: Checked) -> _Prepared:
         task.app, task, checked.task_id, checked.args, checked.kwargs, checked.options,
         lambda message, send_now: built.append(message),
     )  # fmt: skip
-    row = _row(task, checked.key, built[0], checked.options)
-    submission = Submission(
-        checked.key, row["message"].encode(), checked.task_id,
-        record=submissions.record(checked.task_id, task.name, row["arguments"]),
-        limit=task.serial_limit, max_waiting=waiting_limit(task),
-    )  # fmt: skip
-    return _Prepared(checked, built[0], submission, result)
+    return _Prepared(checked, built[0], _submission(task, checked.key, built[0], checked.options), result)
 
 
 def _submit_batch(task, batch: list[_Prepared], producer: Any, *, submitted: int) -> list:
@@ -295,10 +284,7 @@ def _submit_batch(task, batch: list[_Prepared], producer: Any, *, submitted: int
         key = item.submission.key
         try:
             if isinstance(outcome, QueueFull):
-                raise KeyQueueFull(
-                    f"{task.name}: key {key!r} has {outcome.waiting} tasks waiting, the most it may have "
-                    f"(max_waiting={item.submission.max_waiting})"
-                )
+                raise _queue_full(task, outcome, item.submission)
             if outcome.granted:
                 publish_stored(task.app, item.message, ticket_header(key, outcome.ticket, 1), producer)
         except BaseException as exc:
@@ -327,6 +313,23 @@ def _release_claims(items: list[_Prepared]) -> None:
     for item in items:
         if item.claimed and item.checked.fingerprint is not None:
             idempotency.release(item.checked.fingerprint, item.checked.task_id)
+
+
+def _submission(task, key: str, message: TaskMessage, options: dict) -> Submission:
+    """What the gate takes for a submission of ``task``: its stored message, its record, its key's limits."""
+    row = _row(task, key, message, options)
+    return Submission(
+        key, row["message"].encode(), message.task_id,
+        record=submissions.record(message.task_id, task.name, row["arguments"]),
+        limit=task.serial_limit, max_waiting=waiting_limit(task),
+    )  # fmt: skip
+
+
+def _queue_full(task, full: QueueFull, submission: Submission, then: str = "") -> KeyQueueFull:
+    return KeyQueueFull(
+        f"{task.name}: key {submission.key!r} has {full.waiting} tasks waiting, the most it may have "
+        f"(max_waiting={submission.max_waiting}){then}"
+    )
 
 
 def _row(task, key: str, message: TaskMessage, options: dict) -> dict:
