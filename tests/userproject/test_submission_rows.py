@@ -1,5 +1,6 @@
 """A submission's row in the user's project: the producer writes none, and a worker writes every one within
-a second, also for a producer killed with SIGKILL right after ``delay()`` returned and for parked tasks."""
+a second, also for a producer killed with SIGKILL right after ``delay()`` or ``apply_async_many()``
+returned and for parked tasks."""
 
 import json
 import signal
@@ -11,14 +12,16 @@ from tests.helpers import check_history, wait_until
 
 pytestmark = pytest.mark.workers
 
-#: Run in ``manage.py shell``: a held key with 20 tasks parked behind it and 20 free keys, then SIGKILL.
+#: Run in ``manage.py shell``: a held key with 20 tasks parked behind it (the last 10 submitted in bulk, in
+#: batches of 4) and 20 free keys (in bulk), then SIGKILL.
 SCRIPT = """
 import json, os, signal
 from shop.tasks import step
 
 ids = [step.delay("held", 0, 3).id]
-ids += [step.delay("held", n, 0).id for n in range(1, 21)]
-ids += [step.delay(f"free-{n}", 0, 0).id for n in range(20)]
+ids += [step.delay("held", n, 0).id for n in range(1, 11)]
+ids += [r.id for r in step.apply_async_many([("held", n, 0) for n in range(11, 21)], batch_size=4)]
+ids += [r.id for r in step.apply_async_many([(f"free-{n}", 0, 0) for n in range(20)])]
 print(json.dumps(ids), flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """
