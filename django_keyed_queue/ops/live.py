@@ -86,7 +86,11 @@ def live_keys(*, limit: int = 100, key: str | None = None) -> tuple[list[KeyStat
     bounded: at most ``limit`` paused keys, and a key's waiting tasks are counted, not read.
     """
     gate = get_gate()
-    submissions.write_due(gate)  # the operator sees every submission, also while no worker runs
+    # The operator sees the latest submissions also while no worker runs; a request writes a bounded batch.
+    if key is None:
+        submissions.write_due(gate, batch=submissions.PAGE_BATCH, max_batches=1)
+    else:
+        submissions.write_key(gate, key)
     active = KeyedTask.objects.active()
     if key is not None:
         active = active.filter(key=key)

@@ -34,6 +34,9 @@ logger = logging.getLogger(__name__)
 
 #: How long a writer's claim on a key lasts: another writer takes the key over after it.
 CLAIM_SECONDS = 10.0
+#: The most keys a web request writes before it answers (``write_due(gate, max_batches=1)``): a
+#: backlog left while no worker ran is the workers', the reaper's or ``keyed_queue_status``'s.
+PAGE_BATCH = 500
 
 
 _RECORD_FIELDS = ("task_id", "task_name", "arguments")
@@ -94,7 +97,8 @@ def write_key(gate: Gate, key: str) -> int:
 
 
 def write_due(gate: Gate, *, batch: int = 500, max_batches: int = 100) -> int:
-    """Write the rows of every submission kept in the gate, ``batch`` keys at a time; how many were written."""
+    """Write the rows of the submissions kept in the gate, ``batch`` keys at a time, at most
+    ``max_batches`` times; how many were written."""
     written = 0
     for _ in range(max_batches):
         claims = gate.claim_unwritten(claim_seconds=CLAIM_SECONDS, batch=batch)

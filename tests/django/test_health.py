@@ -7,7 +7,10 @@ from django.contrib.auth import get_user_model
 from django.test import override_settings
 from django.urls import reverse
 
-from django_keyed_queue.gate.keys import DEADLINE_INDEX
+from django_keyed_queue.gate.keys import DEADLINE_INDEX, UNWRITTEN_INDEX, KeyNames
+from django_keyed_queue.records import submissions
+from django_keyed_queue.records.models import KeyedTask
+from django_keyed_queue.testing import write_submission_rows
 from django_keyed_queue.worker.process import current, get_gate
 from testproject.demo.tasks import step
 
@@ -72,3 +75,24 @@ def test_an_unreachable_redis_is_a_503(staff_client):
     with override_settings(KEYED_QUEUE_REDIS_URL="redis://127.0.0.1:1/0"):
         response = staff_client.get(URL)
     assert response.status_code == 503 and response.json()["redis_reachable"] is False
+
+
+def test_a_request_writes_one_bounded_batch_of_a_backlog_of_rows(staff_client, gate_redis, broker, monkeypatch):
+    monkeypatch.setattr(submissions, "PAGE_BATCH", 3)
+    step.apply_async_many([("k", 0)] + [(f"key-{i}", 1) for i in range(6)], queue=QUEUE)
+
+    assert staff_client.get(URL).status_code == 200
+    assert KeyedTask.objects.count() == 3, "one batch of keys written, the rest left to the workers"
+    assert gate_redis.zcard(UNWRITTEN_INDEX) == 4
+    assert write_submission_rows() == 4
+
+
+def test_the_live_page_of_one_key_writes_that_keys_rows_only(staff_client, gate_redis, broker):
+    step.apply_async_many([("shown", 1), ("shown", 2), ("other", 1)], queue=QUEUE)
+    staff_client.force_login(get_user_model().objects.create_superuser("root"))
+
+    page = staff_client.get(reverse("admin:keyed_queue_keys"), {"key": "shown"}).content.decode()
+
+    assert 'data-key="shown"' in page
+    assert sorted(KeyedTask.objects.values_list("key", "ticket")) == [("shown", 1), ("shown", 2)]
+    assert (gate_redis.hlen(KeyNames("shown").unwritten), gate_redis.hlen(KeyNames("other").unwritten)) == (0, 1)
