@@ -7,6 +7,7 @@ tasks keep), or the ``base=`` given, with ``KeyedSerialTask`` mixed in first.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import inspect
 import string
@@ -26,7 +27,9 @@ def keyed_serial_task(*, key: str | Callable[..., str], limit: int = 1, **option
     ``key`` is a ``str.format`` template over the task's arguments
     (``"account:{account_id}"``) or a callable taking the task's arguments.
     At most ``limit`` tasks of one key run at once. Other options go to
-    ``shared_task`` unchanged (``bind``, ``max_retries``, ``queue`` ...).
+    ``shared_task`` unchanged (``bind``, ``max_retries``, ``queue`` ...), or set
+    the task class's own (``max_recoveries``, ``idempotent``, ``max_waiting``, and a
+    ``base=`` class's attributes); any other name raises ``TypeError`` at import.
     """
     if not (isinstance(key, str) or callable(key)):
         raise InvalidKey(f"key must be a format string or a callable, got {type(key).__name__}")
@@ -37,6 +40,7 @@ def keyed_serial_task(*, key: str | Callable[..., str], limit: int = 1, **option
     base = options.pop("base", None)
     if base is not None and not (isinstance(base, type) and issubclass(base, Task)):
         raise TypeError(f"base must be a Celery task class (a subclass of celery.Task), got {base!r}")
+    _check_options(options, base)
 
     def decorate(fun: Callable) -> Any:
         if isinstance(key, str):
@@ -75,6 +79,43 @@ def keyed_class(base: type) -> type:
     if issubclass(base, KeyedSerialTask):
         return base
     return type(f"KeyedSerial{base.__name__}", (KeyedSerialTask, base), {"__module__": base.__module__})
+
+
+#: What Celery's task decorator takes besides the task class's attributes (``Celery._task_from_fun``,
+#: the autoretry options, and the routing and publishing options a task's class may set).
+DECORATOR_OPTIONS = frozenset(
+    (
+        "bind", "name", "shared", "lazy", "filter", "run",
+        "pydantic", "pydantic_strict", "pydantic_context", "pydantic_dump_kwargs",
+        "autoretry_for", "dont_autoretry_for", "retry_kwargs", "retry_backoff", "retry_backoff_max", "retry_jitter",
+        "queue", "routing_key", "exchange", "delivery_mode", "compression", "immediate", "mandatory",
+        "store_eager_result",
+    )
+)  # fmt: skip
+
+
+def _check_options(options: dict, base: type | None) -> None:
+    """Refuse, at import time, an option that is neither ours nor Celery's: Celery would make it
+    an attribute of the task's class, and a misspelt option would silently do nothing."""
+    classes = [KeyedSerialTask, base or Task]
+    try:
+        classes.append(_state.get_current_app().Task)  # the project's ``task_cls`` may add its own
+    except Exception:  # no app yet, or one that cannot make its task class: its own check is at registration
+        pass
+    known = DECORATOR_OPTIONS | {name for cls in classes for name in dir(cls) if not name.startswith("_")}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        hints = []
+        for name in unknown:
+            close = difflib.get_close_matches(name, known, 1, 0.75)
+            hints.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
+        raise TypeError(
+            f"@keyed_serial_task got unknown option{'s' if len(unknown) > 1 else ''} {', '.join(hints)}: "
+            "neither one of its own (key, limit, max_recoveries, idempotent, max_waiting) nor a Celery task option"
+        )
+    for name, value in options.items():
+        if any(inspect.isfunction(getattr(cls, name, None)) for cls in classes) and not callable(value):
+            raise TypeError(f"@keyed_serial_task: {name}={value!r} would replace the task's method {name}()")
 
 
 def _check_template(fun: Callable, template: str, *, bound: bool) -> None:

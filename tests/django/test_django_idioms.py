@@ -170,10 +170,12 @@ def test_eager_delay_on_commit_runs_at_the_commit(eager, gate_redis, broker):
 
 
 class ProjectTask(Task):
-    """A project's own task class, with a method its tasks use."""
+    """A project's own task class, with a method its tasks use and an option of its own."""
+
+    tenant_name = "acme"
 
     def tenant(self) -> str:
-        return "acme"
+        return self.tenant_name
 
 
 def keyed_task_of(celery_app: Celery, **options):
@@ -204,6 +206,24 @@ def test_the_django_project_s_keyed_tasks_have_django_s_task_methods():
 def test_a_base_that_is_not_a_task_class_fails_at_import():
     with pytest.raises(TypeError, match="base must be a Celery task class"):
         keyed_serial_task(key="{key}", base=object)
+
+
+def test_an_unknown_or_misspelt_option_fails_at_import_naming_it():
+    with pytest.raises(TypeError, match=r"unknown option 'max_retires' \(did you mean 'max_retries'\?\)"):
+        keyed_serial_task(key="{key}", max_retires=3)
+    with pytest.raises(TypeError, match="unknown options 'colour', 'max_recovery' .did you mean 'max_recoveries'"):
+        keyed_serial_task(key="{key}", max_recovery=2, colour="blue")
+    with pytest.raises(TypeError, match="would replace the task's method after_return"):
+        keyed_serial_task(key="{key}", after_return="later")
+
+
+def test_celery_s_options_ours_and_a_base_class_s_own_attributes_are_taken():
+    options = {"acks_late": True, "max_retries": 2, "rate_limit": "1/s",
+               "autoretry_for": (ValueError,), "retry_backoff": True, "typing": False,
+               "max_recoveries": 1, "idempotent": True, "max_waiting": 5}  # fmt: skip
+    task = keyed_task_of(Celery("project", set_as_current=False), **options)
+    assert (task.max_recoveries, task.max_waiting, task.acks_late, task.max_retries) == (1, 5, True, 2)
+    assert keyed_task_of(Celery("p", set_as_current=False), base=ProjectTask, tenant_name="other").tenant() == "other"
 
 
 def test_wait_for_keyed_tasks_names_the_tasks_that_have_not_ended(gate_redis, broker):
