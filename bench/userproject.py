@@ -21,8 +21,9 @@ rounds alternate (after a small warm-up of each), in two scenarios:
 - one hot key: ``--hot-tasks`` tasks on one key; the keyed rounds' handoffs (end of task n to start of n+1)
   are taken from the history's times.
 
-Throughput = tasks / (last end - first submission), on this machine's clock. Between rounds the bench waits
-until every task ended, the keyed records are terminal and the worker is idle, then empties the history.
+Throughput = tasks / (last end - first submission), on this machine's clock. After each round the bench waits
+until every task ended, the keyed records are terminal and the worker is idle; the next round empties the
+history first (the last round's is kept, with ``--keep``).
 Exits 1 if a task was lost or ran twice, a keyed round broke its keys' order or exclusion (read from the
 order of the history's lines, appended across processes), a keyed record did not end ``succeeded``, or a
 round timed out.
@@ -71,7 +72,8 @@ class Round:
     wall_seconds: float = 0.0
     #: From the first submission until every keyed record of the round is terminal.
     settle_seconds: float | None = None
-    #: CPU seconds used during the round: the producer's submissions, and each server process group.
+    #: CPU seconds used during the round: the producer's submissions, and each server's processes (PostgreSQL's
+    #: include the bench's own reads of the records after the last task ended).
     cpu: dict[str, float] = field(default_factory=dict)
     handoffs_ms: list[float] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -79,6 +81,22 @@ class Round:
     @property
     def throughput(self) -> float:
         return self.tasks / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+
+def group_cpu_seconds(groups: dict[str, list[int]]) -> dict[str, float]:
+    """``harness.cpu_seconds`` (each group's live processes) plus the CPU of the roots' children that have
+    exited: PostgreSQL's backends, one per connection, which Celery's Django fixup closes after each task."""
+    tick = os.sysconf("SC_CLK_TCK")
+    used = cpu_seconds(groups)
+    for name, roots in groups.items():
+        for pid in roots:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            used[name] += (int(fields[13]) + int(fields[14])) / tick  # cutime + cstime: children waited for
+    return used
 
 
 class History:
@@ -161,7 +179,6 @@ class Bench:
         if self.postgres is not None:
             postmaster = self.postgres.directory / "data" / "postmaster.pid"
             self.cpu_groups["postgres"] = [int(postmaster.read_text().split()[0])]
-        self.history.clear()
 
     def stop(self) -> None:
         for worker in self.project.workers:
@@ -169,15 +186,19 @@ class Bench:
                 worker.stop()
             except Exception as exc:  # keep stopping the rest
                 print(f"stopping worker {worker.name} failed: {exc!r}", file=sys.stderr)
-        self.redis.stop()
-        if self.postgres is not None:
-            self.postgres.stop()
+        for server in (self.redis, self.postgres):
+            try:
+                if server is not None:
+                    server.stop()
+            except Exception as exc:
+                print(f"stopping {type(server).__name__} failed: {exc!r}", file=sys.stderr)
 
     def run_round(self, scenario: str, index: int, variant: str, plan: list[tuple[str, int]]) -> Round:
         result = Round(scenario, index, variant, len(plan))
+        self.history.clear()  # the worker is idle: the last round waited for it (a failed round is the last)
         (self.project.directory / "plan.json").write_text(json.dumps(plan))
         deadline = time.monotonic() + self.args.timeout
-        cpu0 = cpu_seconds(self.cpu_groups)
+        cpu0 = group_cpu_seconds(self.cpu_groups)
         sent = self.produce(variant, result)
         if sent is None:
             return result
@@ -202,9 +223,8 @@ class Bench:
             result.handoffs_ms = handoffs_ms(events)
         if not self.wait_idle(deadline):
             result.problems.append("the worker was still busy at the round's deadline")
-        cpu1 = cpu_seconds(self.cpu_groups)
+        cpu1 = group_cpu_seconds(self.cpu_groups)
         result.cpu.update({name: cpu1[name] - cpu0[name] for name in cpu0})
-        self.history.clear()  # every task ended and the worker is idle
         return result
 
     def produce(self, variant: str, result: Round) -> dict | None:
@@ -307,6 +327,8 @@ def print_rounds(rounds: list[Round]) -> None:
 
 
 def print_summary(summary: dict) -> None:
+    if not summary:
+        return
     print()
     for scenario, s in summary.items():
         ratios = ", ".join(f"{x:.2f}" for x in s["ratios"])
