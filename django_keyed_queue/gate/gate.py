@@ -13,11 +13,12 @@ from redis.connection import Connection
 from redis.exceptions import NoScriptError, ResponseError
 from redis.typing import EncodableT
 
-from .keys import DEADLINE_INDEX, PAUSED_KEYS, UNWRITTEN_INDEX, KeyNames
+from .keys import BLOCKED_KEYS, DEADLINE_INDEX, PAUSED_KEYS, UNWRITTEN_INDEX, KeyNames
 from .results import (
     FinishResult,
     Grant,
     Holder,
+    HolderState,
     KeySnapshot,
     Lease,
     Outcome,
@@ -99,6 +100,7 @@ class Gate:
         start: bool = False,
         join_id: str = "",
         max_lost: int = 0,
+        block: bool = False,
         task_id: str = "",
         retried: bool = False,
         max_waiting: int = 0,
@@ -107,7 +109,7 @@ class Gate:
         """Take the next ticket of ``key`` and store ``message`` with it.
 
         With ``start=True`` a granted ticket is also started (its lease begins;
-        ``max_lost`` as for :meth:`start`).
+        ``max_lost`` and ``block`` as for :meth:`start`).
         A non-empty ``join_id`` seen before within the idle horizon makes this a
         duplicate: nothing changes and None is returned.
         ``retried=True`` after a call whose reply was lost: the ticket ``task_id``
@@ -120,7 +122,7 @@ class Gate:
         """
         call = self._submit_call(
             key, message, limit=limit, lease_ms=self.lease_ms if start else 0, join_id=join_id, max_lost=max_lost,
-            task_id=task_id, retried=retried, max_waiting=max_waiting, record=record,
+            block=block, task_id=task_id, retried=retried, max_waiting=max_waiting, record=record,
         )  # fmt: skip
         [reply] = self._pipelined("submit", [call], index=key, also=_index_unwritten([key] if record else []))
         if reply[0] == Code.DUPLICATE:
@@ -165,6 +167,7 @@ class Gate:
         lease_ms: int = 0,
         join_id: str = "",
         max_lost: int = 0,
+        block: bool = False,
         task_id: str,
         retried: bool,
         max_waiting: int,
@@ -174,7 +177,7 @@ class Gate:
         keys = [*names.all(), names.joined, names.recent, names.recent_older, names.unwritten]
         args: list[EncodableT] = [
             message, limit, self.dispatch_timeout_ms, lease_ms, join_id, self.idle_horizon_ms, max_lost,
-            "1" if retried else "", task_id, max_waiting, seconds_to_ms(RECENT_SUBMISSION_SECONDS), record,
+            "1" if retried else "", task_id, max_waiting, seconds_to_ms(RECENT_SUBMISSION_SECONDS), record, int(block),
         ]  # fmt: skip
         return keys, args
 
@@ -187,13 +190,18 @@ class Gate:
         logger.debug("submit key=%r ticket=%s granted=%s", key, result.ticket, result.granted)
         return result
 
-    def start(self, key: str, ticket: int, dispatch: int, *, max_lost: int = 0, task_id: str = "") -> StartResult:
+    def start(
+        self, key: str, ticket: int, dispatch: int, *, max_lost: int = 0, block: bool = False, task_id: str = ""
+    ) -> StartResult:
         """Check the message of dispatch ``dispatch`` may run ``ticket`` and start its lease.
 
         With ``task_id``, the message must also be the ticket's own: the one
         stored with it has that task id (``Code.FOREIGN_MESSAGE`` if not).
         If the lease expires, the reaper re-dispatches the ticket ``max_lost``
-        times; the next time it fails the ticket and frees its slot.
+        times; the next time it fails the ticket and frees its slot. With
+        ``block``, a failure for good (that one, or :meth:`finish` with
+        ``failed``) keeps the slot instead, and the key grants nothing until
+        :meth:`unblock`.
         """
         names = KeyNames(key)
         # Indexed too: this process's lease may be shorter than the one the granting process assumed.
@@ -201,27 +209,38 @@ class Gate:
             "start",
             key,
             [names.meta, names.holders, names.messages],
-            [ticket, dispatch, self.lease_ms, max_lost, task_id],
+            [ticket, dispatch, self.lease_ms, max_lost, task_id, int(block)],
         )
         result = StartResult(Code(code), int(token), int(attempts), int(deadline))
         logger.debug("start key=%r ticket=%s code=%s", key, ticket, result.code.name)
         return result
 
     def finish(
-        self, key: str, ticket: int, token: int, *, limit: int = 1, outcome: Outcome | None = None
+        self,
+        key: str,
+        ticket: int,
+        token: int,
+        *,
+        limit: int = 1,
+        outcome: Outcome | None = None,
+        block: bool = False,
     ) -> FinishResult:
         """End a running ticket and grant the next ones; their messages are returned.
 
         ``outcome`` is kept with the key until
         :meth:`forget_outcomes`; the reaper hands back outcomes left too long.
+        ``block``: the run failed for good and its task blocks its key on failure:
+        the ticket keeps its slot and the key is blocked (``Code.BLOCKED``) until
+        :meth:`unblock`; it is listed among :meth:`blocked_keys` in the same round trip.
         """
         names = KeyNames(key)
         task_id, record = (outcome.task_id, outcome.record) if outcome else ("", b"")
-        reply = self._call_and_index(
+        args = [ticket, token, limit, self.dispatch_timeout_ms, self.idle_horizon_ms, task_id, record, int(block)]
+        [reply] = self._pipelined(
             "finish",
-            key,
-            [*names.all(), names.outcomes],
-            [ticket, token, limit, self.dispatch_timeout_ms, self.idle_horizon_ms, task_id, record],
+            [([*names.all(), names.outcomes], args)],
+            index=key,
+            also=[("SADD", BLOCKED_KEYS, key)] if block else (),
         )
         result = FinishResult(Code(reply[0]), self._grants(key, reply[1:]))
         logger.debug(
@@ -282,6 +301,19 @@ class Gate:
         logger.debug("cancel key=%r ticket=%s code=%s", key, ticket, result.code.name)
         return result
 
+    def unblock(self, key: str, ticket: int, *, retry: bool) -> FinishResult:
+        """Act on the ticket that blocks ``key``: run it again at the head of the queue (``retry``: the
+        ticket itself is returned, with its next dispatch), or withdraw it (the tickets granted in its
+        place are returned). ``Code.NOT_GRANTED`` if it does not block the key."""
+        reply = self._call_and_index(
+            "unblock", key, KeyNames(key).all(), [ticket, int(retry), self.dispatch_timeout_ms, self.idle_horizon_ms]
+        )
+        result = FinishResult(Code(reply[0]), self._grants(key, reply[1:]))
+        if result.code is Code.OK:
+            self.client.srem(BLOCKED_KEYS, key)
+        logger.debug("unblock key=%r ticket=%s retry=%s code=%s", key, ticket, retry, result.code.name)
+        return result
+
     def give_up(self, key: str, ticket: int, dispatch: int, *, grace_seconds: float) -> bool:
         """Give up the attempt of ``ticket`` started by the message of ``dispatch``, whose process is
         being killed: fenced now, failed by the reaper without a recovery once ``grace_seconds`` have
@@ -340,10 +372,26 @@ class Gate:
 
     def paused_keys(self, *, limit: int | None = None) -> list[str]:
         """The keys paused by :meth:`pause` and not resumed since; at most ``limit`` of them, read in steps."""
+        return self._listed(PAUSED_KEYS, limit)
+
+    def blocked_keys(self, *, limit: int | None = None) -> list[str]:
+        """The keys a failed ticket blocks (see :meth:`finish`); at most ``limit`` of them.
+
+        Listed when a ticket that may block failed, and checked here: a key listed but not
+        blocked (its finish was fenced, or it was unblocked meanwhile) is taken off the list.
+        """
+        listed = self._listed(BLOCKED_KEYS, limit)
+        blocked = [s.key for s in self.inspect_many(listed, waiting_shown=0) if s.blocked is not None]
+        if stale := set(listed) - set(blocked):
+            self.client.srem(BLOCKED_KEYS, *stale)
+        return blocked
+
+    def _listed(self, name: str, limit: int | None) -> list[str]:
+        """The members of the SET ``name``, sorted; at most ``limit`` of them, read in steps."""
         if limit is None:
-            return sorted(_text(member) for member in self.client.smembers(PAUSED_KEYS))
+            return sorted(_text(member) for member in self.client.smembers(name))
         found: list[str] = []
-        for member in self.client.sscan_iter(PAUSED_KEYS, count=min(limit, 1000)):
+        for member in self.client.sscan_iter(name, count=min(limit, 1000)):
             found.append(_text(member))
             if len(found) == limit:
                 break
@@ -482,6 +530,8 @@ class Gate:
             next_score = -1 if next_deadline < 0 else min(next_deadline, now_ms + longest_gap)
             reindex += [member, repr(seen) if seen != int(seen) else int(seen), next_score]
         if not dry_run:
+            if blocked := {r.key for r in recoveries if r.action is RecoveryAction.BLOCK}:
+                self.client.sadd(BLOCKED_KEYS, *blocked)
             self._call("reindex", [DEADLINE_INDEX], reindex)
         for r in recoveries:
             logger.debug("reap key=%r ticket=%s action=%s dry_run=%s", r.key, r.ticket, r.action, dry_run)
@@ -641,6 +691,7 @@ class Gate:
                     last_ticket=int(meta.get(b"seq", 0)),
                     last_token=int(meta.get(b"fence", 0)),
                     paused=b"paused" in meta,
+                    blocked=int(meta[b"blocked"]) if b"blocked" in meta else None,
                     waiting=[int(t) for t in queue],
                     depth=depth,
                     holders={int(t): _decode_holder(raw, now_ms) for t, raw in holders.items()},
@@ -683,16 +734,20 @@ def _text(reply: bytes | str) -> str:
 
 def _decode_holder(raw: bytes | str, now_ms: int) -> Holder:
     """A holder record (``lua/includes/common.lua`` describes it); its deadline made relative to ``now_ms``."""
-    state, dispatch, token, deadline, attempts, lost, max_lost = _text(raw).split("|")
+    state, dispatch, token, deadline, attempts, lost, max_lost, *block = _text(raw).split("|")
     return Holder(
-        state="running" if state == "r" else "granted",
+        state=_HOLDER_STATES[state],
         dispatch=int(dispatch),
         token=int(token),
         attempts=int(attempts),
         lost=int(lost),
         max_lost=int(max_lost),
+        blocks_on_failure=block == ["1"],
         deadline_in=ms_to_seconds(int(deadline) - now_ms),
     )
+
+
+_HOLDER_STATES: dict[str, HolderState] = {"r": "running", "g": "granted", "b": "blocked"}
 
 
 __all__ = ["Gate", "NotSent"]

@@ -21,6 +21,10 @@ UNWRITTEN_INDEX = f"{PREFIX}:unwritten"
 #: SET of the logical keys an operator paused (its own slot); the live keys page lists them.
 PAUSED_KEYS = f"{PREFIX}:paused"
 
+#: SET of the logical keys a failed ticket may block (``on_failure="block"``), listed when it
+#: failed and until an operator acts (its own slot); the live keys page lists those still blocked.
+BLOCKED_KEYS = f"{PREFIX}:blocked"
+
 #: Longest logical key accepted, in characters (before escaping).
 MAX_KEY_LENGTH = 200
 

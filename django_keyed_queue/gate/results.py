@@ -8,9 +8,10 @@ from typing import Literal
 
 from .scripts import Code
 
-#: What a holder is doing: ``running`` (started, its lease runs), or ``granted`` (its message
-#: is published and it has not started yet).
-HolderState = Literal["running", "granted"]
+#: What a holder is doing: ``running`` (started, its lease runs), ``granted`` (its message
+#: is published and it has not started yet), or ``blocked`` (it failed for good and its task
+#: blocks its key on failure: it keeps its slot until an operator retries or cancels it).
+HolderState = Literal["running", "granted", "blocked"]
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,8 @@ class RecoveryAction(enum.StrEnum):
     GRANT = "grant"
     #: A finished run whose worker died before writing its record: write it.
     OUTCOME = "outcome"
+    #: It lost too many leases, and its task blocks its key on failure: it failed and keeps its slot.
+    BLOCK = "block"
 
 
 @dataclass(frozen=True)
@@ -162,8 +165,10 @@ class Holder:
     lost: int
     #: How many lost leases are dispatched again; the next one fails the ticket.
     max_lost: int
+    #: Its task blocks its key when it fails for good (``on_failure="block"``).
+    blocks_on_failure: bool
     #: Seconds until the reaper may act (its lease end when running, its dispatch timeout when
-    #: granted); negative once overdue.
+    #: granted); negative once overdue; meaningless when blocked (the reaper leaves it).
     deadline_in: float
 
 
@@ -177,6 +182,8 @@ class KeySnapshot:
     #: The last fencing token given (0: none in this epoch of the key).
     last_token: int
     paused: bool
+    #: The ticket that failed and blocks the key (``on_failure="block"``), else None.
+    blocked: int | None
     #: The oldest waiting tickets, as many as were asked for.
     waiting: list[int]
     #: How many tickets wait, shown or not.

@@ -27,7 +27,7 @@ from django.views.decorators.http import require_POST
 
 from ..exceptions import ActionRefused
 from ..records.models import IdempotencyKey, KeyedTask
-from ..records.statuses import ACTIVE_STATUSES
+from ..records.statuses import ACTIVE_STATUSES, Status
 from . import recovery
 from .changelist import CursorChangeList, TaskNameFilter
 from .live import live_keys
@@ -170,14 +170,25 @@ class KeyedTaskAdmin(admin.ModelAdmin):
 
     # -- actions on the selected tasks --
 
-    @admin.action(description=_("Cancel the selected waiting tasks"), permissions=["cancel"])
+    @admin.action(
+        description=_("Cancel the selected waiting tasks, or failed ones that block their keys"), permissions=["cancel"]
+    )
     def cancel_tasks(self, request, queryset):
-        self._each_task(request, queryset, "cancelled", lambda t, by: recovery.cancel(t.task_id, by=by))
+        def cancel(task: KeyedTask, by: str) -> str | None:
+            was = recovery.cancel(task.task_id, by=by)
+            return "after it failed, blocking its key: the key moves on" if was.status == Status.FAILED else None
 
-    @admin.action(description=_("Retry the selected failed tasks at the end of their queues"), permissions=["retry"])
+        self._each_task(request, queryset, "cancelled", cancel)
+
+    @admin.action(
+        description=_("Retry the selected failed tasks (at the end of their queues; one that blocks its key, first)"),
+        permissions=["retry"],
+    )
     def retry_tasks(self, request, queryset):
         def retry(task: KeyedTask, by: str) -> str:
             new_id = recovery.retry(task.task_id, by=by)
+            if new_id == task.task_id:
+                return "first on its key: it runs again before the key's others"
             retried = KeyedTask.objects.filter(task_id=new_id).latest("id")
             self.log_change(request, retried, f"Retry of {task.task_id} by {by}")
             return f"as {new_id}"

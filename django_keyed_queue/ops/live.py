@@ -5,7 +5,6 @@ The live keys page in the admin shows this; the most blocked keys come first.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -13,7 +12,7 @@ from django.db.models import Count, F, Min, Q
 from django.utils import timezone
 
 from ..conf import settings
-from ..gate import Gate, HolderState
+from ..gate import Gate, HolderState, KeySnapshot
 from ..records import submissions
 from ..records.models import KeyedTask
 from ..records.statuses import Status
@@ -25,14 +24,14 @@ class HolderRow:
     """One holder of a key as the live keys page shows it: the gate's ``Holder`` and its record."""
 
     ticket: int
-    state: HolderState  # "running", or "granted": dispatched and not started yet
+    state: HolderState  # "running", "granted" (dispatched, not started yet) or "blocked" (failed, holds its key)
     lease_left: float  # seconds until the reaper may act; negative once overdue
     attempts: int
     task: KeyedTask | None  # None if the record is missing
 
     @property
     def overdue(self) -> bool:
-        return self.lease_left < 0
+        return self.state != "blocked" and self.lease_left < 0
 
 
 def stuck_after_seconds() -> float:
@@ -40,23 +39,26 @@ def stuck_after_seconds() -> float:
     return 2 * settings.REAP_INTERVAL_SECONDS
 
 
-def is_stuck(*, holders_due_in: Iterable[float], paused: bool, depth: int) -> bool:
+def is_stuck(snapshot: KeySnapshot) -> bool:
     """The one definition of a stuck key; the live keys page and the health view both use it.
 
     Nothing will move the key on its own: a holder's deadline (its lease end, or its dispatch
-    deadline) passed more than two reaper periods ago, or the key is paused with tasks waiting.
+    deadline) passed more than two reaper periods ago, the key is paused with tasks waiting, or
+    a failed task blocks it (``on_failure="block"``) until an operator retries or cancels it.
     """
-    return any(due < -stuck_after_seconds() for due in holders_due_in) or (paused and depth > 0)
+    overdue = any(h.state != "blocked" and h.deadline_in < -stuck_after_seconds() for h in snapshot.holders.values())
+    return overdue or (snapshot.paused and snapshot.depth > 0) or snapshot.blocked is not None
 
 
 def stuck_keys(gate: Gate, *, limit: int = 1000) -> set[str]:
-    """The stuck keys: the deadline index's overdue keys and the paused keys (at most ``limit`` of each), checked."""
-    candidates = {*gate.overdue_keys(stuck_after_seconds(), limit=limit), *gate.paused_keys(limit=limit)}
-    return {
-        s.key
-        for s in gate.inspect_many(sorted(candidates), waiting_shown=0)
-        if is_stuck(holders_due_in=(h.deadline_in for h in s.holders.values()), paused=s.paused, depth=s.depth)
+    """The stuck keys: the deadline index's overdue keys, the paused and the blocked keys (at most ``limit``
+    of each), checked."""
+    candidates = {
+        *gate.overdue_keys(stuck_after_seconds(), limit=limit),
+        *gate.paused_keys(limit=limit),
+        *gate.blocked_keys(limit=limit),
     }
+    return {s.key for s in gate.inspect_many(sorted(candidates), waiting_shown=0) if is_stuck(s)}
 
 
 @dataclass
@@ -66,24 +68,23 @@ class KeyState:
     depth: int  # tickets waiting in the gate's queue
     oldest_wait: datetime | None  # when the longest-waiting task of the key was submitted
     holders: list[HolderRow] = field(default_factory=list)
+    stuck: bool = False  # see ``is_stuck``
+    blocked_by: HolderRow | None = None  # the failed task that blocks the key (``on_failure="block"``)
 
     @property
     def waited_seconds(self) -> float:
         return (timezone.now() - self.oldest_wait).total_seconds() if self.oldest_wait else 0.0
-
-    @property
-    def stuck(self) -> bool:
-        return is_stuck(holders_due_in=(h.lease_left for h in self.holders), paused=self.paused, depth=self.depth)
 
     def blocked_order(self) -> tuple:
         return (not self.stuck, -self.waited_seconds, -self.depth, self.key)
 
 
 def live_keys(*, limit: int = 100, key: str | None = None) -> tuple[list[KeyState], bool]:
-    """The keys with unfinished tasks or paused, most blocked first; and whether more were left out.
+    """The keys with unfinished tasks, paused or blocked, most blocked first; and whether more were left out.
 
-    Two database queries and two Redis round trips whatever the number of keys shown, each
-    bounded: at most ``limit`` paused keys, and a key's waiting tasks are counted, not read.
+    Two database queries and a few Redis round trips whatever the number of keys shown, each
+    bounded: at most ``limit`` paused and ``limit`` blocked keys, and a key's waiting tasks are
+    counted, not read.
     """
     gate = get_gate()
     # The operator sees the latest submissions also while no worker runs; a request writes a bounded batch.
@@ -102,11 +103,11 @@ def live_keys(*, limit: int = 100, key: str | None = None) -> tuple[list[KeyStat
     found = {row["key"]: row["oldest"] for row in per_key[: limit + 1]}
     more = len(found) > limit
     if key is None:
-        paused = gate.paused_keys(limit=limit)
-        more = more or len(paused) == limit
+        paused, blocked = gate.paused_keys(limit=limit), gate.blocked_keys(limit=limit)
+        more = more or len(paused) == limit or len(blocked) == limit
     else:
-        paused = [key] if gate.is_paused(key) else []
-    keys = list(dict.fromkeys([*list(found)[:limit], *paused]))
+        paused, blocked = [key] if gate.is_paused(key) else [], [key]  # shown if blocked, as the gate says
+    keys = list(dict.fromkeys([*list(found)[:limit], *paused, *blocked]))
     snapshots = gate.inspect_many(keys, waiting_shown=0)
     held = Q(pk__in=[])
     for snapshot in snapshots:
@@ -120,6 +121,11 @@ def live_keys(*, limit: int = 100, key: str | None = None) -> tuple[list[KeyStat
             HolderRow(ticket, h.state, h.deadline_in, h.attempts, tasks.get((k, ticket)))
             for ticket, h in sorted(snapshot.holders.items())
         ]
-        states.append(KeyState(k, snapshot.paused, snapshot.depth, found.get(k), holders))
+        blocked_by = next((h for h in holders if h.ticket == snapshot.blocked), None)
+        if not (holders or snapshot.paused or k in found):
+            continue  # a key searched for that has nothing now
+        states.append(
+            KeyState(k, snapshot.paused, snapshot.depth, found.get(k), holders, is_stuck(snapshot), blocked_by)
+        )
     states.sort(key=KeyState.blocked_order)
     return states, more

@@ -114,8 +114,13 @@ def _act(app, recovery: Recovery, reason: str = "") -> bool:
         return publish(app, recovery) is not Published.BROKER_REFUSED  # which refuses it and fails its ticket
     now = timezone.now()
     lost = reason or f"its worker was lost: the lease of attempt {recovery.attempts} expired"
-    if recovery.action is RecoveryAction.FAIL:
-        failed = {"finished_at": now, "error": f"{lost}; no recoveries left"}
+    if recovery.action in (RecoveryAction.FAIL, RecoveryAction.BLOCK):
+        blocked = (
+            "; it blocks its key until an operator retries or cancels it"
+            if recovery.action is RecoveryAction.BLOCK
+            else ""
+        )
+        failed = {"finished_at": now, "error": f"{lost}; no recoveries left{blocked}"}
         submissions.settle(get_gate(), task_id, recovery.key, recovery.ticket, Status.FAILED, **failed)
         return True
     if recovery.action is RecoveryAction.REDISPATCH:
@@ -217,11 +222,22 @@ def resume(key: str, *, by: str = "an operator", app=None) -> Dispatched:
 # -- the operator's actions ---------------------------------------------------
 
 
-def cancel(task_id: str, *, by: str = "an operator", app=None) -> None:
-    """Cancel a task that has not started: it leaves its key's queue and never runs."""
+def cancel(task_id: str, *, by: str = "an operator", app=None) -> KeyedTask:
+    """Cancel a task that has not started: it leaves its key's queue and never runs. A failed task
+    that blocks its key (``on_failure="block"``) is cancelled too: its key's next task runs.
+    Returns its row as it was."""
     row = _row(task_id)
+    if _blocks_its_key(row):
+        _unblock(row, retry=False, app=app)
+        error = f"cancelled by {by} after it failed, blocking its key\n\n{row.error}"
+        KeyedTask.objects.filter(pk=row.pk, status=Status.FAILED).update(status=Status.CANCELLED, error=error)
+        logger.info("keyed queue task %s key=%r, which blocked its key, cancelled by %s", task_id, row.key, by)
+        return row
     if row.status not in (Status.WAITING, Status.DISPATCHED):
-        raise ActionRefused(f"task {task_id} is {row.status}: only a waiting or dispatched task can be cancelled")
+        raise ActionRefused(
+            f"task {task_id} is {row.status}: only a waiting or dispatched task, or a failed one that blocks "
+            "its key, can be cancelled"
+        )
     gate = get_gate()
     if row.ticket is None:
         # Sent with a countdown or eta: it takes its ticket when due, unless refused now.
@@ -238,6 +254,7 @@ def cancel(task_id: str, *, by: str = "an operator", app=None) -> None:
         current().recorder.flush()  # the operator sees the next task dispatched on their next look
     KeyedTask.objects.settle_rows([row.pk], Status.CANCELLED, finished_at=timezone.now(), error=f"cancelled by {by}")
     logger.info("keyed queue task %s key=%r cancelled by %s", task_id, row.key, by)
+    return row
 
 
 def withdraw_revoked(task_ids: Iterable[str], *, app=None) -> list[str]:
@@ -271,9 +288,23 @@ def withdraw_revoked(task_ids: Iterable[str], *, app=None) -> list[str]:
 
 
 def retry(task_id: str, *, by: str = "an operator", app=None) -> str:
-    """Submit a failed task again, with its arguments, at the end of its key's queue; the new task's id."""
+    """Run a failed task again; the id of the task that runs.
+
+    A task that blocks its key (``on_failure="block"``) runs again first, as itself (its id is
+    returned); any other is submitted again, with its arguments, at the end of its key's queue,
+    as a new task.
+    """
     app = app or current_app
     row = _row(task_id)
+    if _blocks_its_key(row):
+        # Marked first: the run may start, and write its own progress, as soon as it is published.
+        again = {"dispatched_at": timezone.now(), "finished_at": None, "error": f"retried first by {by}"}
+        KeyedTask.objects.filter(pk=row.pk, status=Status.FAILED).update(
+            status=Status.DISPATCHED, attempts=models.F("attempts") + 1, **again
+        )
+        _unblock(row, retry=True, app=app)
+        logger.info("keyed queue task %s key=%r, which blocked its key, retried first by %s", task_id, row.key, by)
+        return task_id
     if row.status != Status.FAILED:
         raise ActionRefused(f"task {task_id} is {row.status}: only a failed task can be retried")
     if not row.message:
@@ -307,7 +338,10 @@ def release(key: str, ticket: int, *, by: str = "an operator", app=None) -> list
     its recoveries; a holder whose message was lost has it published again.
     """
     app = app or current_app
-    recoveries = get_gate().release(checked_key(key), ticket)
+    gate = get_gate()
+    if gate.inspect(checked_key(key), waiting_shown=0).blocked == ticket:
+        raise ActionRefused(f"ticket {ticket} of key {key!r} failed and blocks its key: retry or cancel its task")
+    recoveries = gate.release(key, ticket)
     if not any(r.ticket == ticket for r in recoveries):
         raise ActionRefused(f"ticket {ticket} of key {key!r} holds no slot: it finished or was recovered")
     for recovery in recoveries:
@@ -315,6 +349,22 @@ def release(key: str, ticket: int, *, by: str = "an operator", app=None) -> list
     current().recorder.flush()
     logger.info("keyed queue key=%r ticket=%s released by %s", key, ticket, by)
     return recoveries
+
+
+def _blocks_its_key(row: KeyedTask) -> bool:
+    """Whether ``row``'s task failed and keeps its key held (``on_failure="block"``)."""
+    if row.status != Status.FAILED or row.ticket is None:
+        return False
+    return get_gate().inspect(row.key, waiting_shown=0).blocked == row.ticket
+
+
+def _unblock(row: KeyedTask, *, retry: bool, app) -> None:
+    """Run the blocking ticket of ``row`` again, or withdraw it; publish what that grants."""
+    done = get_gate().unblock(row.key, row.ticket, retry=retry)  # type: ignore[arg-type]  # checked by the caller
+    if done.code is not Code.OK:
+        raise ActionRefused(f"task {row.task_id} no longer blocks key {row.key!r}: look again")
+    publish_grants(app or current_app, done.granted)
+    current().recorder.flush()  # the operator sees the next task dispatched on their next look
 
 
 def _join_id(row: KeyedTask, app) -> str:

@@ -21,12 +21,17 @@ from ..exceptions import InvalidKey
 from .task import KeyedSerialTask
 
 
-def keyed_serial_task(*, key: str | Callable[..., str], limit: int = 1, **options: Any) -> Callable:
+def keyed_serial_task(
+    *, key: str | Callable[..., str], limit: int = 1, on_failure: str = "continue", **options: Any
+) -> Callable:
     """Make ``fun`` a Celery task whose runs sharing ``key`` are serialized.
 
     ``key`` is a ``str.format`` template over the task's arguments
     (``"account:{account_id}"``) or a callable taking the task's arguments.
-    At most ``limit`` tasks of one key run at once. Other options go to
+    At most ``limit`` tasks of one key run at once. ``on_failure="block"``: a
+    task that fails for good keeps its key held until an operator retries it
+    (it runs again, first) or cancels it (``"continue"``, the default: the
+    key's next task runs). Other options go to
     ``shared_task`` unchanged (``bind``, ``max_retries``, ``queue`` ...), or set
     the task class's own (``max_recoveries``, ``idempotent``, ``max_waiting``, and a
     ``base=`` class's attributes); any other name raises ``TypeError`` at import.
@@ -37,6 +42,8 @@ def keyed_serial_task(*, key: str | Callable[..., str], limit: int = 1, **option
         raise InvalidKey("key must not be empty")
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         raise ValueError(f"limit must be an int >= 1, got {limit!r}")
+    if on_failure not in FAILURE_POLICIES:
+        raise ValueError(f"on_failure must be one of {', '.join(map(repr, FAILURE_POLICIES))}, got {on_failure!r}")
     base = options.pop("base", None)
     if base is not None and not (isinstance(base, type) and issubclass(base, Task)):
         raise TypeError(f"base must be a Celery task class (a subclass of celery.Task), got {base!r}")
@@ -46,7 +53,8 @@ def keyed_serial_task(*, key: str | Callable[..., str], limit: int = 1, **option
         if isinstance(key, str):
             _check_template(fun, key, bound=options.get("bind", False))
         serial_key = key if isinstance(key, str) else staticmethod(key)
-        return _shared(fun, base, {"serial_key": serial_key, "serial_limit": limit, **options})
+        ours = {"serial_key": serial_key, "serial_limit": limit, "serial_on_failure": on_failure}
+        return _shared(fun, base, {**ours, **options})
 
     return decorate
 
@@ -81,6 +89,9 @@ def keyed_class(base: type) -> type:
     return type(f"KeyedSerial{base.__name__}", (KeyedSerialTask, base), {"__module__": base.__module__})
 
 
+#: ``on_failure=``: what a task that fails for good does to its key (see ``KeyedSerialTask.serial_on_failure``).
+FAILURE_POLICIES = ("continue", "block")
+
 #: What Celery's task decorator takes besides the task class's attributes (``Celery._task_from_fun``,
 #: the autoretry options, and the routing and publishing options a task's class may set).
 DECORATOR_OPTIONS = frozenset(
@@ -111,7 +122,8 @@ def _check_options(options: dict, base: type | None) -> None:
             hints.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
         raise TypeError(
             f"@keyed_serial_task got unknown option{'s' if len(unknown) > 1 else ''} {', '.join(hints)}: "
-            "neither one of its own (key, limit, max_recoveries, idempotent, max_waiting) nor a Celery task option"
+            "neither one of its own (key, limit, on_failure, max_recoveries, idempotent, max_waiting) "
+            "nor a Celery task option"
         )
     for name, value in options.items():
         if any(inspect.isfunction(getattr(cls, name, None)) for cls in classes) and not callable(value):

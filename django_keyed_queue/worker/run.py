@@ -20,7 +20,7 @@ import redis
 from celery.exceptions import Ignore, Reject
 from django.utils import timezone
 
-from ..gate import Code, Lease, Outcome, SubmitResult
+from ..gate import Code, FinishResult, Lease, Outcome, SubmitResult
 from ..records import submissions
 from ..records.statuses import Status
 from ..records.transitions import Transition
@@ -136,15 +136,33 @@ class Run:
         outcome = Outcome(end.outcome_field, end.to_json())
         try:
             finished, retried = outlast_restart(
-                lambda: gate.finish(lease.key, lease.ticket, lease.token, limit=task.serial_limit, outcome=outcome)
+                lambda: gate.finish(
+                    lease.key,
+                    lease.ticket,
+                    lease.token,
+                    limit=task.serial_limit,
+                    outcome=outcome,
+                    block=status == Status.FAILED and blocks(task),
+                )  # fmt: skip
             )
         except redis.RedisError:
             logger.exception("finishing key=%r ticket=%s failed; its lease will expire", lease.key, lease.ticket)
             return True
-        if not finished.ok and retried and lease.ticket not in gate.inspect(lease.key, waiting_shown=0).holders:
-            # The first try went through but its reply was lost: the ticket is done. Whatever it
-            # granted was not published; the dispatch timeout publishes it.
-            logger.warning("finish of key=%r ticket=%s was applied before Redis went away", lease.key, lease.ticket)
+        if not finished.ok and retried:
+            # The first try may have gone through, its reply lost: then the ticket is done (whatever
+            # it granted was not published; the dispatch timeout publishes it), or it blocks its key.
+            snapshot = gate.inspect(lease.key, waiting_shown=0)
+            if snapshot.blocked == lease.ticket:
+                finished = FinishResult(Code.BLOCKED)
+            elif lease.ticket not in snapshot.holders:
+                logger.warning("finish of key=%r ticket=%s was applied before Redis went away", lease.key, lease.ticket)
+                process.recorder.record(end)
+                return True
+        if finished.code is Code.BLOCKED:
+            logger.warning(
+                "%s[%s] failed and blocks key=%r (on_failure='block'): nothing more of the key runs until "
+                "an operator retries or cancels it", task.name, request.id, lease.key,
+            )  # fmt: skip
             process.recorder.record(end)
             return True
         if not finished.ok:
@@ -195,7 +213,9 @@ def _start(task: Any, header: dict, args: tuple, kwargs: dict) -> tuple[Lease, i
         raise Ignore()
     gate = current().gate
     started, _ = outlast_restart(
-        lambda: gate.start(key, ticket, int(header["dispatch"]), max_lost=task.max_recoveries, task_id=request.id)
+        lambda: gate.start(
+            key, ticket, int(header["dispatch"]), max_lost=task.max_recoveries, block=blocks(task), task_id=request.id
+        )
     )
     if not started.ok:
         # A duplicate is routine; a message that is not the ticket's own is not.
@@ -252,12 +272,18 @@ def join(
         start=start,
         join_id=join_id,
         max_lost=task.max_recoveries,
+        block=blocks(task),
     )
     if submitted is None:
         logger.info("dropping duplicate of %s[%s] key=%r", task.name, request.id, key)
     elif not submitted.granted:
         current().recorder.record(Transition(request.id, key, submitted.ticket, Status.WAITING, 0, joins=True))
     return key, submitted
+
+
+def blocks(task: Any) -> bool:
+    """Whether a failure for good of ``task`` keeps its key held (``on_failure="block"``)."""
+    return getattr(task, "serial_on_failure", "continue") == "block"
 
 
 def failure_text(exc: BaseException) -> str:

@@ -36,6 +36,10 @@ class KeyedSerialTask(Task):
     #: How many times a run whose worker was lost (its lease expired) is dispatched
     #: again; after that the task is failed and its key passes on.
     max_recoveries: int = 3
+    #: What a task that fails for good (its retries or recoveries used up) does to its key:
+    #: ``"continue"``, the key's next task runs; ``"block"``, it keeps its key held, and the key
+    #: runs nothing until an operator retries it (it runs again first) or cancels it.
+    serial_on_failure: str = "continue"
     #: A duplicate submission (same task, same arguments) within the idempotency
     #: window returns the original task instead of running again.
     idempotent: bool = False

@@ -275,3 +275,61 @@ def test_an_unreachable_redis_is_told_to_the_operator(gate_redis, broker, admin_
     finally:
         current().reset_gate()
     assert KeyedTask.objects.get(pk=task.pk).status == "dispatched" and not LogEntry.objects.exists()
+
+
+def blocked_by_failure(gate_redis) -> tuple:
+    """Key "k": step 1 failed for good and blocks it (``on_failure="block"``), step 2 waits behind it."""
+    first, second = step.apply_async(("k", 1), queue=QUEUE), step.apply_async(("k", 2), queue=QUEUE)
+    gate = get_gate()
+    started = gate.start("k", 1, 1, block=True)
+    assert gate.finish("k", 1, started.token, block=True).code.name == "BLOCKED"
+    write_submission_rows()
+    KeyedTask.objects.filter(task_id=first.id).update(status="failed", attempts=1, error="boom")  # as its worker did
+    return first, second
+
+
+def test_retry_runs_a_task_that_blocks_its_key_again_first(gate_redis, broker, as_user):
+    failed, waiting = blocked_by_failure(gate_redis)
+    response = act(as_user("rita", "retry_keyedtask"), "retry_tasks", row(failed))
+    assert f"[{failed.id}]: Retried by rita first on its key" in response.content.decode()
+    assert published(broker) == [(1, 1), (1, 2)], "its own message again, with the next dispatch"
+    again = row(failed)
+    assert (again.status, again.attempts, again.error) == ("dispatched", 2, "retried first by rita")
+    assert get_gate().inspect("k").blocked is None
+    assert row(waiting).status == "waiting", "the key's next task still waits behind it"
+    assert KeyedTask.objects.count() == 2, "no new task"
+
+
+def test_cancel_of_a_task_that_blocks_its_key_lets_the_next_run(gate_redis, broker, as_user):
+    failed, waiting = blocked_by_failure(gate_redis)
+    response = act(as_user("carl", "cancel_keyedtask"), "cancel_tasks", row(failed))
+    assert f"[{failed.id}]: Cancelled by carl" in response.content.decode()
+    assert published(broker) == [(1, 1), (2, 1)], "the next task dispatched"
+    cancelled = row(failed)
+    assert cancelled.status == "cancelled" and cancelled.error.endswith("boom")
+    assert row(waiting).status == "dispatched"
+
+
+def test_the_live_page_shows_a_blocked_key_first_with_the_task_that_blocks_it(gate_redis, broker, as_user):
+    step.apply_async(("quiet", 1), queue=QUEUE)
+    failed, _ = blocked_by_failure(gate_redis)
+    KeyedTask.objects.filter(key="k").exclude(task_id=failed.id).update(status="cancelled")  # only the failure left
+
+    page = as_user("olga").get(reverse("admin:keyed_queue_keys")).content.decode()
+    assert 'class="live-key stuck" data-key="k"' in page
+    assert page.index('data-key="k"') < page.index('data-key="quiet"')
+    assert "blocked by failed task #1: retry or cancel it" in page
+    assert "Release #1" not in page, "a blocked holder is retried or cancelled, not released"
+
+
+def test_the_release_command_releases_the_key_s_only_holder(gate_redis, broker):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    step.apply_async(("k", 1), queue=QUEUE)
+    get_gate().start("k", 1, 1, max_lost=3)
+    out = StringIO()
+    call_command("keyed_queue_release", "k", stdout=out)
+    assert out.getvalue() == "released ticket 1 of key 'k': redispatch (attempt 1, dispatch 2)\n"
+    assert published(broker) == [(1, 1), (1, 2)]

@@ -17,6 +17,7 @@
     code 0 OK           withdrawn; the listed tickets are now granted and must be published
     code 2 NOT_GRANTED  the ticket is unknown to the gate (finished or never taken)
     code 6 RUNNING      the ticket is running; nothing changed
+    code 11 BLOCKED     the ticket failed and blocks its key (unblock.lua withdraws it); nothing changed
 ]]
 --- @include "common"
 
@@ -29,8 +30,11 @@ local forget = ARGV[5] == '1'
 
 local raw = redis.call('HGET', holders_key, ticket)
 if raw then
-  if decode_holder(raw).state == 'r' then
+  local state = decode_holder(raw).state
+  if state == 'r' then
     return {6}
+  elseif state == 'b' then
+    return {11}
   end
   redis.call('HDEL', holders_key, ticket)
 elseif redis.call('LREM', queue_key, 1, ticket) == 0 then

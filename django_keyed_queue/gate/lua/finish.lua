@@ -1,6 +1,8 @@
 --[[
   A running ticket is done (succeeded, or failed for good): free its slot and
-  grant the next parked tickets up to the limit. The run's outcome is kept
+  grant the next parked tickets up to the limit. A ticket that failed for good
+  and whose task blocks its key on failure keeps its slot instead: the key is
+  blocked (see common.lua) and grants nothing. The run's outcome is kept
   with the key until its record is written (the worker deletes it then; the
   reaper writes it if the worker died first).
 
@@ -13,10 +15,12 @@
   ARGV[5] idle horizon, ms
   ARGV[6] task id of the run ('' = keep no outcome)
   ARGV[7] the record of the run's end (opaque)
+  ARGV[8] '1' = the run failed for good and its task blocks its key on failure: block it
 
   Returns {code, ticket1, dispatch1, message1, ticket2, ...}
     code 0 OK           finished; the listed tickets are now granted and must be published
     code 5 STALE_TOKEN  the caller no longer holds the ticket (fenced); nothing changed
+    code 11 BLOCKED     it failed and now blocks its key
 ]]
 --- @include "common"
 
@@ -32,13 +36,17 @@ if not holder or holder.token ~= token then
   return {5}
 end
 
-redis.call('HDEL', holders_key, ticket)
-redis.call('HDEL', messages_key, ticket)
 local now = now_ms()
 if ARGV[6] ~= '' then
   redis.call('HSET', KEYS[5], ARGV[6], now .. '|' .. ARGV[7])
   redis.call('PEXPIRE', KEYS[5], horizon)
 end
+if ARGV[8] == '1' then
+  block_ticket(meta_key, holders_key, ticket, holder)
+  return {11}
+end
+redis.call('HDEL', holders_key, ticket)
+redis.call('HDEL', messages_key, ticket)
 local out = grant_waiting(meta_key, queue_key, messages_key, holders_key, limit,
   now + dispatch_timeout, {0})
 expire_if_idle(meta_key, queue_key, holders_key, horizon)

@@ -1,7 +1,8 @@
 --[[
   Recover one key's holders whose deadline passed (server clock):
   - a running ticket whose lease expired (its worker died or stalled) is
-    re-dispatched, up to its max_lost; past that it fails and frees its slot;
+    re-dispatched, up to its max_lost; past that it fails and frees its slot,
+    or, if its task blocks its key on failure, keeps it: the key is blocked;
   - a granted ticket never started within the dispatch timeout (its message
     was lost) has its message published again, same dispatch.
   Then the freed slots are granted to parked tickets. Outcomes of finished
@@ -23,6 +24,7 @@
   Returns {next_deadline_ms, action1, ticket1, dispatch1, attempts1, message1, action2, ...}
     next_deadline_ms  earliest deadline left among the key's holders, -1 if none
     action  'redispatch' | 'fail' | 'republish'  (publish message with dispatch, or fail the ticket)
+            'block'                              (it failed and now blocks its key)
             'grant'                              (a parked ticket took a freed slot: publish it)
             'outcome'                            (message is an unwritten record of a finished run)
 ]]
@@ -42,8 +44,8 @@ local freed = false
 local holders = redis.call('HGETALL', holders_key)
 for i = 1, #holders, 2 do
   local ticket, holder = holders[i], decode_holder(holders[i + 1])
-  if holder.deadline <= now or ticket == release
-      or (holder.state == 'g' and holder.deadline <= republish_before) then
+  if holder.state ~= 'b' and (holder.deadline <= now or ticket == release
+      or (holder.state == 'g' and holder.deadline <= republish_before)) then
     local message = redis.call('HGET', messages_key, ticket)
     local action
     if holder.state == 'g' then
@@ -55,11 +57,15 @@ for i = 1, #holders, 2 do
       holder.dispatch = holder.dispatch + 1
       holder.lost = holder.lost + 1
       holder.deadline = now + dispatch_timeout
+    elseif holder.block == 1 then
+      action = 'block'
     else
       action = 'fail'
     end
     if not dry_run then
-      if action == 'fail' then
+      if action == 'block' then
+        block_ticket(meta_key, holders_key, ticket, holder)
+      elseif action == 'fail' then
         redis.call('HDEL', holders_key, ticket)
         redis.call('HDEL', messages_key, ticket)
         freed = true
@@ -86,9 +92,9 @@ if freed then
 end
 
 for _, raw in ipairs(redis.call('HVALS', holders_key)) do
-  local deadline = decode_holder(raw).deadline
-  if out[1] < 0 or deadline < out[1] then
-    out[1] = deadline
+  local holder = decode_holder(raw)
+  if holder.state ~= 'b' and (out[1] < 0 or holder.deadline < out[1]) then
+    out[1] = holder.deadline
   end
 end
 

@@ -10,10 +10,12 @@
   ARGV[5] task id of the message ('' = not checked): it must be the id of the
           message stored with the ticket, so a message that copied another's
           header cannot take its ticket
+  ARGV[6] 1 = the task blocks its key when it fails for good (its policy), else 0
 
   Returns {code, token, attempts, lease_deadline_ms}
     code 0 OK               started
-    code 2 NOT_GRANTED      the ticket holds no slot (finished, cancelled or still parked)
+    code 2 NOT_GRANTED      the ticket holds no slot (finished, cancelled or still parked), or it
+                            failed and blocks its key
     code 3 ALREADY_STARTED  a message of this ticket already started it
     code 4 STALE_DISPATCH   the message is from an older dispatch (superseded by a retry)
     code 9 FOREIGN_MESSAGE  the message is not the ticket's own (another task id)
@@ -26,12 +28,16 @@ local dispatch = tonumber(ARGV[2])
 local lease = tonumber(ARGV[3])
 local max_lost = tonumber(ARGV[4])
 local task_id = ARGV[5]
+local block = tonumber(ARGV[6]) or 0
 
 local raw = redis.call('HGET', holders_key, ticket)
 if not raw then
   return {2, 0, 0, 0}
 end
 local holder = decode_holder(raw)
+if holder.state == 'b' then
+  return {2, 0, holder.attempts, 0}
+end
 if task_id ~= '' then
   local ok, stored = pcall(cjson.decode, redis.call('HGET', messages_key, ticket) or '')
   if not ok or type(stored) ~= 'table' or stored.id ~= task_id then
@@ -51,5 +57,6 @@ holder.token = next_token(meta_key)
 holder.deadline = deadline
 holder.attempts = holder.attempts + 1
 holder.max_lost = max_lost
+holder.block = block
 redis.call('HSET', holders_key, ticket, encode_holder(holder))
 return {0, holder.token, holder.attempts, deadline}

@@ -26,6 +26,7 @@
   ARGV[11] generation length, ms: a task id is remembered for one to two generations
   ARGV[12] the submission's record (opaque bytes; '' = none), kept with the ticket as
           "<d (granted) or w (waiting)>|<server ms>|<record>" until its row is written
+  ARGV[13] 1 = the task blocks its key when it fails for good (used when started at once)
 
   Returns {code, ticket, token, deadline_ms}
     code 0 OK          granted (token > 0 when started, deadline = lease end)
@@ -64,7 +65,7 @@ end
 
 local free = redis.call('LLEN', queue_key) == 0
   and redis.call('HLEN', holders_key) < limit
-  and redis.call('HEXISTS', meta_key, 'paused') == 0
+  and not grants_held(meta_key)
 local max_waiting = tonumber(ARGV[10])
 if not free and max_waiting > 0 then
   local waiting = redis.call('LLEN', queue_key)
@@ -115,8 +116,8 @@ end
 
 if lease > 0 then
   local token = next_token(meta_key)
-  redis.call('HSET', holders_key, ticket, encode_holder(new_holder('r', token, now + lease, 1, max_lost)))
+  redis.call('HSET', holders_key, ticket, encode_holder(new_holder('r', token, now + lease, 1, max_lost, tonumber(ARGV[13]) or 0)))
   return {0, ticket, token, now + lease}
 end
-redis.call('HSET', holders_key, ticket, encode_holder(new_holder('g', 0, now + dispatch_timeout, 0, 0)))
+redis.call('HSET', holders_key, ticket, encode_holder(new_holder('g', 0, now + dispatch_timeout, 0, 0, 0)))
 return {0, ticket, 0, now + dispatch_timeout}

@@ -1,5 +1,6 @@
 """What the keyed queue's commands share: one key argument, and a clear error when Redis is down."""
 
+import getpass
 import logging
 import sys
 from collections.abc import Iterator
@@ -50,6 +51,15 @@ def _console_handlers(logger: logging.Logger | None) -> list[logging.Handler]:
         ]
         logger = logger.parent if logger.propagate else None
     return found
+
+
+def operator(command: str) -> str:
+    """Who acts, as the audit log and the task's record say: the user running ``command``."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # a container's uid without a name
+        user = "an operator"
+    return f"{user} (manage.py {command})"
 
 
 class KeyCommand(BaseCommand):

@@ -43,9 +43,14 @@ class Command(BaseCommand):
         if state is not None:
             self.stdout.write(f"key {key!r}: {'paused' if state.paused else 'active'}, last ticket {state.last_ticket}")
             for ticket, holder in sorted(state.holders.items()):
+                deadline = "" if holder.state == "blocked" else f", deadline in {holder.deadline_in:.1f}s"
+                self.stdout.write(f"  holder ticket {ticket}: {holder.state}, attempt {holder.attempts}{deadline}")
+            if state.blocked is not None:
+                row = KeyedTask.objects.for_key(state.key).filter(ticket=state.blocked).order_by("-id").first()
+                task = f"{row.task_name}[{row.task_id}]" if row else "its task (no record)"
                 self.stdout.write(
-                    f"  holder ticket {ticket}: {holder.state}, attempt {holder.attempts}, "
-                    f"deadline in {holder.deadline_in:.1f}s"
+                    f"  blocked by ticket {state.blocked}: {task} failed; nothing more of the key runs until "
+                    "keyed_queue_retry runs it again or keyed_queue_cancel withdraws it"
                 )
             more = state.depth - len(state.waiting)
             shown = f"{state.waiting}{f' and {more} more' if more else ''}" if state.waiting else "none"

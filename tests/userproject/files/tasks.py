@@ -42,6 +42,19 @@ def plain_step(self, key: str, n: int, seconds: float = 0.0) -> int:
     return logged(self.request.id, key, n, seconds)
 
 
+@keyed_serial_task(key="{key}", bind=True, on_failure="block")
+def strict_step(self, key: str, n: int, seconds: float = 0.0) -> int:
+    """A ledger's step: it fails while the file ``fail-<key>-<n>`` is in the project, and then its key
+    runs nothing more until an operator retries or cancels it."""
+    log("start", key, n, self.request.id)
+    if (settings.BASE_DIR / f"fail-{key}-{n}").exists():
+        log("end", key, n, self.request.id, failed=True)
+        raise RuntimeError(f"step {n} of {key} failed")
+    time.sleep(seconds)
+    log("end", key, n, self.request.id)
+    return n
+
+
 @keyed_serial_task(key="{key}", bind=True, time_limit=9)
 def time_limited_step(self, key: str, n: int, seconds: float = 0.0) -> int:
     """Runs ``seconds`` on every attempt under a hard time limit of 9 s; its end says whether it held its key."""

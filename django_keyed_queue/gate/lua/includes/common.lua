@@ -2,14 +2,19 @@
   Helpers shared by the gate scripts.
 
   A holder record (one field of the holders hash, one per occupied slot):
-    "<state>|<dispatch>|<token>|<deadline_ms>|<attempts>|<lost>|<max_lost>"
-  state     g = granted, its message published but not started; r = running
+    "<state>|<dispatch>|<token>|<deadline_ms>|<attempts>|<lost>|<max_lost>|<block>"
+  state     g = granted, its message published but not started; r = running;
+            b = blocked: it failed for good and its task blocks its key on failure
   dispatch  generation of the message allowed to start it (1, then +1 per retry or recovery)
   token     fencing token of the running attempt (0 while granted)
   deadline  server-clock ms: lease end when running, dispatch timeout when granted
   attempts  how many times the ticket has started
   lost      how many of its leases expired (its worker died or stalled)
   max_lost  how many lost leases are re-dispatched; the next one fails the ticket
+  block     1 = its task's policy on failure is "block" (set when it starts); absent = 0
+
+  A blocked key has "blocked" = its blocked ticket in meta, and grants nothing
+  until an operator retries that ticket or cancels it (unblock.lua).
 ]]
 
 local function now_ms()
@@ -34,8 +39,8 @@ local function next_token(meta_key)
 end
 
 local function decode_holder(raw)
-  local state, dispatch, token, deadline, attempts, lost, max_lost =
-    string.match(raw, '^(%a)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)$')
+  local state, dispatch, token, deadline, attempts, lost, max_lost, block =
+    string.match(raw, '^(%a)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|?(%d*)$')
   return {
     state = state,
     dispatch = tonumber(dispatch),
@@ -44,12 +49,13 @@ local function decode_holder(raw)
     attempts = tonumber(attempts),
     lost = tonumber(lost),
     max_lost = tonumber(max_lost),
+    block = tonumber(block) or 0,
   }
 end
 
 local function encode_holder(h)
-  return string.format('%s|%d|%d|%d|%d|%d|%d',
-    h.state, h.dispatch, h.token, h.deadline, h.attempts, h.lost, h.max_lost)
+  return string.format('%s|%d|%d|%d|%d|%d|%d|%d',
+    h.state, h.dispatch, h.token, h.deadline, h.attempts, h.lost, h.max_lost, h.block)
 end
 
 -- The holder of a ticket if it is running, else nil (no slot, or granted only).
@@ -65,17 +71,29 @@ local function running_holder(holders_key, ticket)
   return holder
 end
 
-local function new_holder(state, token, deadline, attempts, max_lost)
+local function new_holder(state, token, deadline, attempts, max_lost, block)
   return {
     state = state, dispatch = 1, token = token, deadline = deadline,
-    attempts = attempts, lost = 0, max_lost = max_lost,
+    attempts = attempts, lost = 0, max_lost = max_lost, block = block,
   }
 end
 
+-- Whether the key grants nothing now: paused by an operator, or blocked by a failed ticket.
+local function grants_held(meta_key)
+  return redis.call('HEXISTS', meta_key, 'paused') == 1 or redis.call('HEXISTS', meta_key, 'blocked') == 1
+end
+
+-- A ticket that failed for good keeps its slot and its message, and its key grants nothing more.
+local function block_ticket(meta_key, holders_key, ticket, holder)
+  holder.state, holder.token, holder.deadline = 'b', 0, 0
+  redis.call('HSET', holders_key, ticket, encode_holder(holder))
+  redis.call('HSET', meta_key, 'blocked', ticket)
+end
+
 -- Grant parked tickets, oldest first, while the key has a free slot and is
--- not paused. Appends ticket, dispatch, message for each grant to `out`.
+-- neither paused nor blocked. Appends ticket, dispatch, message for each grant to `out`.
 local function grant_waiting(meta_key, queue_key, messages_key, holders_key, limit, deadline, out)
-  if redis.call('HEXISTS', meta_key, 'paused') == 1 then
+  if grants_held(meta_key) then
     return out
   end
   while redis.call('HLEN', holders_key) < limit do
@@ -83,7 +101,7 @@ local function grant_waiting(meta_key, queue_key, messages_key, holders_key, lim
     if not ticket then
       break
     end
-    redis.call('HSET', holders_key, ticket, encode_holder(new_holder('g', 0, deadline, 0, 0)))
+    redis.call('HSET', holders_key, ticket, encode_holder(new_holder('g', 0, deadline, 0, 0, 0)))
     out[#out + 1] = tonumber(ticket)
     out[#out + 1] = 1
     out[#out + 1] = redis.call('HGET', messages_key, ticket)

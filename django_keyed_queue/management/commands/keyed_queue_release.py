@@ -1,0 +1,33 @@
+from django.core.management.base import CommandError
+
+from django_keyed_queue.ops.recovery import checked_key, release
+from django_keyed_queue.worker.process import get_gate
+
+from ._key import KeyCommand, gate_reachable, operator
+
+
+class Command(KeyCommand):
+    help = (
+        "Release a key's stuck holder now, as the reaper does when its lease expires: its run is fenced and "
+        "its task dispatched again (or failed, once it used its recoveries)."
+    )
+
+    def add_arguments(self, parser):
+        super().add_arguments(parser)
+        parser.add_argument("--ticket", type=int, help="the holder's ticket, when the key has several holders")
+
+    def handle(self, *args, key: str, ticket: int | None = None, **options):
+        with gate_reachable():
+            self.stdout.write(self.release(checked_key(key), ticket))
+
+    def release(self, key: str, ticket: int | None) -> str:
+        if ticket is None:
+            holders = sorted(get_gate().inspect(key, waiting_shown=0).holders)
+            if not holders:
+                raise CommandError(f"key {key!r} has no holder to release")
+            if len(holders) > 1:
+                raise CommandError(f"key {key!r} has {len(holders)} holders, tickets {holders}: name one with --ticket")
+            [ticket] = holders
+        done = [r for r in release(key, ticket, by=operator("keyed_queue_release")) if r.ticket == ticket]
+        what = ", ".join(f"{r.action} (attempt {r.attempts}, dispatch {r.dispatch})" for r in done)
+        return f"released ticket {ticket} of key {key!r}: {what}"
