@@ -191,7 +191,15 @@ class Gate:
         return result
 
     def start(
-        self, key: str, ticket: int, dispatch: int, *, max_lost: int = 0, block: bool = False, task_id: str = ""
+        self,
+        key: str,
+        ticket: int,
+        dispatch: int,
+        *,
+        max_lost: int = 0,
+        block: bool = False,
+        task_id: str = "",
+        interval_ms: int = 0,
     ) -> StartResult:
         """Check the message of dispatch ``dispatch`` may run ``ticket`` and start its lease.
 
@@ -201,19 +209,36 @@ class Gate:
         times; the next time it fails the ticket and frees its slot. With
         ``block``, a failure for good (that one, or :meth:`finish` with
         ``failed``) keeps the slot instead, and the key grants nothing until
-        :meth:`unblock`.
+        :meth:`unblock`. With ``interval_ms``, the key's starts are at least that far apart:
+        a start sooner after the last one is ``Code.TOO_EARLY``, with the wait and the ticket's
+        stored message (to send again for then).
         """
         names = KeyNames(key)
         # Indexed too: this process's lease may be shorter than the one the granting process assumed.
-        code, token, attempts, deadline = self._call_and_index(
+        code, token, attempts, deadline, *message = self._call_and_index(
             "start",
             key,
             [names.meta, names.holders, names.messages],
-            [ticket, dispatch, self.lease_ms, max_lost, task_id, int(block)],
+            [ticket, dispatch, self.lease_ms, max_lost, task_id, int(block), interval_ms],
         )
+        if code == Code.TOO_EARLY:
+            return StartResult(
+                Code(code), attempts=int(attempts), wait_seconds=ms_to_seconds(deadline), message=message[0]
+            )
         result = StartResult(Code(code), int(token), int(attempts), int(deadline))
         logger.debug("start key=%r ticket=%s code=%s", key, ticket, result.code.name)
         return result
+
+    def wait_to_start(self, key: str, ticket: int, dispatch: int, *, interval_ms: int) -> tuple[float, bytes | None]:
+        """Seconds before the message of ``dispatch`` may start ``ticket`` under a rate of one start per
+        ``interval_ms`` on ``key``, and the ticket's stored message if it must wait; (0.0, None) when it
+        may start now, or may not start at all (:meth:`start` says why). A check, not a claim."""
+        wait, *message = self._call(
+            "wait_to_start",
+            [KeyNames(key).meta, KeyNames(key).holders, KeyNames(key).messages],
+            [ticket, dispatch, interval_ms, self.lease_ms],
+        )
+        return (ms_to_seconds(int(wait)), message[0]) if wait else (0.0, None)
 
     def finish(
         self,
@@ -235,7 +260,16 @@ class Gate:
         """
         names = KeyNames(key)
         task_id, record = (outcome.task_id, outcome.record) if outcome else ("", b"")
-        args = [ticket, token, limit, self.dispatch_timeout_ms, self.idle_horizon_ms, task_id, record, int(block)]
+        args: list[EncodableT] = [
+            ticket,
+            token,
+            limit,
+            self.dispatch_timeout_ms,
+            self.idle_horizon_ms,
+            task_id,
+            record,
+            int(block),
+        ]
         [reply] = self._pipelined(
             "finish",
             [([*names.all(), names.outcomes], args)],

@@ -74,6 +74,9 @@ class StartResult:
     token: int = 0
     attempts: int = 0
     lease_deadline_ms: int = 0
+    #: ``Code.TOO_EARLY``: seconds until the key's rate lets it start, and its stored message.
+    wait_seconds: float = 0.0
+    message: bytes | None = None
 
     @property
     def ok(self) -> bool:

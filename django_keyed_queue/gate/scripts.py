@@ -11,7 +11,7 @@ _INCLUDE = re.compile(r'^--- @include "([a-z_]+)"$', re.MULTILINE)
 SCRIPT_NAMES = (
     *("submit", "start", "finish", "retry", "renew"),
     *("cancel", "refuse_join", "reap", "reindex", "rebuild", "pause", "give_up", "republish_soon"),
-    *("claim_unwritten", "unwritten", "unblock"),
+    *("claim_unwritten", "unwritten", "unblock", "wait_to_start"),
 )
 
 
@@ -30,6 +30,7 @@ class Code(enum.IntEnum):
     FOREIGN_MESSAGE = 9
     QUEUE_FULL = 10
     BLOCKED = 11
+    TOO_EARLY = 12
 
 
 def _read(path: str) -> str:

@@ -22,13 +22,21 @@ from .task import KeyedSerialTask
 
 
 def keyed_serial_task(
-    *, key: str | Callable[..., str], limit: int = 1, on_failure: str = "continue", **options: Any
+    *,
+    key: str | Callable[..., str],
+    limit: int = 1,
+    rate: str | None = None,
+    on_failure: str = "continue",
+    **options: Any,
 ) -> Callable:
     """Make ``fun`` a Celery task whose runs sharing ``key`` are serialized.
 
     ``key`` is a ``str.format`` template over the task's arguments
     (``"account:{account_id}"``) or a callable taking the task's arguments.
-    At most ``limit`` tasks of one key run at once. ``on_failure="block"``: a
+    At most ``limit`` tasks of one key run at once. ``rate="N/s"`` (or ``/m``,
+    ``/h``): the starts of one key's tasks are at least a period / N apart, across
+    every worker; a task early for its slot waits in the broker, not in a worker
+    process. ``on_failure="block"``: a
     task that fails for good keeps its key held until an operator retries it
     (it runs again, first) or cancels it (``"continue"``, the default: the
     key's next task runs). Other options go to
@@ -42,6 +50,7 @@ def keyed_serial_task(
         raise InvalidKey("key must not be empty")
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         raise ValueError(f"limit must be an int >= 1, got {limit!r}")
+    interval_ms = rate_interval_ms(rate)
     if on_failure not in FAILURE_POLICIES:
         raise ValueError(f"on_failure must be one of {', '.join(map(repr, FAILURE_POLICIES))}, got {on_failure!r}")
     base = options.pop("base", None)
@@ -53,7 +62,13 @@ def keyed_serial_task(
         if isinstance(key, str):
             _check_template(fun, key, bound=options.get("bind", False))
         serial_key = key if isinstance(key, str) else staticmethod(key)
-        ours = {"serial_key": serial_key, "serial_limit": limit, "serial_on_failure": on_failure}
+        ours = {
+            "serial_key": serial_key,
+            "serial_limit": limit,
+            "serial_rate": rate,
+            "serial_interval_ms": interval_ms,
+            "serial_on_failure": on_failure,
+        }
         return _shared(fun, base, {**ours, **options})
 
     return decorate
@@ -89,6 +104,20 @@ def keyed_class(base: type) -> type:
     return type(f"KeyedSerial{base.__name__}", (KeyedSerialTask, base), {"__module__": base.__module__})
 
 
+#: ``rate=``'s periods, in ms.
+RATE_PERIODS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000}
+
+
+def rate_interval_ms(rate: str | None) -> int:
+    """The least time between two starts of one key, in ms, for ``rate="N/s"`` (``/m``, ``/h``); 0 for None."""
+    if rate is None:
+        return 0
+    count, _, period = rate.partition("/") if isinstance(rate, str) else ("", "", "")
+    if not (count.isdigit() and int(count) > 0 and period in RATE_PERIODS_MS):
+        raise ValueError(f'rate must be "N/s", "N/m" or "N/h" with N a whole number >= 1, got {rate!r}')
+    return max(1, round(RATE_PERIODS_MS[period] / int(count)))
+
+
 #: ``on_failure=``: what a task that fails for good does to its key (see ``KeyedSerialTask.serial_on_failure``).
 FAILURE_POLICIES = ("continue", "block")
 
@@ -122,7 +151,7 @@ def _check_options(options: dict, base: type | None) -> None:
             hints.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
         raise TypeError(
             f"@keyed_serial_task got unknown option{'s' if len(unknown) > 1 else ''} {', '.join(hints)}: "
-            "neither one of its own (key, limit, on_failure, max_recoveries, idempotent, max_waiting) "
+            "neither one of its own (key, limit, rate, on_failure, max_recoveries, idempotent, max_waiting) "
             "nor a Celery task option"
         )
     for name, value in options.items():

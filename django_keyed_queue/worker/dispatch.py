@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.utils import timezone
 
@@ -81,9 +81,15 @@ def record_dispatched(grant: Grant | Recovery, task_id: str, at: datetime) -> No
 
 
 def publish(
-    app, grant: Grant | Recovery, *, record: bool = True, then: list[Grant | Recovery] | None = None
+    app,
+    grant: Grant | Recovery,
+    *,
+    record: bool = True,
+    then: list[Grant | Recovery] | None = None,
+    countdown: float = 0.0,
 ) -> Published:
-    """Publish a granted ticket's stored message and, with ``record``, record its task dispatched.
+    """Publish a granted ticket's stored message and, with ``record``, record its task dispatched;
+    with ``countdown``, for then (Celery's ``eta``: a worker holds it until then, in no pool process).
 
     A message the broker refuses is published again by the reaper within
     ``REPUBLISH_DELAY_SECONDS`` (or, if Redis is unreachable too, the dispatch
@@ -103,7 +109,10 @@ def publish(
         return Published.MESSAGE_REFUSED
     dispatched_at = timezone.now()
     try:
-        publish_stored(app, message, ticket_header(grant.key, grant.ticket, grant.dispatch))
+        header = ticket_header(grant.key, grant.ticket, grant.dispatch)
+        if countdown > 0:
+            header["eta"] = (app.now() + timedelta(seconds=countdown)).isoformat()
+        publish_stored(app, message, header)
     except Exception:
         logger.exception(
             "publishing %s[%s] key=%r ticket=%s failed; the reaper publishes it again",

@@ -80,6 +80,8 @@ def local_request(app, message: TaskMessage, grant: Grant, hostname: str, worker
     limits += (app.conf.task_time_limit, app.conf.task_soft_time_limit)
     if any(limit is not None for limit in limits) or task.expires is not None:
         return None
+    if getattr(task, "serial_interval_ms", 0):
+        return None  # its key's rate: it may start only later, which a broker message waits out
     sent = built(app, message).sent
     assert sent is not None
     if not set(sent["declare"]) & set(app.amqp.queues.consume_from):

@@ -12,6 +12,10 @@ local handoff, keeps that task's result (``on_failure``).
 A delayed task (``countdown``, ``eta``) takes its ticket when due, here, before
 the worker sends it to its pool: if it must wait for its key, its delivery ends
 unrun, so no run signal fires for it until its turn.
+
+A task of a key with a ``rate`` whose message came before the key's next start
+is due goes out again for then (Celery's ``eta``), here too, so that waiting
+holds no pool process; the start itself checks the rate again, atomically.
 """
 
 from __future__ import annotations
@@ -24,10 +28,12 @@ from billiard.exceptions import Terminated, WorkerLostError
 from celery.worker.request import Request
 from celery.worker.state import task_ready
 
+from ..gate import Grant
 from ..records.statuses import Status
 from . import handoff_runs
 from .messages import HEADER, JOIN_HEADER, ticket_header
-from .run import end_killed_run, join
+from .process import get_gate
+from .run import end_killed_run, join, send_when_due
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +47,10 @@ class KeyedRequest(Request):
         its key's queue. True, as for a revoked message, when it must wait: acknowledged, and not run."""
         if super().revoked():
             return True
-        if self._joined or self.request_dict.get(HEADER) is not None:
+        header = self.request_dict.get(HEADER)
+        if header is not None:
+            return not self._joined and self._early_for_rate(header)
+        if self._joined:
             return False
         if self.eta is not None and self.eta > datetime.now(UTC):
             return False  # asked on receipt: not due yet
@@ -60,6 +69,25 @@ class KeyedRequest(Request):
             self.__dict__.pop("_context", None)  # Celery's cached copy of the request, made without it
             return False
         logger.info("%s[%s] joined the queue of key=%r and waits for its turn", self.name, self.id, key)
+        task_ready(self)
+        self.acknowledge()
+        return True
+
+    def _early_for_rate(self, header: dict) -> bool:
+        """A granted ticket that its key's rate does not let start yet: sent again for then, and True."""
+        interval = getattr(self.task, "serial_interval_ms", 0)
+        if not interval or (self.eta is not None and self.eta > datetime.now(UTC)):
+            return False  # no rate; or Celery's timer holds it until its eta, and asks again then
+        key, ticket, dispatch = header["key"], int(header["ticket"]), int(header["dispatch"])
+        try:
+            wait, message = get_gate().wait_to_start(key, ticket, dispatch, interval_ms=interval)
+            if wait:
+                send_when_due(self.task, Grant(key, ticket, dispatch, message or b""), wait)
+        except Exception:  # the gate or the broker unreachable: the run's start decides, as it can
+            logger.warning("%s[%s] is sent to its pool without its rate checked", self.name, self.id, exc_info=True)
+            return False
+        if not wait:
+            return False
         task_ready(self)
         self.acknowledge()
         return True

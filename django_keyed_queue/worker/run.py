@@ -20,11 +20,11 @@ import redis
 from celery.exceptions import Ignore, Reject
 from django.utils import timezone
 
-from ..gate import Code, FinishResult, Lease, Outcome, SubmitResult
+from ..gate import Code, FinishResult, Grant, Lease, Outcome, SubmitResult
 from ..records import submissions
 from ..records.statuses import Status
 from ..records.transitions import Transition
-from .dispatch import hand_over, requeue_kept
+from .dispatch import hand_over, publish, requeue_kept
 from .messages import DELAY_OPTIONS, HEADER, JOIN_HEADER, TaskMessage, gate_message, send_options, ticket_header
 from .outage import outlast_restart
 from .process import current
@@ -211,12 +211,22 @@ def _start(task: Any, header: dict, args: tuple, kwargs: dict) -> tuple[Lease, i
             task.name, request.id, key, ticket,
         )  # fmt: skip
         raise Ignore()
-    gate = current().gate
+    gate, dispatch = current().gate, int(header["dispatch"])
     started, _ = outlast_restart(
         lambda: gate.start(
-            key, ticket, int(header["dispatch"]), max_lost=task.max_recoveries, block=blocks(task), task_id=request.id
-        )
+            key,
+            ticket,
+            dispatch,
+            max_lost=task.max_recoveries,
+            block=blocks(task),
+            task_id=request.id,
+            interval_ms=task.serial_interval_ms,
+        )  # fmt: skip
     )
+    if started.code is Code.TOO_EARLY:
+        # The key's rate: another process started one of its tasks since this message was sent.
+        send_when_due(task, Grant(key, ticket, dispatch, started.message or b""), started.wait_seconds)
+        raise Ignore()
     if not started.ok:
         # A duplicate is routine; a message that is not the ticket's own is not.
         log = logger.warning if started.code is Code.FOREIGN_MESSAGE else logger.info
@@ -228,10 +238,30 @@ def _start(task: Any, header: dict, args: tuple, kwargs: dict) -> tuple[Lease, i
 def _join(task: Any, args: tuple, kwargs: dict) -> tuple[Lease, int]:
     """A message without a ticket (a delayed task now due, which its worker did not join): take one now."""
     request = task.request
-    key, submitted = join(task, request, args, kwargs, start=True, wait_out_outage=True)
+    paced = task.serial_interval_ms > 0  # a granted ticket starts as any other, when its key's rate lets it
+    key, submitted = join(task, request, args, kwargs, start=not paced, wait_out_outage=True)
+    if paced and submitted is not None and submitted.granted:
+        return _start(task, {"key": key, "ticket": submitted.ticket, "dispatch": 1}, args, kwargs)
     if submitted is None or not submitted.token:
         raise Ignore()  # a duplicate, or it waits for its key
     return Lease(key, submitted.ticket, submitted.token), 1
+
+
+def send_when_due(task: Any, grant: Grant, wait_seconds: float) -> None:
+    """A granted ticket its key's rate does not let start yet: its message goes out again, for then.
+
+    A worker holds it until then (Celery's ``eta``), in no pool process; if that message is lost,
+    the reaper publishes the ticket again once its dispatch deadline, moved past then, passes.
+    """
+    logger.info(
+        "%s key=%r ticket=%s starts in %.3fs (rate=%s)",
+        task.name,
+        grant.key,
+        grant.ticket,
+        wait_seconds,
+        task.serial_rate,
+    )
+    publish(task.app, grant, record=False, countdown=wait_seconds)
 
 
 def join(

@@ -36,6 +36,10 @@ class KeyedSerialTask(Task):
     #: How many times a run whose worker was lost (its lease expired) is dispatched
     #: again; after that the task is failed and its key passes on.
     max_recoveries: int = 3
+    #: ``rate=``: at most N starts of one key per period (``"5/s"``, ``"30/m"``, ``"100/h"``); None: no pacing.
+    serial_rate: str | None = None
+    #: The least time between two starts of one key, ms (from ``serial_rate``; 0: none).
+    serial_interval_ms: int = 0
     #: What a task that fails for good (its retries or recoveries used up) does to its key:
     #: ``"continue"``, the key's next task runs; ``"block"``, it keeps its key held, and the key
     #: runs nothing until an operator retries it (it runs again first) or cancels it.

@@ -1,5 +1,6 @@
 """Django's idioms on keyed tasks: enqueue on commit, eager mode, and the app's own task class."""
 
+import re
 import threading
 
 import pytest
@@ -215,6 +216,19 @@ def test_an_unknown_or_misspelt_option_fails_at_import_naming_it():
         keyed_serial_task(key="{key}", max_recovery=2, colour="blue")
     with pytest.raises(TypeError, match="would replace the task's method after_return"):
         keyed_serial_task(key="{key}", after_return="later")
+
+
+@pytest.mark.parametrize("rate", ["5", "5/x", "0/s", "-1/s", "1.5/s", "five/s", 5])
+def test_a_rate_that_is_not_n_per_second_minute_or_hour_fails_at_import(rate):
+    with pytest.raises(ValueError, match=f'rate must be "N/s", "N/m" or "N/h".*got {re.escape(repr(rate))}'):
+        keyed_serial_task(key="{key}", rate=rate)
+
+
+def test_a_rate_and_a_failure_policy_are_the_task_s_own():
+    task = keyed_task_of(Celery("project", set_as_current=False), rate="30/m", on_failure="block")
+    assert (task.serial_rate, task.serial_interval_ms, task.serial_on_failure) == ("30/m", 2000, "block")
+    with pytest.raises(ValueError, match="on_failure must be one of 'continue', 'block', got 'stop'"):
+        keyed_serial_task(key="{key}", on_failure="stop")
 
 
 def test_celery_s_options_ours_and_a_base_class_s_own_attributes_are_taken():

@@ -116,9 +116,11 @@ class UserProject:
         self.workers.append(worker.start())
         return worker
 
-    def produce(self, task: str, tasks: int, keys: int, interval: float, seconds: float) -> subprocess.Popen:
-        """A producer process submitting round-robin over keys (see files/produce.py)."""
-        command = [sys.executable, "produce.py", task, str(tasks), str(keys), str(interval), str(seconds)]
+    def produce(
+        self, task: str, tasks: int, keys: int, interval: float, seconds: float, prefix: str = "acct"
+    ) -> subprocess.Popen:
+        """A producer process submitting round-robin over keys ``prefix:0``, ``prefix:1``... (see files/produce.py)."""
+        command = [sys.executable, "produce.py", task, str(tasks), str(keys), str(interval), str(seconds), prefix]
         return subprocess.Popen(command, cwd=self.directory, env=self.env, stdout=subprocess.PIPE, text=True)
 
     def history(self) -> list[dict]:

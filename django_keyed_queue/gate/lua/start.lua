@@ -11,14 +11,20 @@
           message stored with the ticket, so a message that copied another's
           header cannot take its ticket
   ARGV[6] 1 = the task blocks its key when it fails for good (its policy), else 0
+  ARGV[7] least ms between two starts of the key (the task's rate; 0 = none): a start
+          sooner than that after the key's last one is refused, and the holder's dispatch
+          deadline moved past the time it may start, so the reaper publishes it again if
+          the message that waits for that time is lost
 
-  Returns {code, token, attempts, lease_deadline_ms}
+  Returns {code, token, attempts, lease_deadline_ms}, or {12, 0, attempts, wait_ms, message}
     code 0 OK               started
     code 2 NOT_GRANTED      the ticket holds no slot (finished, cancelled or still parked), or it
                             failed and blocks its key
     code 3 ALREADY_STARTED  a message of this ticket already started it
     code 4 STALE_DISPATCH   the message is from an older dispatch (superseded by a retry)
     code 9 FOREIGN_MESSAGE  the message is not the ticket's own (another task id)
+    code 12 TOO_EARLY       not yet: the key's last start was less than ARGV[7] ms ago; it may
+                            start in wait_ms (its stored message is returned, to send for then)
 ]]
 --- @include "common"
 
@@ -29,6 +35,7 @@ local lease = tonumber(ARGV[3])
 local max_lost = tonumber(ARGV[4])
 local task_id = ARGV[5]
 local block = tonumber(ARGV[6]) or 0
+local interval = tonumber(ARGV[7]) or 0
 
 local raw = redis.call('HGET', holders_key, ticket)
 if not raw then
@@ -51,7 +58,15 @@ if holder.state == 'r' then
   return {3, 0, holder.attempts, 0}
 end
 
-local deadline = now_ms() + lease
+local now = now_ms()
+if interval > 0 then
+  local wait = rate_wait(meta_key, holders_key, ticket, holder, interval, lease, now)
+  if wait > 0 then
+    return {12, 0, holder.attempts, wait, redis.call('HGET', messages_key, ticket)}
+  end
+  redis.call('HSET', meta_key, 'last_start', now)
+end
+local deadline = now + lease
 holder.state = 'r'
 holder.token = next_token(meta_key)
 holder.deadline = deadline

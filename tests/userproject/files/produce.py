@@ -1,6 +1,6 @@
-"""Submit TASKS steps round-robin over KEYS keys, one every INTERVAL seconds.
+"""Submit TASKS steps round-robin over KEYS keys (PREFIX:0, PREFIX:1 ...), one every INTERVAL seconds.
 
-    python produce.py TASK TASKS KEYS INTERVAL SECONDS
+    python produce.py TASK TASKS KEYS INTERVAL SECONDS [PREFIX]
 
 A submission refused while Redis is away is tried again. Prints one JSON line per
 accepted task: {"key", "n", "id"}.
@@ -16,7 +16,7 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mysite.settings")
 
 
-def main(task_name: str, tasks: int, keys: int, interval: float, seconds: float) -> None:
+def main(task_name: str, tasks: int, keys: int, interval: float, seconds: float, prefix: str = "acct") -> None:
     django.setup()
     from kombu.exceptions import OperationalError
     from shop import tasks as shop_tasks
@@ -25,7 +25,7 @@ def main(task_name: str, tasks: int, keys: int, interval: float, seconds: float)
 
     task = getattr(shop_tasks, task_name)
     for i in range(tasks):
-        key, n = f"acct:{i % keys}", i // keys
+        key, n = f"{prefix}:{i % keys}", i // keys
         while True:
             try:
                 result = task.delay(key, n, seconds)
@@ -37,4 +37,4 @@ def main(task_name: str, tasks: int, keys: int, interval: float, seconds: float)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]))
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), *sys.argv[6:7])

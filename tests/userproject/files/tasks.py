@@ -42,6 +42,12 @@ def plain_step(self, key: str, n: int, seconds: float = 0.0) -> int:
     return logged(self.request.id, key, n, seconds)
 
 
+@keyed_serial_task(key="{key}", bind=True, rate="5/s")
+def paced_step(self, key: str, n: int, seconds: float = 0.0) -> int:
+    """A step of an interval queue: one key's starts at least 200 ms apart."""
+    return logged(self.request.id, key, n, seconds)
+
+
 @keyed_serial_task(key="{key}", bind=True, on_failure="block")
 def strict_step(self, key: str, n: int, seconds: float = 0.0) -> int:
     """A ledger's step: it fails while the file ``fail-<key>-<n>`` is in the project, and then its key

@@ -78,6 +78,20 @@ local function new_holder(state, token, deadline, attempts, max_lost, block)
   }
 end
 
+-- How many ms before a granted holder of a key whose starts are at least `interval` ms apart
+-- may start; if it must wait, its dispatch deadline becomes `lease` ms past then: the message
+-- sent for then starts it within ms, and if that message was lost with its worker, the
+-- reaper publishes the ticket again then (a late copy is dropped by the start check).
+local function rate_wait(meta_key, holders_key, ticket, holder, interval, lease, now)
+  local last = tonumber(redis.call('HGET', meta_key, 'last_start') or '0')
+  local wait = math.max(0, last + interval - now)
+  if wait > 0 then
+    holder.deadline = now + wait + lease
+    redis.call('HSET', holders_key, ticket, encode_holder(holder))
+  end
+  return wait
+end
+
 -- Whether the key grants nothing now: paused by an operator, or blocked by a failed ticket.
 local function grants_held(meta_key)
   return redis.call('HEXISTS', meta_key, 'paused') == 1 or redis.call('HEXISTS', meta_key, 'blocked') == 1

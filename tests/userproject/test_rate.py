@@ -1,0 +1,45 @@
+"""``rate="5/s"`` on real workers in a user's project: one key's starts at least 200 ms apart across two
+workers, also when one is killed mid-run, while another key runs at full speed."""
+
+import time
+
+import pytest
+
+from tests.helpers import check_history, wait_until
+
+from .runs import accepted_by
+
+pytestmark = pytest.mark.workers
+
+#: The least time between two starts of a "5/s" key.
+INTERVAL = 0.2
+#: How much later than the gate's start a task may log its own: scheduling between the two lines.
+LOG_JITTER = 0.01
+
+
+def starts(events: list[dict], key: str) -> list[float]:
+    return [e["t"] for e in events if e["event"] == "start" and e["key"] == key]
+
+
+def test_one_key_starts_at_most_five_a_second_over_two_workers_and_a_kill(make_project):
+    project = make_project()
+    doomed = project.worker("a")
+    project.worker("b")
+    paced = accepted_by(project.produce("paced_step", 15, 1, 0, 0.05, prefix="paced"))
+    free = accepted_by(project.produce("step", 20, 1, 0, 0.0, prefix="free"))
+    submitted = time.time()
+
+    wait_until(lambda: len(starts(project.history(), "paced:0")) >= 5, 20, 0.05, "five paced starts")
+    doomed.kill()  # SIGKILL to worker a and its pool, holding what it had taken
+
+    ids = {a["id"] for a in paced + free}
+    wait_until(lambda: ids <= {e["id"] for e in project.history() if e["event"] == "end"}, 60, 0.2, "every task")
+    events = project.history()
+    check_history(events)  # exclusion and order on both keys
+
+    times = starts(events, "paced:0")
+    gaps = [later - earlier for earlier, later in zip(times, times[1:], strict=False)]
+    assert len(times) >= 15 and min(gaps) >= INTERVAL - LOG_JITTER, [round(g, 3) for g in gaps]
+    assert sorted(gaps)[len(gaps) // 2] < INTERVAL + 0.15, "paced, not merely slow: most starts come when due"
+    free_ends = [e["t"] for e in events if e["event"] == "end" and e["key"] == "free:0"]
+    assert max(free_ends) - submitted < 3, "the other key is not slowed"
