@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import enum
 import re
-from functools import cache
 from importlib import resources
 
 _INCLUDE = re.compile(r'^--- @include "([a-z_]+)"$', re.MULTILINE)
@@ -37,10 +36,19 @@ def _read(path: str) -> str:
     return resources.files(__package__).joinpath("lua", path).read_text(encoding="utf-8")
 
 
-@cache
+def _assemble(name: str) -> str:
+    return _INCLUDE.sub(lambda m: _read(f"includes/{m.group(1)}.lua"), _read(f"{name}.lua"))
+
+
+# Read once, at import. Read later, in a thread of a worker's main process, a script would take
+# importlib's lock on this package; a pool process forked meanwhile inherits that lock held, and
+# hangs on its first gate call.
+_SOURCES = {name: _assemble(name) for name in SCRIPT_NAMES}
+
+
 def source(name: str) -> str:
     """The script ``name`` with its ``--- @include`` lines replaced by the included files."""
-    return _INCLUDE.sub(lambda m: _read(f"includes/{m.group(1)}.lua"), _read(f"{name}.lua"))
+    return _SOURCES[name]
 
 
 def seconds_to_ms(seconds: float) -> int:

@@ -92,7 +92,7 @@ def test_cancelling_and_retrying_tasks_from_the_list(gate_redis, logged_in, scre
     KeyedTask.objects.filter(pk=failed.pk).update(status="failed", error="RuntimeError: card declined")
 
     page.goto(f"{LIST}?q=account%3A5")
-    run_action(page, "Cancel the selected waiting tasks", waiting)
+    run_action(page, "Cancel the selected waiting tasks, or failed ones that block their keys", waiting)
     screenshot("1-cancelled")
     assert "Cancelled by operator" in page.locator(".messagelist").inner_text()
     assert KeyedTask.objects.get(pk=waiting.pk).status == "cancelled"
@@ -100,7 +100,8 @@ def test_cancelling_and_retrying_tasks_from_the_list(gate_redis, logged_in, scre
     assert KeyedTask.objects.get(pk=first.pk).status == "dispatched"
 
     page.goto(f"{LIST}?status=failed")
-    run_action(page, "Retry the selected failed tasks at the end of their queues", failed)
+    retry = "Retry the selected failed tasks (at the end of their queues; one that blocks its key, first)"
+    run_action(page, retry, failed)
     screenshot("2-retried")
     [again] = KeyedTask.objects.filter(key="account:6").exclude(pk=failed.pk)
     assert f"Retried by operator as {again.task_id}" in page.locator(".messagelist").inner_text()
