@@ -75,6 +75,15 @@ def summarize(rounds: list) -> dict:
 
 
 def print_summary(rounds: list, summary: dict, submit_us: dict[str, list[float]] | None = None) -> None:
+    print_ratios(summary)
+    _print_costs(rounds)
+    if submit_us and submit_us.get("plain"):
+        summary["submit cost us"] = print_submit_cost(submit_us)
+    print_targets(summary)
+
+
+def print_ratios(summary: dict) -> None:
+    """Per scenario: throughputs, keyed/plain and bulk/plain ratios, handoff percentiles."""
     print()
     for scenario, s in summary.items():
         ratios = ", ".join(f"{x:.2f}" for x in s["ratios"])
@@ -96,9 +105,9 @@ def print_summary(rounds: list, summary: dict, submit_us: dict[str, list[float]]
                     f"{'':<10} {v} handoff (end of task n -> start of n+1, same key), n={h['n']}: "
                     f"p50 {h['p50']:.1f} ms  p90 {h['p90']:.1f} ms  p99 {h['p99']:.1f} ms  max {h['max']:.1f} ms"
                 )
-    _print_costs(rounds)
-    if submit_us and submit_us.get("plain"):
-        summary["submit cost us"] = print_submit_cost(submit_us)
+
+
+def print_targets(summary: dict) -> None:
     print("\ntargets (median keyed/plain throughput ratio):")
     for scenario, s in summary.items():
         if scenario not in TARGETS:

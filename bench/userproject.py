@@ -43,16 +43,16 @@ import tempfile
 import time
 from collections import Counter
 from contextlib import closing
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 from testproject.servers import PostgresServer, RedisServer, free_port
 from tests.userproject.project import UserProject
 
 from .harness import DATABASES, cpu_seconds
-from .report import BULK_TARGET, summarize
+from .report import print_ratios, print_targets, summarize
 from .stats import median
-from .throughput import check_events, handoffs_ms, many_keys_plan
+from .throughput import Round, check_events, handoffs_ms, many_keys_plan
 
 PRODUCER = Path(__file__).resolve().parent / "userproject_produce.py"
 #: The producer's name in the project's directory.
@@ -60,27 +60,6 @@ PRODUCER_NAME = "bench_produce.py"
 CONCURRENCY = 2
 WAL_INIT_COMMAND = "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"
 PG_DATABASE = "mysite"
-
-
-@dataclass
-class Round:
-    scenario: str
-    index: int
-    variant: str
-    tasks: int
-    submit_seconds: float = 0.0
-    wall_seconds: float = 0.0
-    #: From the first submission until every keyed record of the round is terminal.
-    settle_seconds: float | None = None
-    #: CPU seconds used during the round: the producer's submissions, and each server's processes (PostgreSQL's
-    #: include the bench's own reads of the records after the last task ended).
-    cpu: dict[str, float] = field(default_factory=dict)
-    handoffs_ms: list[float] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-
-    @property
-    def throughput(self) -> float:
-        return self.tasks / self.wall_seconds if self.wall_seconds > 0 else 0.0
 
 
 def group_cpu_seconds(groups: dict[str, list[int]]) -> dict[str, float]:
@@ -327,32 +306,9 @@ def print_rounds(rounds: list[Round]) -> None:
 
 
 def print_summary(summary: dict) -> None:
-    if not summary:
-        return
-    print()
-    for scenario, s in summary.items():
-        ratios = ", ".join(f"{x:.2f}" for x in s["ratios"])
-        print(
-            f"{scenario:<10} plain {s['plain']:5.0f} tasks/s  keyed {s['keyed']:5.0f} tasks/s  "
-            f"keyed/plain median {s['ratio']:.2f} (rounds: {ratios})"
-        )
-        if "bulk ratio" in s:
-            ratios = ", ".join(f"{x:.2f}" for x in s["bulk ratios"])
-            print(
-                f"{'':<10} bulk  {s['bulk']:5.0f} tasks/s  bulk/plain median {s['bulk ratio']:.2f} (rounds: {ratios}); "
-                f"submission alone {s['bulk submit ratio']:.2f}x plain's loop"
-            )
-        h = s.get("keyed handoff ms")
-        if h:
-            print(
-                f"{'':<10} keyed handoff (end of task n -> start of n+1, same key), n={h['n']}: "
-                f"p50 {h['p50']:.1f} ms  p90 {h['p90']:.1f} ms  p99 {h['p99']:.1f} ms  max {h['max']:.1f} ms"
-            )
-    print("\ntargets (median keyed/plain throughput ratio):")
-    for scenario, s in summary.items():
-        print(f"  {scenario:<10} {s['ratio']:.2f} >= {s['target']}: {'MET' if s['met'] else 'NOT MET'}")
-        if "bulk ratio" in s:
-            print(f"  {'bulk':<10} {s['bulk ratio']:.2f} >= {BULK_TARGET}: {'MET' if s['bulk met'] else 'NOT MET'}")
+    if summary:
+        print_ratios(summary)
+        print_targets(summary)
 
 
 def print_settle(rounds: list[Round]) -> None:
