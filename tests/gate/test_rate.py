@@ -58,3 +58,11 @@ def test_only_the_granted_dispatch_is_told_to_wait(gate):
     assert gate.wait_to_start("k", first, 1, interval_ms=INTERVAL_MS) == (0.0, None), "running already"
     assert gate.wait_to_start("k", second, 2, interval_ms=INTERVAL_MS) == (0.0, None), "another dispatch"
     assert gate.wait_to_start("k", 99, 1, interval_ms=INTERVAL_MS) == (0.0, None), "no such ticket"
+
+
+def test_a_paused_key_keeps_its_last_start(gate):
+    first, second = granted(gate)
+    assert gate.start("k", first, 1, interval_ms=10_000).ok
+    gate.pause("k")
+    gate.resume("k")
+    assert gate.start("k", second, 1, interval_ms=10_000).code is Code.TOO_EARLY
