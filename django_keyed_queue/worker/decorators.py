@@ -33,16 +33,20 @@ def keyed_serial_task(
 
     ``key`` is a ``str.format`` template over the task's arguments
     (``"account:{account_id}"``) or a callable taking the task's arguments.
-    At most ``limit`` tasks of one key run at once. ``rate="N/s"`` (or ``/m``,
-    ``/h``): the starts of one key's tasks are at least a period / N apart, across
-    every worker; a task early for its slot waits in the broker, not in a worker
-    process. ``on_failure="block"``: a
-    task that fails for good keeps its key held until an operator retries it
-    (it runs again, first) or cancels it (``"continue"``, the default: the
-    key's next task runs). Other options go to
-    ``shared_task`` unchanged (``bind``, ``max_retries``, ``queue`` ...), or set
-    the task class's own (``max_recoveries``, ``idempotent``, ``max_waiting``, and a
-    ``base=`` class's attributes); any other name raises ``TypeError`` at import.
+    At most ``limit`` tasks of one key run at once.
+
+    ``rate="N/s"`` (or ``/m``, ``/h``): the starts of one key's tasks are at least
+    a period / N apart, across every worker; a task early for its slot waits in
+    the broker, not in a worker process.
+
+    ``on_failure="block"``: a task that fails for good keeps its key held until an
+    operator retries it (it runs again, first) or cancels it (``"continue"``, the
+    default: the key's next task runs).
+
+    Other options go to ``shared_task`` unchanged (``bind``, ``max_retries``,
+    ``queue`` ...), or set the task class's own (``max_recoveries``, ``idempotent``,
+    ``max_waiting``, and a ``base=`` class's attributes); any other name raises
+    ``TypeError`` at import.
     """
     if not (isinstance(key, str) or callable(key)):
         raise InvalidKey(f"key must be a format string or a callable, got {type(key).__name__}")

@@ -313,7 +313,7 @@ def join(
 
 def blocks(task: Any) -> bool:
     """Whether a failure for good of ``task`` keeps its key held (``on_failure="block"``)."""
-    return getattr(task, "serial_on_failure", "continue") == "block"
+    return bool(task.serial_on_failure == "block")
 
 
 def failure_text(exc: BaseException) -> str:
