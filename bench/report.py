@@ -107,6 +107,14 @@ def print_ratios(summary: dict) -> None:
                 )
 
 
+def print_ending(log_problems: list[str], seconds: float, *, failed: bool) -> None:
+    """The workers' log lines at WARNING or worse (the first ten), the run's time and whether it failed."""
+    print(f"\nworker log lines at WARNING or worse: {len(log_problems)}")
+    for line in log_problems[:10]:
+        print(f"  {line[:200]}")
+    print(f"total time {seconds:.0f} s; {'FAILED' if failed else 'all tasks accounted for'}")
+
+
 def print_targets(summary: dict) -> None:
     print("\ntargets (median keyed/plain throughput ratio):")
     for scenario, s in summary.items():

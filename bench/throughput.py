@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .harness import DATABASES, Cluster, CommandStats, Timers, cpu_seconds
-from .report import print_profile, print_rounds, print_summary, summarize
+from .report import print_ending, print_profile, print_rounds, print_summary, summarize
 
 #: A queue no worker consumes: submissions measured on their own land here and are deleted.
 PARKED_QUEUE = "bench-not-consumed"
@@ -332,10 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     print_summary(rounds, summary, submit_us)
     if args.profile:
         print_profile(rounds)
-    print(f"\nworker log lines at WARNING or worse: {len(log_problems)}")
-    for line in log_problems[:10]:
-        print(f"  {line[:200]}")
-    print(f"total time {time.monotonic() - started:.0f} s; {'FAILED' if failed else 'all tasks accounted for'}")
+    print_ending(log_problems, time.monotonic() - started, failed=failed)
 
     if args.json:
         rows = [{k: v for k, v in r.__dict__.items()} for r in rounds]

@@ -50,7 +50,7 @@ from testproject.servers import PostgresServer, RedisServer, free_port
 from tests.userproject.project import UserProject
 
 from .harness import DATABASES, cpu_seconds
-from .report import print_ratios, print_targets, summarize
+from .report import print_ending, print_ratios, print_targets, summarize
 from .stats import median
 from .throughput import Round, check_events, handoffs_ms, many_keys_plan
 
@@ -387,10 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize([r for r in rounds if not r.problems])
     print_summary(summary)
     print_settle(rounds)
-    print(f"\nworker log lines at WARNING or worse: {len(log_problems)}")
-    for line in log_problems[:10]:
-        print(f"  {line[:200]}")
-    print(f"total time {time.monotonic() - started:.0f} s; {'FAILED' if failed else 'all tasks accounted for'}")
+    print_ending(log_problems, time.monotonic() - started, failed=failed)
 
     if args.json:
         rows = [{**asdict(r), "throughput": r.throughput} for r in rounds]

@@ -208,7 +208,7 @@ class Gate:
         If the lease expires, the reaper re-dispatches the ticket ``max_lost``
         times; the next time it fails the ticket and frees its slot. With
         ``block``, a failure for good (that one, or :meth:`finish` with
-        ``failed``) keeps the slot instead, and the key grants nothing until
+        ``block``) keeps the slot instead, and the key grants nothing until
         :meth:`unblock`. With ``interval_ms``, the key's starts are at least that far apart:
         a start sooner after the last one is ``Code.TOO_EARLY``, with the wait and the ticket's
         stored message (to send again for then).
@@ -233,10 +233,9 @@ class Gate:
         """Seconds before the message of ``dispatch`` may start ``ticket`` under a rate of one start per
         ``interval_ms`` on ``key``, and the ticket's stored message if it must wait; (0.0, None) when it
         may start now, or may not start at all (:meth:`start` says why). A check, not a claim."""
+        names = KeyNames(key)
         wait, *message = self._call(
-            "wait_to_start",
-            [KeyNames(key).meta, KeyNames(key).holders, KeyNames(key).messages],
-            [ticket, dispatch, interval_ms, self.lease_ms],
+            "wait_to_start", [names.meta, names.holders, names.messages], [ticket, dispatch, interval_ms, self.lease_ms]
         )
         return (ms_to_seconds(int(wait)), message[0]) if wait else (0.0, None)
 

@@ -106,7 +106,8 @@ def live_keys(*, limit: int = 100, key: str | None = None) -> tuple[list[KeyStat
         paused, blocked = gate.paused_keys(limit=limit), gate.blocked_keys(limit=limit)
         more = more or len(paused) == limit or len(blocked) == limit
     else:
-        paused, blocked = [key] if gate.is_paused(key) else [], [key]  # shown if blocked, as the gate says
+        paused = [key] if gate.is_paused(key) else []
+        blocked = [key]  # shown if the gate says it is blocked
     keys = list(dict.fromkeys([*list(found)[:limit], *paused, *blocked]))
     snapshots = gate.inspect_many(keys, waiting_shown=0)
     held = Q(pk__in=[])

@@ -142,10 +142,12 @@ def _check_options(options: dict, base: type | None) -> None:
     """Refuse, at import time, an option that is neither ours nor Celery's: Celery would make it
     an attribute of the task's class, and a misspelt option would silently do nothing."""
     classes = [KeyedSerialTask, base or Task]
-    try:
-        classes.append(_state.get_current_app().Task)  # the project's ``task_cls`` may add its own
-    except Exception:  # no app yet, or one that cannot make its task class: its own check is at registration
-        pass
+    # The apps made so far (``get_current_app`` would make a default one): a project's ``task_cls`` may add options.
+    for app in _state._get_active_apps():  # type: ignore[attr-defined]  # as shared_task does; not in the stubs
+        try:
+            classes.append(app.Task)
+        except Exception:  # an app that cannot make its task class: its tasks fail at registration
+            pass
     known = DECORATOR_OPTIONS | {name for cls in classes for name in dir(cls) if not name.startswith("_")}
     unknown = sorted(set(options) - known)
     if unknown:

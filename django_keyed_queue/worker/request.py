@@ -81,12 +81,11 @@ class KeyedRequest(Request):
         key, ticket, dispatch = header["key"], int(header["ticket"]), int(header["dispatch"])
         try:
             wait, message = get_gate().wait_to_start(key, ticket, dispatch, interval_ms=interval)
-            if wait:
-                send_when_due(self.task, Grant(key, ticket, dispatch, message or b""), wait)
+            if not wait:
+                return False
+            send_when_due(self.task, Grant(key, ticket, dispatch, message or b""), wait)
         except Exception:  # the gate or the broker unreachable: the run's start decides, as it can
             logger.warning("%s[%s] is sent to its pool without its rate checked", self.name, self.id, exc_info=True)
-            return False
-        if not wait:
             return False
         task_ready(self)
         self.acknowledge()
