@@ -11,6 +11,7 @@ from django.conf import settings as django_settings
 from django.core.checks import CheckMessage, Error, Warning, register
 
 from .conf import DEFAULTS, PREFIX, settings
+from .gate.clients import SENTINEL_SCHEME, is_sentinel_url
 
 
 @register()
@@ -25,14 +26,7 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
                     id="keyed_queue.W001",
                 )
             )
-    url = settings.REDIS_URL
-    if not isinstance(url, str) or urlparse(url).scheme not in ("redis", "rediss", "unix"):
-        problems.append(
-            Error(
-                f"KEYED_QUEUE_REDIS_URL must be a redis://, rediss:// or unix:// URL, got {url!r}.",
-                id="keyed_queue.E001",
-            )
-        )
+    problems += _redis_problems()
     for name in (
         "LEASE_SECONDS",
         "DISPATCH_TIMEOUT_SECONDS",
@@ -63,6 +57,71 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
                 )
             )
     problems += _database_problems()
+    return problems
+
+
+def _redis_problems() -> list[CheckMessage]:
+    url, cluster, master = settings.REDIS_URL, settings.REDIS_CLUSTER, settings.REDIS_SENTINEL_MASTER
+    if not isinstance(url, str) or urlparse(url).scheme not in ("redis", "rediss", "unix", SENTINEL_SCHEME):
+        return [
+            Error(
+                f"KEYED_QUEUE_REDIS_URL must be a redis://, rediss://, unix:// or sentinel:// URL, got {url!r}.",
+                id="keyed_queue.E001",
+            )
+        ]
+    problems: list[CheckMessage] = []
+    sentinel = is_sentinel_url(url)
+    if sentinel and not (isinstance(master, str) and master):
+        problems.append(
+            Error(
+                f"KEYED_QUEUE_REDIS_URL is a Sentinel URL ({url!r}) but KEYED_QUEUE_REDIS_SENTINEL_MASTER names no "
+                f"master, got {master!r}.",
+                hint='Set KEYED_QUEUE_REDIS_SENTINEL_MASTER to the name the sentinels monitor, e.g. "mymaster".',
+                id="keyed_queue.E007",
+            )
+        )
+    if master is not None and not sentinel:
+        problems.append(
+            Error(
+                f"KEYED_QUEUE_REDIS_SENTINEL_MASTER is {master!r} but KEYED_QUEUE_REDIS_URL is no Sentinel URL: "
+                f"{url!r}.",
+                hint="Name the sentinels: sentinel://host:26379;sentinel://host2:26379.",
+                id="keyed_queue.E007",
+            )
+        )
+    if not isinstance(cluster, bool):
+        problems.append(
+            Error(f"KEYED_QUEUE_REDIS_CLUSTER must be True or False, got {cluster!r}.", id="keyed_queue.E008")
+        )
+    elif cluster and sentinel:
+        problems.append(
+            Error(
+                "KEYED_QUEUE_REDIS_CLUSTER is True but KEYED_QUEUE_REDIS_URL is a Sentinel URL.", id="keyed_queue.E008"
+            )
+        )
+    elif cluster and urlparse(url).path.strip("/") not in ("", "0"):
+        problems.append(
+            Error(
+                f"KEYED_QUEUE_REDIS_URL names database {urlparse(url).path.strip('/')!r}, but a Redis Cluster has "
+                f"database 0 only ({url!r}).",
+                hint="Drop the database from the URL: every key the gate writes starts with keyed_queue:.",
+                id="keyed_queue.E008",
+            )
+        )
+    replicas, timeout = settings.REDIS_WAIT_REPLICAS, settings.REDIS_WAIT_TIMEOUT_SECONDS
+    if not (isinstance(replicas, int) and not isinstance(replicas, bool) and replicas >= 0):
+        problems.append(
+            Error(
+                f"KEYED_QUEUE_REDIS_WAIT_REPLICAS must be a whole number >= 0, got {replicas!r}.", id="keyed_queue.E009"
+            )
+        )
+    if not _is_number(timeout) or timeout <= 0:
+        problems.append(
+            Error(
+                f"KEYED_QUEUE_REDIS_WAIT_TIMEOUT_SECONDS must be a positive number of seconds, got {timeout!r}.",
+                id="keyed_queue.E009",
+            )
+        )
     return problems
 
 

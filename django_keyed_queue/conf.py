@@ -12,8 +12,18 @@ from django.conf import settings as django_settings
 PREFIX = "KEYED_QUEUE_"
 
 DEFAULTS: dict[str, Any] = {
-    # Redis holding the gate (may differ from the Celery broker).
+    # Redis holding the gate (may differ from the Celery broker): redis://, rediss://, unix://, or
+    # "sentinel://host:26379;sentinel://host2:26379" with REDIS_SENTINEL_MASTER.
     "REDIS_URL": "redis://localhost:6379/0",
+    # REDIS_URL names a node of a Redis Cluster (database 0); the client finds the others.
+    "REDIS_CLUSTER": False,
+    # The name of the master the sentinels of a sentinel:// REDIS_URL monitor.
+    "REDIS_SENTINEL_MASTER": None,
+    # Each gate transition waits until this many replicas have it (WAIT), so a failover cannot
+    # lose it; 0: Redis's asynchronous replication (see the deployment docs for what that risks).
+    "REDIS_WAIT_REPLICAS": 0,
+    # How long a transition waits for its replicas; past it the call fails as if its reply was lost.
+    "REDIS_WAIT_TIMEOUT_SECONDS": 1.0,
     # A running task's lease, renewed by its worker process; measured on the Redis clock.
     "LEASE_SECONDS": 60.0,
     # A granted ticket not started within this time has its message published again.

@@ -4,16 +4,24 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, cast
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import redis
+from redis.cluster import RedisCluster
 from redis.commands.core import Script
-from redis.connection import Connection
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoScriptError
 from redis.typing import EncodableT
 
-from .keys import BLOCKED_KEYS, DEADLINE_INDEX, PAUSED_KEYS, UNWRITTEN_INDEX, KeyNames
+from .keys import (
+    BLOCKED_KEYS,
+    CLUSTER_INDEX_SHARDS,
+    DEADLINE_INDEX,
+    PAUSED_KEYS,
+    UNWRITTEN_INDEX,
+    Index,
+    KeyNames,
+)
 from .results import (
     FinishResult,
     Grant,
@@ -31,15 +39,12 @@ from .results import (
     Unwritten,
 )
 from .scripts import SCRIPT_NAMES, Code, ms_to_seconds, seconds_to_ms, source
+from .transport import Command, NotSent, ReplicasBehind, Replication, transport_for
 
 logger = logging.getLogger(__name__)
 
 #: A submission retried after its reply was lost finds its ticket for at least this long.
 RECENT_SUBMISSION_SECONDS = 30.0
-
-
-class NotSent(redis.ConnectionError):
-    """Redis could not be reached before the call was sent: it certainly did not run."""
 
 
 class Gate:
@@ -48,8 +53,9 @@ class Gate:
     Every method is one script call (one round trip) unless it says otherwise.
     Durations are seconds at this API and milliseconds inside Redis.
 
-    Keys that may need the reaper are found through one sorted set, the
-    deadline index (logical key -> when to look). It lives in its own slot,
+    Keys that may need the reaper are found through a sorted set, the
+    deadline index (logical key -> when to look); on a Redis Cluster it is
+    split in shards (see :class:`~.keys.Index`). It is not in the keys' slots,
     so the scripts cannot write it: each call that can create a holder sends
     a ``ZADD LT`` of an early estimate in the same round trip, and the
     reaper, after visiting a key, moves it to the key's real next deadline.
@@ -59,12 +65,14 @@ class Gate:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: redis.Redis | RedisCluster,
         *,
         lease_seconds: float = 60.0,
         dispatch_timeout_seconds: float = 300.0,
         idle_horizon_seconds: float = 86400.0,
         outcome_grace_seconds: float = 10.0,
+        wait_replicas: int = 0,
+        wait_timeout_seconds: float = 1.0,
     ) -> None:
         self.client = client
         self.lease_ms = seconds_to_ms(lease_seconds)
@@ -73,15 +81,22 @@ class Gate:
         #: How long a finished run's outcome may wait for its worker to write the record.
         self.outcome_grace_ms = seconds_to_ms(outcome_grace_seconds)
         self._scripts = {name: client.register_script(source(name)) for name in SCRIPT_NAMES}
+        self._transport = transport_for(client, Replication(wait_replicas, seconds_to_ms(wait_timeout_seconds)))
+        shards = CLUSTER_INDEX_SHARDS if isinstance(client, RedisCluster) else 1
+        self.deadlines = Index(DEADLINE_INDEX, shards)
+        self.unwritten_index = Index(UNWRITTEN_INDEX, shards)
 
-    def _call(self, name: str, keys: Sequence[str], args: Sequence[EncodableT]) -> list[Any]:
-        reply: list[Any] = self._scripts[name](keys=keys, args=args)
-        return reply
+    def _call(self, name: str, keys: Sequence[str], args: Sequence[EncodableT]) -> Any:
+        return self._pipelined(name, [(keys, args)])[0]
 
     def _call_and_index(self, name: str, key: str, keys: Sequence[str], args: Sequence[EncodableT]) -> list[Any]:
         """Run a script that may create a holder of ``key``, and index the key, in one round trip."""
         reply: list[Any] = self._pipelined(name, [(keys, args)], index=key)[0]
         return reply
+
+    def _index_unwritten(self, keys: Iterable[str]) -> list[Command]:
+        """The commands scoring ``keys`` 0 in the unwritten index (records kept for them); none for no key."""
+        return _index_commands(self.unwritten_index, keys, 0)
 
     def _deadline_hint_ms(self, within_ms: int | None = None) -> int:
         # A holder created now has a deadline no earlier than ``within_ms`` from now (by default the
@@ -124,7 +139,7 @@ class Gate:
             key, message, limit=limit, lease_ms=self.lease_ms if start else 0, join_id=join_id, max_lost=max_lost,
             block=block, task_id=task_id, retried=retried, max_waiting=max_waiting, record=record,
         )  # fmt: skip
-        [reply] = self._pipelined("submit", [call], index=key, also=_index_unwritten([key] if record else []))
+        [reply] = self._pipelined("submit", [call], index=key, also=self._index_unwritten([key] if record else []))
         if reply[0] == Code.DUPLICATE:
             logger.debug("submit key=%r join_id=%s duplicate", key, join_id)
             return None
@@ -155,7 +170,9 @@ class Gate:
         if not calls:
             return []
         recorded = [s.key for s in submissions if s.record]
-        replies = self._pipelined("submit", calls, index=[s.key for s in submissions], also=_index_unwritten(recorded))
+        replies = self._pipelined(
+            "submit", calls, index=[s.key for s in submissions], also=self._index_unwritten(recorded)
+        )
         return [self._submit_result(s.key, reply) for s, reply in zip(submissions, replies, strict=True)]
 
     def _submit_call(
@@ -446,8 +463,9 @@ class Gate:
         Returns (key, claim) pairs; other callers pass a claimed key by until
         :meth:`forget_unwritten` releases it or the claim lapses.
         """
-        flat = self._call("claim_unwritten", [UNWRITTEN_INDEX], [seconds_to_ms(claim_seconds), batch])
-        return [(_text(flat[i]), int(flat[i + 1])) for i in range(0, len(flat), 2)]
+        args: list[EncodableT] = [seconds_to_ms(claim_seconds), batch]
+        replies = self._pipelined("claim_unwritten", [([shard], args) for shard in self.unwritten_index.names])
+        return [(_text(flat[i]), int(flat[i + 1])) for flat in replies for i in range(0, len(flat), 2)]
 
     def unwritten(self, keys: Sequence[str]) -> list[Unwritten]:
         """The submission records kept for ``keys``, with their tickets' messages, in one round trip."""
@@ -465,23 +483,20 @@ class Gate:
 
     def unclaim_unwritten(self, claims: Iterable[tuple[str, int]]) -> None:
         """Give back ``claims`` (from :meth:`claim_unwritten`) whose records were not written: due again at once."""
-        released = _claims_moved_to(claims, 0)
-        if released:
-            self._call("reindex", [UNWRITTEN_INDEX], released)
+        if calls := _reindex_calls(self.unwritten_index, ((key, claim, 0) for key, claim in claims)):
+            self._pipelined("reindex", calls)
 
     def forget_unwritten(self, written: Iterable[Unwritten], claims: Iterable[tuple[str, int]] = ()) -> None:
         """Delete records whose rows are written, and release ``claims`` (from :meth:`claim_unwritten`)
         of keys no submission was kept for since; one round trip."""
-        # Deleted first: a claim released before its records were would leave them unindexed.
-        deleted: list[tuple[EncodableT, ...]] = [("HDEL", KeyNames(w.key).unwritten, w.ticket) for w in written]
-        released = _claims_moved_to(claims, -1)  # -1: removed
-        script = self._scripts["reindex"]
-
-        def commands() -> list[tuple[EncodableT, ...]]:
-            return [*deleted, ("EVALSHA", script.sha, 1, UNWRITTEN_INDEX, *released)] if released else deleted
-
-        if deleted or released:
-            self._run(commands, script)
+        # Deleted first (on one server; a cluster's masters each take theirs): a claim released before
+        # its records were deleted would leave them unindexed, until the key's next submission.
+        deleted: list[Command] = [("HDEL", KeyNames(w.key).unwritten, w.ticket) for w in written]
+        released = _reindex_calls(self.unwritten_index, ((key, claim, -1) for key, claim in claims))  # -1: removed
+        if released:
+            self._pipelined("reindex", released, before=deleted)
+        elif deleted:
+            self._transport.round_trip(deleted)
 
     def forget_outcomes(self, written: Iterable[tuple[str, str]]) -> None:
         """Delete the outcomes of runs whose records are written: (key, task id) pairs, one round trip."""
@@ -554,18 +569,17 @@ class Gate:
         calls = [self._reap_call(_text(m), dry_run=dry_run, republish_before=republish_before) for m, _ in due]
         replies = self._pipelined("reap", calls)
         recoveries: list[Recovery] = []
-        reindex: list[EncodableT] = []
+        moves: list[tuple[str, float, int]] = []
         longest_gap = min(self.lease_ms, self.dispatch_timeout_ms)
         for (member, seen), reply in zip(due, replies, strict=True):
             next_deadline = int(reply[0])
             recoveries += self._recoveries(_text(member), reply)
             # Look again at the key's next deadline, and at least that often while it has holders.
-            next_score = -1 if next_deadline < 0 else min(next_deadline, now_ms + longest_gap)
-            reindex += [member, repr(seen) if seen != int(seen) else int(seen), next_score]
+            moves.append((_text(member), seen, -1 if next_deadline < 0 else min(next_deadline, now_ms + longest_gap)))
         if not dry_run:
             if blocked := {r.key for r in recoveries if r.action is RecoveryAction.BLOCK}:
                 self.client.sadd(BLOCKED_KEYS, *blocked)
-            self._call("reindex", [DEADLINE_INDEX], reindex)
+            self._pipelined("reindex", _reindex_calls(self.deadlines, moves))
         for r in recoveries:
             logger.debug("reap key=%r ticket=%s action=%s dry_run=%s", r.key, r.ticket, r.action, dry_run)
         return recoveries
@@ -619,71 +633,54 @@ class Gate:
         *,
         index: str | Sequence[str] | None = None,
         index_within_ms: int | None = None,
-        also: Sequence[tuple[EncodableT, ...]] = (),
+        before: Sequence[Command] = (),
+        also: Sequence[Command] = (),
     ) -> list[Any]:
         """Run script ``name`` once per (keys, args) in one round trip, loading it if Redis lost it.
 
         With ``index`` (a key, or several), also move those keys early in the deadline index
         (``ZADD LT``): to when a deadline ``index_within_ms`` from now falls due, by default the
-        earliest a new holder's can. ``also``: more commands for the same round trip, sent last.
+        earliest a new holder's can. ``before`` and ``also``: more commands for the same round
+        trip, sent first and last. The replies of the script's calls are returned.
         """
         script = self._scripts[name]
-        indexed = [index] if isinstance(index, str) else list(dict.fromkeys(index or ()))
+        commands: list[Command] = [*before, *(("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls)]
+        if index is not None:
+            indexed = [index] if isinstance(index, str) else index
+            commands += _index_commands(self.deadlines, indexed, self._deadline_hint_ms(index_within_ms), "LT")
+        return self._run([*commands, *also], script)[len(before) : len(before) + len(calls)]
 
-        def commands() -> list[tuple[EncodableT, ...]]:
-            sent: list[tuple[EncodableT, ...]] = [
-                ("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls
-            ]
-            if indexed:
-                hint = self._deadline_hint_ms(index_within_ms)
-                sent.append(("ZADD", DEADLINE_INDEX, "LT", *(v for key in indexed for v in (hint, key))))
-            return [*sent, *also]
-
-        return self._run(commands, script)[: len(calls)]
-
-    def _run(self, commands: Callable[[], list[tuple[EncodableT, ...]]], script: Script) -> list[Any]:
-        """Send ``commands()`` in one round trip; if Redis lost ``script``, load it and send them again."""
-        for attempt in (1, 2):
-            replies = self._round_trip(commands())
-            if attempt == 1 and any(isinstance(r, NoScriptError) for r in replies):
-                script.sha = self.client.script_load(script.script)
-                continue
-            for reply in replies:
-                if isinstance(reply, Exception):
-                    raise reply
-            return replies
-        raise AssertionError("unreachable")
-
-    def _round_trip(self, commands: list[tuple[EncodableT, ...]]) -> list[Any]:
-        """Send ``commands`` in one write and read all their replies; error replies are returned.
-
-        What ``pipeline().execute(raise_on_error=False)`` does, with the same retry on a
-        broken connection, without the pipeline's per-call bookkeeping: a third of the
-        client's time per gate call, and every task makes three.
-        """
-        pool = self.client.connection_pool
-        try:
-            conn = pool.get_connection()  # connects if it must
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise NotSent(str(exc)) from exc
-        try:
-            return conn.retry.call_with_retry(lambda: _send_and_read(conn, commands), lambda _: conn.disconnect())
-        except BaseException:
-            conn.disconnect()  # replies may be left unread: never reuse the connection
-            raise
-        finally:
-            pool.release(conn)
+    def _run(self, commands: Sequence[Command], script: Script | None = None) -> list[Any]:
+        """Send ``commands`` in one round trip and raise the first error reply; if Redis lost ``script``
+        (a restart, or a cluster node that never had it), load it and send again the calls it refused."""
+        replies = self._transport.round_trip(commands)
+        refused = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if refused and script is not None:
+            script.sha = self.client.script_load(script.script)  # on a cluster, on every master
+            for i, reply in zip(refused, self._transport.round_trip([commands[i] for i in refused]), strict=True):
+                replies[i] = reply
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
 
     def _index_range(self, max_score: int, *, num: int) -> list[bytes | str]:
         """The keys of the deadline index scored at most ``max_score``, earliest first; at most ``num``."""
-        # redis-py annotates every form of ZRANGEBYSCORE's reply as one union: without scores, members.
-        return cast("list[bytes | str]", self.client.zrangebyscore(DEADLINE_INDEX, "-inf", max_score, start=0, num=num))
+        return [member for member, _ in self._index_range_with_scores(max_score, num=num)]
 
     def _index_range_with_scores(self, max_score: int, *, num: int | None = None) -> list[tuple[bytes | str, float]]:
-        """(key, score) pairs of the deadline index scored at most ``max_score``, earliest first; all with None."""
-        start = None if num is None else 0
-        due = self.client.zrangebyscore(DEADLINE_INDEX, "-inf", max_score, start=start, num=num, withscores=True)
-        return cast("list[tuple[bytes | str, float]]", due)  # withscores=True: (member, score) pairs
+        """(key, score) pairs of the deadline index scored at most ``max_score``, earliest first; all with None.
+
+        One round trip: ``num`` from each shard, then the earliest ``num`` of them all.
+        """
+        limit = () if num is None else ("LIMIT", 0, num)
+        replies = self._run(
+            [("ZRANGEBYSCORE", shard, "-inf", max_score, "WITHSCORES", *limit) for shard in self.deadlines.names]
+        )
+        due = [pair for reply in replies for pair in _scored(reply)]
+        if len(replies) > 1:
+            due.sort(key=lambda pair: pair[1])
+        return due if num is None else due[:num]
 
     def _server_time_ms(self) -> int:
         seconds, micros = self.client.time()
@@ -738,26 +735,31 @@ class Gate:
         return [Grant(key, int(flat[i]), int(flat[i + 1]), flat[i + 2]) for i in range(0, len(flat), 3)]
 
 
-def _index_unwritten(keys: Iterable[str]) -> list[tuple[EncodableT, ...]]:
-    """The command scoring ``keys`` 0 in the unwritten index (records kept for them); none for no key."""
-    scored = [v for key in dict.fromkeys(keys) for v in (0, key)]
-    return [("ZADD", UNWRITTEN_INDEX, *scored)] if scored else []
+def _index_commands(index: Index, keys: Iterable[str], score: int, *flags: str) -> list[Command]:
+    """``ZADD`` commands scoring ``keys`` ``score`` in ``index``, one per shard that holds any; none for no key."""
+    by_shard: dict[str, list[EncodableT]] = {}
+    for key in dict.fromkeys(keys):
+        by_shard.setdefault(index.shard_of(key), []).extend((score, key))
+    return [("ZADD", shard, *flags, *scored) for shard, scored in by_shard.items()]
 
 
-def _claims_moved_to(claims: Iterable[tuple[str, int]], score: int) -> list[EncodableT]:
-    """``reindex.lua``'s arguments moving each claimed key to ``score``, unless a submission moved it since."""
-    return [v for key, claim in claims for v in (key, claim, score)]
+def _reindex_calls(
+    index: Index, moves: Iterable[tuple[str, float, int]]
+) -> list[tuple[Sequence[str], Sequence[EncodableT]]]:
+    """``reindex.lua``'s calls moving each (key, score read, next score) in ``index``, one per shard."""
+    by_shard: dict[str, list[EncodableT]] = {}
+    for key, seen, next_score in moves:
+        # The score as Redis wrote it: a float index score read back whole prints without ".0".
+        read = repr(seen) if seen != int(seen) else int(seen)
+        by_shard.setdefault(index.shard_of(key), []).extend((key, read, next_score))
+    return [([shard], args) for shard, args in by_shard.items()]
 
 
-def _send_and_read(conn: Connection, commands: list[tuple[EncodableT, ...]]) -> list[Any]:
-    conn.send_packed_command(conn.pack_commands(commands))
-    replies: list[Any] = []
-    for _ in commands:
-        try:
-            replies.append(conn.read_response())
-        except ResponseError as exc:
-            replies.append(exc)
-    return replies
+def _scored(reply: list[Any]) -> list[tuple[bytes | str, float]]:
+    """A ``WITHSCORES`` reply as (member, score) pairs: RESP3 sends pairs, RESP2 one flat list."""
+    if reply and isinstance(reply[0], list):
+        return [(member, float(score)) for member, score in reply]
+    return [(reply[i], float(reply[i + 1])) for i in range(0, len(reply), 2)]
 
 
 def _text(reply: bytes | str) -> str:
@@ -783,4 +785,4 @@ def _decode_holder(raw: bytes | str, now_ms: int) -> Holder:
 _HOLDER_STATES: dict[str, HolderState] = {"r": "running", "g": "granted", "b": "blocked"}
 
 
-__all__ = ["Gate", "NotSent"]
+__all__ = ["Gate", "NotSent", "ReplicasBehind"]

@@ -6,17 +6,23 @@ script touches a single slot and the gate runs unchanged on Redis Cluster.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from functools import cached_property
 
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
+
 PREFIX = "keyed_queue"
 
-#: ZSET logical key -> server ms when the key may next need the reaper (its own slot).
+#: ZSET logical key -> server ms when the key may next need the reaper (an :class:`Index`).
 DEADLINE_INDEX = f"{PREFIX}:deadlines"
 
 #: ZSET of logical keys holding submissions whose rows are not written yet: score 0, or while a
-#: writer has claimed the key, server ms when its claim lapses (its own slot).
+#: writer has claimed the key, server ms when its claim lapses (an :class:`Index`).
 UNWRITTEN_INDEX = f"{PREFIX}:unwritten"
+
+#: How many shards each index has on a Redis Cluster: a few per master of a large cluster.
+CLUSTER_INDEX_SHARDS = 16
 
 #: SET of the logical keys an operator paused (its own slot); the live keys page lists them.
 PAUSED_KEYS = f"{PREFIX}:paused"
@@ -112,6 +118,41 @@ class KeyNames:
 
     def all(self) -> list[str]:
         return [self.meta, self.queue, self.messages, self.holders]
+
+
+@dataclass(frozen=True)
+class Index:
+    """A ZSET of logical keys, in one name on a single server, or split in ``shards`` on a cluster.
+
+    Shard ``i`` has a hash tag whose slot falls in the ``i``-th of equal ranges of the
+    cluster's slots, and holds the keys whose slots fall in that range: the shards
+    spread over the masters as the keys do, and a key's shard is most often on its
+    own master. No script writes an index (it is not in the key's slot).
+    """
+
+    name: str
+    shards: int = 1
+
+    @cached_property
+    def names(self) -> tuple[str, ...]:
+        if self.shards == 1:
+            return (self.name,)
+        return tuple(f"{self.name}:{{{_tag_in_range(i, self.shards)}}}" for i in range(self.shards))
+
+    def shard_of(self, key: str) -> str:
+        """The name holding ``key``."""
+        if self.shards == 1:
+            return self.name
+        return self.names[key_slot(KeyNames(key).base.encode()) * self.shards // REDIS_CLUSTER_HASH_SLOTS]
+
+
+def _tag_in_range(shard: int, shards: int) -> str:
+    """The first of "shard.0", "shard.1", ... whose slot is in the ``shard``-th of ``shards`` ranges."""
+    for n in itertools.count():
+        tag = f"{shard}.{n}"
+        if key_slot(tag.encode()) * shards // REDIS_CLUSTER_HASH_SLOTS == shard:
+            return tag
+    raise AssertionError("unreachable")
 
 
 def key_from_redis_name(name: str) -> str:

@@ -17,10 +17,9 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import redis
-
 from ..conf import settings
 from ..gate import Gate
+from ..gate.clients import connect
 from ..records.recorder import Recorder
 from .leases import LeaseKeeper
 
@@ -96,14 +95,21 @@ class Process:
 
 
 def _connect() -> Gate:
-    client = redis.Redis.from_url(
-        settings.REDIS_URL, socket_connect_timeout=5, socket_timeout=30, health_check_interval=30
+    client = connect(
+        settings.REDIS_URL,
+        cluster=settings.REDIS_CLUSTER,
+        sentinel_master=settings.REDIS_SENTINEL_MASTER,
+        socket_connect_timeout=5,
+        socket_timeout=30,
+        health_check_interval=30,
     )
     return Gate(
         client,
         lease_seconds=settings.LEASE_SECONDS,
         dispatch_timeout_seconds=settings.DISPATCH_TIMEOUT_SECONDS,
         idle_horizon_seconds=settings.IDLE_HORIZON_SECONDS,
+        wait_replicas=settings.REDIS_WAIT_REPLICAS,
+        wait_timeout_seconds=settings.REDIS_WAIT_TIMEOUT_SECONDS,
     )
 
 

@@ -15,6 +15,8 @@ import redis
 
 from django_keyed_queue.gate import Gate, Grant
 
+from ._support import connect_to
+
 READY = "test:ready"
 GO = "test:go"
 SUBMITTED = "test:submitted"
@@ -31,7 +33,7 @@ def make_gate(client: redis.Redis) -> Gate:
 
 def submitter(url: str, key: str, name: str, count: int, limit: int) -> None:
     """Submit ``count`` tasks as soon as GO says so; record ``ticket|granted|message`` for each."""
-    client = redis.Redis.from_url(url)
+    client = connect_to(url)
     try:
         gate = make_gate(client)
         client.rpush(READY, name)
@@ -61,7 +63,7 @@ def worker(url: str, key: str, name: str, limit: int, total: int, stops: int, wo
     Logs ``start``/``end``/``retry`` lines to LOG: a start is logged after the gate's start and
     an end before the gate's finish, so the logged runs lie inside the gate's holds.
     """
-    client = redis.Redis.from_url(url)
+    client = connect_to(url)
     try:
         gate = make_gate(client)
         client.rpush(READY, name)

@@ -3,10 +3,10 @@
 import time
 
 from django_keyed_queue.gate import Lease, RecoveryAction
-from django_keyed_queue.gate.keys import DEADLINE_INDEX, PAUSED_KEYS, KeyNames
+from django_keyed_queue.gate.keys import PAUSED_KEYS, KeyNames
 from tests.waiting import wait_until
 
-from ._support import holder
+from ._support import DEADLINES, holder
 
 
 def running(gate, key, message=b"m", *, max_lost=1):
@@ -18,7 +18,7 @@ def running(gate, key, message=b"m", *, max_lost=1):
 
 def test_release_of_a_running_holder_fences_it_and_dispatches_it_again(gate, gate_redis):
     ticket, token = running(gate, "k", b"msg", max_lost=1)
-    gate_redis.zrem(DEADLINE_INDEX, "k")
+    gate_redis.zrem(DEADLINES.shard_of("k"), "k")
     [recovery] = gate.release("k", ticket)
     assert (recovery.action, recovery.ticket, recovery.dispatch, recovery.message) == (
         RecoveryAction.REDISPATCH,
@@ -29,7 +29,7 @@ def test_release_of_a_running_holder_fences_it_and_dispatches_it_again(gate, gat
     assert not gate.holds(Lease("k", ticket, token)), "the stuck run is fenced at once, its lease not yet expired"
     assert gate.renew([Lease("k", ticket, token)]) == {Lease("k", ticket, token): False}
     assert gate.start("k", ticket, 2, max_lost=1).ok
-    assert gate_redis.zscore(DEADLINE_INDEX, "k") is not None, "the reaper watches the re-dispatched message"
+    assert gate_redis.zscore(DEADLINES.shard_of("k"), "k") is not None, "the reaper watches the re-dispatched message"
 
 
 def test_release_past_the_recoveries_fails_the_holder_and_grants_the_next(gate):
@@ -126,7 +126,8 @@ def test_a_given_up_run_is_fenced_now_and_failed_without_recovery_after_the_grac
     assert not gate.holds(Lease("k", ticket, token)), "fenced at once: the killed run's writes are refused"
     assert not gate.finish("k", ticket, token).ok
     assert gate.reap()[1] == [], "the slot stays held through the grace: the next task must not overlap"
-    assert gate_redis.zscore(DEADLINE_INDEX, "k") <= (time.time() + 0.5) * 1000, "the reaper looks after the grace"
+    looks_at = gate_redis.zscore(DEADLINES.shard_of("k"), "k")
+    assert looks_at <= (time.time() + 0.5) * 1000, "the reaper looks after the grace"
     recoveries = wait_until(lambda: gate.reap()[1], timeout=5, message="the grace to pass")
     assert [(r.action, r.ticket) for r in recoveries] == [
         (RecoveryAction.FAIL, ticket),

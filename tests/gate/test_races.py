@@ -13,6 +13,7 @@ from django_keyed_queue.gate.keys import KeyNames
 from tests.waiting import wait_until
 
 from . import _race_workers as rw
+from ._support import connect_to
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -156,7 +157,7 @@ def test_duplicate_starts_of_one_ticket_start_it_once(gate, redis_url):
     errors: list[BaseException] = []
 
     def racer() -> None:
-        client = redis.Redis.from_url(redis_url)
+        client = connect_to(redis_url)
         try:
             mine = rw.make_gate(client)
             for _ in range(rounds):
@@ -196,7 +197,7 @@ def test_cancel_racing_start_lets_exactly_one_win(gate, redis_url):
         got: dict[str, object] = {}
 
         def call(name, fn, ticket=ticket, barrier=barrier, got=got):
-            client = redis.Redis.from_url(redis_url)
+            client = connect_to(redis_url)
             try:
                 mine = rw.make_gate(client)
                 barrier.wait()

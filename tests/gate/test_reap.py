@@ -5,10 +5,10 @@ import threading
 import pytest
 
 from django_keyed_queue.gate import Code, Lease, Outcome, RecoveryAction
-from django_keyed_queue.gate.keys import DEADLINE_INDEX, KeyNames
+from django_keyed_queue.gate.keys import KeyNames
 from tests.waiting import wait_until
 
-from ._support import holder
+from ._support import DEADLINES, evalsha_calls, holder, index_scores, set_index_scores
 
 
 @pytest.fixture
@@ -91,23 +91,23 @@ def test_the_index_follows_each_keys_real_next_deadline(make_gate, gate_redis):
     gate.finish("idle", idle_ticket, 0)  # not started: stale, the holder stays granted
     gate.cancel("idle", idle_ticket)
     # Make every key due now, as if its hint had passed.
-    gate_redis.zadd(DEADLINE_INDEX, {"idle": 0, "busy": 0})
+    set_index_scores(gate_redis, DEADLINES, {"idle": 0, "busy": 0})
     assert gate.reap() == (2, [])
-    index = dict(gate_redis.zrange(DEADLINE_INDEX, 0, -1, withscores=True))
-    assert b"idle" not in index, "an idle key leaves the index"
+    index = index_scores(gate_redis, DEADLINES)
+    assert "idle" not in index, "an idle key leaves the index"
     lease_end = gate.inspect("busy").holders[ticket].deadline_in
     seconds, micros = gate_redis.time()
-    assert index[b"busy"] == pytest.approx(seconds * 1000 + micros / 1000 + lease_end * 1000, abs=50)
+    assert index["busy"] == pytest.approx(seconds * 1000 + micros / 1000 + lease_end * 1000, abs=50)
 
 
 def test_a_dry_run_reports_and_changes_nothing(quick, gate_redis):
     ticket, token = started(quick, "k", max_lost=0)
     quick.submit("k", b"next")
     wait_until(lambda: holder(quick, "k", ticket).deadline_in < 0, timeout=5, message="the lease to expire")
-    before = (quick.inspect("k"), gate_redis.zrange(DEADLINE_INDEX, 0, -1, withscores=True))
+    before = (quick.inspect("k"), index_scores(gate_redis, DEADLINES))
     planned = recoveries(quick, dry_run=True)
     assert [r.action for r in planned] == [RecoveryAction.FAIL]
-    after = (quick.inspect("k"), gate_redis.zrange(DEADLINE_INDEX, 0, -1, withscores=True))
+    after = (quick.inspect("k"), index_scores(gate_redis, DEADLINES))
     assert before[0].holders.keys() == after[0].holders.keys() and before[1] == after[1]
     assert [r.action for r in recoveries(quick)] == [RecoveryAction.FAIL, RecoveryAction.GRANT]
 
@@ -141,12 +141,12 @@ def test_reaping_touches_only_the_due_keys(make_gate, gate_redis):
     for i in range(200):
         ticket = slow.submit(f"far-{i}", b"m").ticket
         slow.start(f"far-{i}", ticket, 1)
-    gate_redis.zadd(DEADLINE_INDEX, {f"far-{i}": 10**13 for i in range(200)}, xx=True)
+    set_index_scores(gate_redis, DEADLINES, {f"far-{i}": 10**13 for i in range(200)}, xx=True)
     quick = make_gate(lease_seconds=0.2, dispatch_timeout_seconds=0.4)
     ticket, _ = started(quick, "near", max_lost=1)
-    calls_before = gate_redis.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+    calls_before = evalsha_calls(gate_redis)
     [recovery] = reap_until(quick)
-    calls = gate_redis.info("commandstats")["cmdstat_evalsha"]["calls"] - calls_before
+    calls = evalsha_calls(gate_redis) - calls_before
     assert recovery.key == "near"
     # Each pass that finds the due key runs its reap script and one reindex: never one per key.
     assert calls < 50
@@ -157,12 +157,12 @@ def test_an_unwritten_outcome_is_handed_back_after_the_grace(make_gate, gate_red
     ticket, token = started(gate, "k")
     assert gate.finish("k", ticket, token, outcome=Outcome("task-1", b"the record")).ok
     assert gate_redis.hget(KeyNames("k").outcomes, "task-1").endswith(b"|the record")
-    gate_redis.zadd(DEADLINE_INDEX, {"k": 0})
+    gate_redis.zadd(DEADLINES.shard_of("k"), {"k": 0})
     assert recoveries(gate) == [], "within the grace the worker may still write it"
-    assert gate_redis.zscore(DEADLINE_INDEX, "k") is not None, "the key stays indexed while an outcome waits"
+    assert gate_redis.zscore(DEADLINES.shard_of("k"), "k") is not None, "the key stays indexed while an outcome waits"
     [outcome] = wait_until(lambda: recoveries(gate), timeout=5, message="the outcome to be due")
     assert (outcome.action, outcome.message, outcome.publishes) == (RecoveryAction.OUTCOME, b"the record", False)
     gate.forget_outcomes([("k", "task-1")])
     assert not gate_redis.exists(KeyNames("k").outcomes)
-    gate_redis.zadd(DEADLINE_INDEX, {"k": 0})
-    assert recoveries(gate) == [] and gate_redis.zscore(DEADLINE_INDEX, "k") is None
+    gate_redis.zadd(DEADLINES.shard_of("k"), {"k": 0})
+    assert recoveries(gate) == [] and gate_redis.zscore(DEADLINES.shard_of("k"), "k") is None

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from django_keyed_queue.gate import QueueFull, Submission
-from django_keyed_queue.gate.keys import DEADLINE_INDEX, UNWRITTEN_INDEX
+
+from ._support import DEADLINES, UNWRITTEN, index_scores
 
 
 def test_submissions_take_tickets_in_list_order_per_key(gate):
@@ -27,8 +28,8 @@ def test_a_full_key_refuses_its_submission_and_takes_the_others(gate):
 
 def test_keys_are_indexed_for_the_reaper_and_records_for_their_writers(gate, gate_redis):
     gate.submit_many([Submission("a", b"m", "t1", record=b"r"), Submission("b", b"m", "t2")])
-    assert {m.decode() for m in gate_redis.zrange(DEADLINE_INDEX, 0, -1)} == {"a", "b"}
-    assert [m.decode() for m in gate_redis.zrange(UNWRITTEN_INDEX, 0, -1)] == ["a"]
+    assert set(index_scores(gate_redis, DEADLINES)) == {"a", "b"}
+    assert list(index_scores(gate_redis, UNWRITTEN)) == ["a"]
     assert [(u.key, u.record) for u in gate.unwritten(["a", "b"])] == [("a", b"r")]
 
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import time
 
-from django_keyed_queue.gate.keys import UNWRITTEN_INDEX, KeyNames
+from django_keyed_queue.gate.keys import KeyNames
+
+from ._support import UNWRITTEN, index_scores
 
 
 def _index(client) -> dict[str, float]:
-    return {m.decode(): s for m, s in client.zrange(UNWRITTEN_INDEX, 0, -1, withscores=True)}
+    return index_scores(client, UNWRITTEN)
 
 
 def test_a_submission_keeps_its_record_with_its_ticket_and_indexes_its_key(gate, gate_redis):
