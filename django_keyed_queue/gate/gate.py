@@ -458,13 +458,15 @@ class Gate:
         return Code(code) is Code.OK
 
     def claim_unwritten(self, *, claim_seconds: float, batch: int = 500) -> list[tuple[str, int]]:
-        """Claim up to ``batch`` keys holding submission records not yet written, for ``claim_seconds``.
+        """Claim up to ``batch`` keys holding submission records not yet written, for ``claim_seconds``;
+        on a cluster, up to ``batch / shards`` (rounded up) of each shard of the unwritten index.
 
         Returns (key, claim) pairs; other callers pass a claimed key by until
         :meth:`forget_unwritten` releases it or the claim lapses.
         """
-        args: list[EncodableT] = [seconds_to_ms(claim_seconds), batch]
-        replies = self._pipelined("claim_unwritten", [([shard], args) for shard in self.unwritten_index.names])
+        shards = self.unwritten_index.names
+        args: list[EncodableT] = [seconds_to_ms(claim_seconds), -(-batch // len(shards))]  # a share of each shard's
+        replies = self._pipelined("claim_unwritten", [([shard], args) for shard in shards])
         return [(_text(flat[i]), int(flat[i + 1])) for flat in replies for i in range(0, len(flat), 2)]
 
     def unwritten(self, keys: Sequence[str]) -> list[Unwritten]:
@@ -709,8 +711,12 @@ class Gate:
             pipe.hgetall(names.holders)
             pipe.hlen(names.messages)
             pipe.pttl(names.meta)
-        pipe.time()
-        *replies, (secs, micros) = pipe.execute()
+        # A cluster's pipeline sends no keyless command: its clock is read apart (any master's will do).
+        timed = not isinstance(self.client, RedisCluster)
+        if timed:
+            pipe.time()
+        replies = pipe.execute()
+        secs, micros = replies.pop() if timed else self.client.time()
         now_ms = secs * 1000 + micros // 1000
         snapshots = []
         for i, key in enumerate(keys):

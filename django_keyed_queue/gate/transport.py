@@ -35,6 +35,10 @@ class ReplicasBehind(redis.TimeoutError):
     now could lose them. Callers treat it as a lost reply (and ask again)."""
 
 
+class ClusterNotConfigured(ResponseError):
+    """A cluster node redirected a command of a client made for one server."""
+
+
 @dataclass(frozen=True)
 class Replication:
     """After each round trip that writes, ``WAIT`` until ``replicas`` replicas have its writes,
@@ -79,7 +83,13 @@ class ServerTransport:
         bookkeeping: a third of the client's time per gate call, and every task makes three.
         """
         sent = self.replication.commands(commands)
-        return self.replication.check(sent, _on_connection(self.client.connection_pool, sent))
+        replies = self.replication.check(sent, _on_connection(self.client.connection_pool, sent))
+        if redirected := next((r for r in replies if isinstance(r, AskError)), None):  # MOVED too; nothing ran
+            raise ClusterNotConfigured(
+                f"the gate's Redis is a node of a Redis Cluster, which sent a command elsewhere ({redirected}): "
+                "set KEYED_QUEUE_REDIS_CLUSTER = True"
+            )
+        return replies
 
 
 class ClusterTransport:

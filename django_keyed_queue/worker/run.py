@@ -24,7 +24,7 @@ from ..gate import Code, FinishResult, Grant, Lease, Outcome, SubmitResult
 from ..records import submissions
 from ..records.statuses import Status
 from ..records.transitions import Transition
-from .dispatch import hand_over, publish, requeue_kept
+from .dispatch import hand_over, publish, publish_grants, requeue_kept
 from .messages import DELAY_OPTIONS, HEADER, JOIN_HEADER, TaskMessage, gate_message, send_options, ticket_header
 from .outage import outlast_restart
 from .process import current
@@ -149,14 +149,18 @@ class Run:
             logger.exception("finishing key=%r ticket=%s failed; its lease will expire", lease.key, lease.ticket)
             return True
         if not finished.ok and retried:
-            # The first try may have gone through, its reply lost: then the ticket is done (whatever
-            # it granted was not published; the dispatch timeout publishes it), or it blocks its key.
+            # The first try may have gone through, its reply lost: then the ticket is done, or it
+            # blocks its key.
             snapshot = gate.inspect(lease.key, waiting_shown=0)
             if snapshot.blocked == lease.ticket:
                 finished = FinishResult(Code.BLOCKED)
             elif lease.ticket not in snapshot.holders:
                 logger.warning("finish of key=%r ticket=%s was applied before Redis went away", lease.key, lease.ticket)
                 process.recorder.record(end)
+                # What it granted was never published: publish it now (with a new dispatch), not
+                # after the dispatch timeout. A copy that did go out is then refused as stale.
+                granted = [t for t, holder in snapshot.holders.items() if holder.state == "granted"]
+                publish_grants(task.app, [r for t in granted for r in gate.release(lease.key, t)])
                 return True
         if finished.code is Code.BLOCKED:
             logger.warning(

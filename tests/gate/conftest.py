@@ -19,7 +19,7 @@ def gate_cluster(tmp_path_factory):
     """A local Redis Cluster of 3 masters, for the tier's run on a cluster (``make topologies``)."""
     from testproject.topologies import LocalCluster
 
-    with LocalCluster(tmp_path_factory.mktemp("cluster")).start() as cluster:
+    with LocalCluster(tmp_path_factory.mktemp("cluster")) as cluster:
         yield cluster
 
 

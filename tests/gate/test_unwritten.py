@@ -76,10 +76,14 @@ def test_a_submission_during_a_claim_keeps_its_key_indexed(gate, gate_redis):
 
 
 def test_batch_bounds_a_claim(gate):
-    for key in ("a", "b", "c"):
+    # On one server, 2 keys; on a cluster, 2 keys of each shard (a share of the batch).
+    shards = gate.unwritten_index.names
+    keys = [f"k{i}" for i in range(100 * len(shards)) if gate.unwritten_index.shard_of(f"k{i}") == shards[0]][:3]
+    for key in keys:
         gate.submit(key, b"m", record=b"r")
-    assert len(gate.claim_unwritten(claim_seconds=30, batch=2)) == 2
-    assert len(gate.claim_unwritten(claim_seconds=30, batch=2)) == 1
+    batch = 2 * len(shards)
+    assert len(gate.claim_unwritten(claim_seconds=30, batch=batch)) == 2
+    assert len(gate.claim_unwritten(claim_seconds=30, batch=batch)) == 1
 
 
 def test_a_failed_submission_s_cancel_drops_its_record_and_an_operator_s_keeps_it(gate):

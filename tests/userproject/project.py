@@ -117,9 +117,10 @@ class UserProject:
         return worker
 
     def produce(
-        self, task: str, tasks: int, keys: int, interval: float, seconds: float, prefix: str = "acct"
+        self, task: str, tasks: int, keys: int, interval: float, seconds: float | str, prefix: str = "acct"
     ) -> subprocess.Popen:
-        """A producer process submitting round-robin over keys ``prefix:0``, ``prefix:1``... (see files/produce.py)."""
+        """A producer process submitting round-robin over keys ``prefix:0``, ``prefix:1``... (see files/produce.py);
+        each task lasts ``seconds``, or a random time in a ``"LOW-HIGH"`` range."""
         command = [sys.executable, "produce.py", task, str(tasks), str(keys), str(interval), str(seconds), prefix]
         return subprocess.Popen(command, cwd=self.directory, env=self.env, stdout=subprocess.PIPE, text=True)
 

@@ -2,12 +2,15 @@
 
     python produce.py TASK TASKS KEYS INTERVAL SECONDS [PREFIX]
 
+Each step lasts SECONDS, or a random time between LOW and HIGH when SECONDS is ``LOW-HIGH``.
+
 A submission refused while Redis is away is tried again. Prints one JSON line per
-accepted task: {"key", "n", "id"}.
+accepted task: {"key", "n", "id", "t"}.
 """
 
 import json
 import os
+import random
 import sys
 import time
 
@@ -16,7 +19,7 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mysite.settings")
 
 
-def main(task_name: str, tasks: int, keys: int, interval: float, seconds: float, prefix: str = "acct") -> None:
+def main(task_name: str, tasks: int, keys: int, interval: float, seconds: str, prefix: str = "acct") -> None:
     django.setup()
     from kombu.exceptions import OperationalError
     from shop import tasks as shop_tasks
@@ -24,17 +27,20 @@ def main(task_name: str, tasks: int, keys: int, interval: float, seconds: float,
     from django_keyed_queue import GateUnavailable
 
     task = getattr(shop_tasks, task_name)
+    low, _, high = seconds.partition("-")
+    durations = random.Random(tasks)
     for i in range(tasks):
         key, n = f"{prefix}:{i % keys}", i // keys
+        duration = durations.uniform(float(low), float(high)) if high else float(low)
         while True:
             try:
-                result = task.delay(key, n, seconds)
+                result = task.delay(key, n, duration)
                 break
             except (GateUnavailable, OperationalError):
                 time.sleep(0.1)
-        print(json.dumps({"key": key, "n": n, "id": result.id}), flush=True)
+        print(json.dumps({"key": key, "n": n, "id": result.id, "t": time.time()}), flush=True)
         time.sleep(interval)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), *sys.argv[6:7])
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), sys.argv[5], *sys.argv[6:7])

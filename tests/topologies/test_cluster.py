@@ -1,0 +1,40 @@
+"""The gate on a real Redis Cluster of 3 masters, in the user's project (its broker a redis-server of its own)."""
+
+from __future__ import annotations
+
+import pytest
+
+from django_keyed_queue.gate.keys import CLUSTER_INDEX_SHARDS, DEADLINE_INDEX, Index, KeyNames
+
+from .workload import TIER_SETTINGS, Workload, run_workload
+
+pytestmark = [pytest.mark.topologies, pytest.mark.workers]
+
+
+def test_the_acceptance_workload_runs_on_a_cluster(make_project, cluster):
+    cluster.flushall()
+    project = make_project(KEYED_QUEUE_REDIS_URL=cluster.url, KEYED_QUEUE_REDIS_CLUSTER=True, **TIER_SETTINGS)
+    workload = Workload()
+    run_workload(project, workload)
+
+    # The keys spread over every master, and so do the shards of the reaper's index.
+    masters = {node.port for node in cluster.masters()}
+    keys_on = {cluster.node_for_key(KeyNames(f"acct:{k}").meta).port for k in range(workload.keys)}
+    assert keys_on == masters
+    shards_on = {cluster.node_for_key(name).port for name in Index(DEADLINE_INDEX, CLUSTER_INDEX_SHARDS).names}
+    assert shards_on == masters
+    # The operator's view reads the cluster: nothing left running or waiting.
+    status = project.manage("keyed_queue_status").stdout
+    assert "0 running" in status and "0 waiting" in status, status
+
+
+def test_a_project_given_one_node_without_the_setting_is_told_what_to_set(make_project, cluster):
+    """The issue's new user: the URL of one node, no KEYED_QUEUE_REDIS_CLUSTER."""
+    cluster.flushall()
+    first = cluster.node_for_key("{x}")  # any master but the URL's, below
+    key = next(f"acct:{k}" for k in range(100) if cluster.node_for_key(KeyNames(f"acct:{k}").meta).port != first.port)
+    project = make_project(KEYED_QUEUE_REDIS_URL=f"redis://127.0.0.1:{first.port}", **TIER_SETTINGS)
+    done = project.manage("shell", "-c", f"from shop import tasks; tasks.step.delay({key!r}, 0)", check=False)
+    assert done.returncode != 0
+    assert "set KEYED_QUEUE_REDIS_CLUSTER = True" in done.stderr, done.stderr
+    assert project.rows() == {}, "nothing was written"
