@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: demo test compat lint docs bench redis-server postgresql chromium
+.PHONY: demo test compat topologies lint docs bench redis-server postgresql chromium
 
 $(BIN)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,12 @@ test: redis-server postgresql chromium $(BIN)/.installed lint
 # Celery's documented task behaviours on plain tasks and their keyed twins, side by side (tests/compat).
 compat: redis-server $(BIN)/.installed
 	$(BIN)/python -m pytest -m compat tests/compat
+
+# The gate on a real local Redis Cluster (3 masters) and behind Sentinel (1 master, 1 replica, 3 sentinels):
+# the gate tier again on the cluster, then the user's project on each, with a failover (tests/topologies).
+topologies: redis-server $(BIN)/.installed
+	KEYED_QUEUE_TESTS_GATE_REDIS=cluster $(BIN)/python -m pytest tests/gate
+	$(BIN)/python -m pytest -m topologies tests/topologies
 
 # Style, then the layers' import contract (pyproject.toml), then the types.
 lint: $(BIN)/.installed

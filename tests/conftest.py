@@ -18,23 +18,22 @@ def redis_server():
     server = RedisServer(os.environ["TESTPROJECT_REDIS_URL"], Path(os.environ["TESTPROJECT_DATA_DIR"]) / "redis")
     server.start()
     yield server
-    _disconnect_clients(server)
+    disconnect_clients({urlsplit(server.url).port})
     server.stop()
 
 
-def _disconnect_clients(server: RedisServer) -> None:
-    """Close every client connection to the test Redis while it still answers.
+def disconnect_clients(ports: set[int | None]) -> None:
+    """Close every client connection to the test Redis servers on ``ports`` while they still answer.
 
     Celery's result backends (one per thread that submitted) subscribe per result,
     and an AsyncResult unsubscribes when collected; kombu's channels and the
     tests' clients keep sockets open. Collected after the server stopped, they
     would write to it or warn of open sockets, failing the run at random.
     """
-    port = urlsplit(server.url).port
     for obj in gc.get_objects():
         if isinstance(obj, ResultConsumer):
             obj.subscribed_to.clear()
-        elif isinstance(obj, redis.ConnectionPool) and obj.connection_kwargs.get("port") == port:
+        elif isinstance(obj, redis.ConnectionPool) and obj.connection_kwargs.get("port") in ports:
             obj.disconnect()
     gc.collect()
 

@@ -22,8 +22,10 @@ from redis.typing import EncodableT
 
 Command = tuple[EncodableT, ...]
 
-#: Redirections followed for one command before its last one is returned as its reply.
+#: Redirections (MOVED, ASK) followed for a call before it is given up as not sent.
 MAX_REDIRECTIONS = 5
+#: How long a call refused while its slot moves (TRYAGAIN) is sent again before it is given up as not sent.
+TRYAGAIN_SECONDS = 2.0
 
 
 class NotSent(redis.ConnectionError):
@@ -108,31 +110,39 @@ class ClusterTransport:
         replies: list[Any] = [None] * len(commands)
         pending = list(range(len(commands)))
         asking: dict[int, ClusterNode] = {}
-        for redirection in range(MAX_REDIRECTIONS + 1):
+        redirections, waited, delay = 0, 0.0, 0.05
+        while True:
             by_node: dict[str, tuple[ClusterNode, list[int]]] = {}
             for i in pending:
                 node = asking.get(i) or self._node_of(commands[i])
                 by_node.setdefault(node.name, (node, []))[1].append(i)
             batches = [(node, [(i, i in asking) for i in indices]) for node, indices in by_node.values()]
             try:
-                self._send(commands, batches, replies, first=redirection == 0)
+                self._send(commands, batches, replies, first=len(pending) == len(commands))
             except (redis.ConnectionError, redis.TimeoutError):
                 self._stale = True
                 raise
-            pending, asking = [], {}
-            for i, reply in enumerate(replies):
-                if isinstance(reply, (MovedError, TryAgainError)):  # TRYAGAIN: a slot half moved, mid-resharding
-                    pending.append(i)
-                elif isinstance(reply, AskError):
-                    pending.append(i)
-                    asking[i] = self._node_at(reply.host, reply.port)
-            if not pending or redirection == MAX_REDIRECTIONS:
-                break
+            pending = [i for i in pending if isinstance(replies[i], (AskError, TryAgainError))]  # MOVED is an ASK
+            asking = {i: self._node_at(r.host, r.port) for i in pending if type(r := replies[i]) is AskError}
+            if not pending:
+                return replies
+            if any(isinstance(replies[i], TryAgainError) for i in pending):
+                # A multi-key call on a slot being moved: refused until the move ends (milliseconds a slot).
+                if waited >= TRYAGAIN_SECONDS:
+                    break
+                time.sleep(delay)
+                waited, delay, redirections = waited + delay, min(delay * 2, 0.5), 0
+            else:
+                redirections += 1
+                if redirections > MAX_REDIRECTIONS:
+                    break
             if any(isinstance(replies[i], MovedError) for i in pending):
                 self.client.nodes_manager.initialize()  # the slots moved: learn where to
-            if any(isinstance(replies[i], TryAgainError) for i in pending):
-                time.sleep(0.05)
-        return replies
+        # Those calls never ran. If no script ran either, the caller may know that its call did not:
+        # the index hints sent beside the scripts change nothing it relies on.
+        scripts = [i for i, command in enumerate(commands) if command[0] == "EVALSHA"] or range(len(commands))
+        refused = f"the Redis Cluster kept refusing {len(pending)} of {len(commands)} commands: {replies[pending[0]]}"
+        raise (NotSent if set(scripts) <= set(pending) else redis.ConnectionError)(refused)
 
     def _send(
         self,

@@ -1,7 +1,7 @@
 import pytest
 
 from django_keyed_queue.gate import Gate
-from tests.conftest import WORKERLESS_GATE_DB
+from tests.conftest import WORKERLESS_GATE_DB, disconnect_clients
 
 from ._support import ON_CLUSTER, connect_to
 
@@ -21,6 +21,7 @@ def gate_cluster(tmp_path_factory):
 
     with LocalCluster(tmp_path_factory.mktemp("cluster")) as cluster:
         yield cluster
+        disconnect_clients({node.port for node in cluster.nodes})
 
 
 if ON_CLUSTER:

@@ -13,9 +13,11 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections import Counter, defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from tests.helpers import check_history
 from tests.userproject.project import UserProject
 from tests.userproject.runs import accepted_by, assert_workers_survived, check_run
 from tests.waiting import wait_until
@@ -45,17 +47,28 @@ class Workload:
     paused_seconds: float = 2.0
 
 
+@dataclass
+class Run:
+    """What a run did, for its checks: the accepted submissions (the victim first) and when things happened."""
+
+    project: UserProject
+    accepted: list[dict]
+    victim: str
+    paused_at: float
+    killed_at: float
+    resumed_at: float
+    events: list[dict] = field(default_factory=list)
+
+
 def starts(project: UserProject) -> list[dict]:
     return [e for e in project.history() if e["event"] == "start"]
 
 
 def run_workload(
     project: UserProject, workload: Workload | None = None, disrupt: Callable[[], None] | None = None
-) -> list[dict]:
-    """Run ``workload`` with a kill and a pause (and ``disrupt()`` once the victim is killed); check it.
-
-    Returns the checked history.
-    """
+) -> Run:
+    """Run ``workload`` with a kill and a pause (and ``disrupt()`` once the victim is killed); check
+    nothing yet (see :func:`check_strictly` and :func:`anomalies`)."""
     workload = workload or Workload()
     project.worker("a")
     project.worker("b")
@@ -74,16 +87,60 @@ def run_workload(
     time.sleep(max(0.0, paused_at + workload.paused_seconds - time.time()))
     resumed_at = time.time()
     project.manage("keyed_queue_resume", PAUSED_KEY)
+    accepted = [*victim, *accepted_by(producer)]
+    return Run(project, accepted, victim[0]["id"], paused_at, killed_at, resumed_at)
 
-    accepted = accepted_by(producer)
-    events = check_run(project, [*victim, *accepted], timeout=120, killed=frozenset({victim[0]["id"]}))
-    assert_workers_survived(project)  # a killed pool process is replaced by its worker
 
-    paused = [e for e in events if e["key"] == PAUSED_KEY and e["event"] == "start"]
+def check_strictly(run: Run) -> list[dict]:
+    """Every guarantee over the run; returns its history."""
+    run.events = check_run(run.project, run.accepted, timeout=120, killed=frozenset({run.victim}))
+    assert_workers_survived(run.project)  # a killed pool process is replaced by its worker
+
+    paused = [e for e in run.events if e["key"] == PAUSED_KEY and e["event"] == "start"]
     # A task of the key granted before the pause may still start; nothing granted after it.
-    assert len([e for e in paused if paused_at < e["t"] < resumed_at]) <= 1, "the paused key started tasks"
-    assert len([e for e in paused if e["t"] > resumed_at]) >= 3, "the paused key had tasks waiting to resume"
+    assert len([e for e in paused if run.paused_at < e["t"] < run.resumed_at]) <= 1, "the paused key started tasks"
+    assert len([e for e in paused if e["t"] > run.resumed_at]) >= 3, "the paused key had tasks waiting to resume"
 
-    again = [e for e in events if e["id"] == victim[0]["id"] and e["event"] == "start"][1]
-    assert again["t"] - killed_at <= RECOVERY_BOUND_SECONDS, "the killed task ran again within the lease"
-    return events
+    again = [e for e in run.events if e["id"] == run.victim and e["event"] == "start"][1]
+    assert again["t"] - run.killed_at <= RECOVERY_BOUND_SECONDS, "the killed task ran again within the lease"
+    return run.events
+
+
+def anomalies(run: Run, *, timeout: float = 60) -> list[str]:
+    """What the checks of :func:`check_strictly` find wrong in the run, as text, instead of failing.
+
+    Waits up to ``timeout`` for every accepted task to end. The kinds: a task that never ran,
+    a task that ran more often than it should, a ticket of a key given to two tasks, tasks of a
+    key run at once or out of order.
+    """
+    ids = {a["id"] for a in run.accepted}
+
+    def ended() -> bool:
+        return ids <= {e["id"] for e in run.project.history() if e["event"] == "end"}
+
+    try:
+        wait_until(ended, timeout, 0.2, "every accepted task to end")
+    except AssertionError:
+        pass
+    run.events = [e for e in run.project.history() if e["id"] in ids]
+    found = []
+    runs = Counter(e["id"] for e in run.events if e["event"] == "start")
+    found += [f"never ran: {task_id}" for task_id in sorted(ids - set(runs))]
+    found += [
+        f"ran {count} times: {task_id}"
+        for task_id, count in runs.items()
+        if count > (2 if task_id == run.victim else 1)
+    ]
+    holders: dict[tuple[str, int], list[str]] = defaultdict(list)
+    for row in run.project.rows().values():
+        if row["task_id"] in ids and row["ticket"] is not None:
+            holders[(row["key"], row["ticket"])].append(row["task_id"])
+    found += [f"ticket {t} of {k} given to {sorted(tasks)}" for (k, t), tasks in holders.items() if len(tasks) > 1]
+    order: dict[str, list[int]] = {}
+    for a in run.accepted:
+        order.setdefault(a["key"], []).append(a["n"])
+    try:
+        check_history(run.events, accepted=order)
+    except AssertionError as exc:
+        found.append(f"exclusion or order: {exc}")
+    return found
