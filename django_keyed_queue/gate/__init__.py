@@ -3,7 +3,7 @@
 ``Gate`` is its one client; ``keys`` names every Redis key it uses.
 """
 
-from .gate import Gate, NotSent
+from .gate import Gate, NotSent, ReplicasBehind
 from .keys import MAX_KEY_LENGTH
 from .results import (
     FinishResult,
@@ -38,6 +38,7 @@ __all__ = [
     "QueueFull",
     "Recovery",
     "RecoveryAction",
+    "ReplicasBehind",
     "StartResult",
     "Submission",
     "SubmitResult",

@@ -29,10 +29,10 @@ def outlast_restart(call: Callable[[], T], *, seconds: float = 15.0) -> tuple[T,
     while True:
         try:
             return call(), retried
-        except TRANSIENT:
+        except TRANSIENT as exc:
             if time.monotonic() + delay > deadline:
                 raise
-            logger.warning("the keyed queue's Redis is unreachable; trying again in %.2fs", delay)
+            logger.warning("the keyed queue's Redis is unreachable (%s); trying again in %.2fs", exc, delay)
             time.sleep(delay)
             # Short steps: a restarted Redis is back within a second or two, and every late
             # finish brings its lease nearer to expiring.

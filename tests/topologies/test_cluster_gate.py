@@ -9,9 +9,11 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from django_keyed_queue.gate import Gate, NotSent, Submission
+from django_keyed_queue.gate import Gate, NotSent, ReplicasBehind, Submission
 from django_keyed_queue.gate.clients import connect
 from django_keyed_queue.gate.keys import KeyNames
+from testproject.topologies import LocalCluster
+from tests.conftest import disconnect_clients
 
 pytestmark = pytest.mark.topologies
 
@@ -126,3 +128,19 @@ def test_a_call_on_a_slot_whose_move_does_not_end_is_reported_as_not_sent(gate, 
     finally:
         migration.end()
     assert gate.inspect("stuck").last_ticket == 1, "nothing was taken"
+
+
+def test_each_master_s_replica_acknowledges_a_transition_when_asked(tmp_path):
+    with LocalCluster(tmp_path / "replicated", replicas=1) as replicated:
+        client = connect(replicated.url, cluster=True)
+        try:
+            keys = [f"acct:{i}" for i in range(30)]  # on every master
+            acknowledged = Gate(client, wait_replicas=1, wait_timeout_seconds=2)
+            assert [r.ticket for r in acknowledged.submit_many([Submission(k, b"m", f"t-{k}") for k in keys])] == [
+                1
+            ] * 30
+            with pytest.raises(ReplicasBehind, match="1 of the 2 replicas required"):
+                Gate(client, wait_replicas=2, wait_timeout_seconds=0.2).submit("acct:0", b"m2")
+        finally:
+            client.close()
+            disconnect_clients({node.port for node in replicated.nodes})
