@@ -85,14 +85,43 @@ def gate_db() -> int:
     return 0
 
 
-@pytest.fixture
-def gate_redis(redis_server, gate_db) -> redis.Redis:
-    """The gate's Redis database, emptied for each test (with the test history)."""
-    client = redis.Redis.from_url(f"{redis_server.url}/{gate_db}")
-    client.flushdb()
-    redis.Redis.from_url(f"{redis_server.url}/3").flushdb()
-    yield client
-    client.close()
+#: The gate and django tiers run with the gate on a local Redis Cluster instead (``make topologies``).
+GATE_ON_CLUSTER = os.environ.get("KEYED_QUEUE_TESTS_GATE_REDIS") == "cluster"
+
+
+@pytest.fixture(scope="session")
+def gate_cluster(tmp_path_factory):
+    """A local Redis Cluster of 3 masters, for the tiers' runs on a cluster."""
+    from testproject.topologies import LocalCluster
+
+    with LocalCluster(tmp_path_factory.mktemp("cluster")) as cluster:
+        yield cluster
+        disconnect_clients({node.port for node in cluster.nodes})
+
+
+if GATE_ON_CLUSTER:
+
+    @pytest.fixture
+    def gate_redis(request):
+        """The cluster, emptied for each test."""
+        from django_keyed_queue.gate.clients import connect
+
+        cluster = request.getfixturevalue("gate_cluster")
+        cluster.flushall()
+        client = connect(cluster.url, cluster=True)
+        yield client
+        client.close()
+
+else:
+
+    @pytest.fixture
+    def gate_redis(redis_server, gate_db) -> redis.Redis:
+        """The gate's Redis database, emptied for each test (with the test history)."""
+        client = redis.Redis.from_url(f"{redis_server.url}/{gate_db}")
+        client.flushdb()
+        redis.Redis.from_url(f"{redis_server.url}/3").flushdb()
+        yield client
+        client.close()
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,10 @@ from urllib.parse import unquote, urlsplit
 
 import redis
 from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
 from redis.sentinel import Sentinel
+
+from .transport import NotSent
 
 SENTINEL_SCHEME = "sentinel"
 
@@ -30,7 +33,10 @@ def connect(
             raise ValueError("a Sentinel URL names no Redis Cluster")
         return sentinel_client(url, sentinel_master, **options)
     if cluster:
-        return RedisCluster.from_url(url, **options)
+        try:
+            return RedisCluster.from_url(url, **options)  # asks the node for the others at once
+        except RedisClusterException as exc:  # no RedisError: as the gate's callers expect it
+            raise NotSent(f"the Redis Cluster cannot be reached: {exc}") from exc
     return redis.Redis.from_url(url, **options)
 
 

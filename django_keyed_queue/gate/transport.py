@@ -17,7 +17,7 @@ import redis
 from redis.cluster import ClusterNode, RedisCluster
 from redis.connection import Connection
 from redis.crc import key_slot
-from redis.exceptions import AskError, MovedError, ResponseError, TryAgainError
+from redis.exceptions import AskError, MovedError, RedisClusterException, ResponseError, TryAgainError
 from redis.typing import EncodableT
 
 Command = tuple[EncodableT, ...]
@@ -105,7 +105,7 @@ class ClusterTransport:
 
     def round_trip(self, commands: Sequence[Command]) -> list[Any]:
         if self._stale:  # a master was out of reach: a replica may have taken its slots since
-            self.client.nodes_manager.initialize()
+            self._refresh(nothing_ran=True)
             self._stale = False
         replies: list[Any] = [None] * len(commands)
         pending = list(range(len(commands)))
@@ -114,7 +114,7 @@ class ClusterTransport:
         while True:
             by_node: dict[str, tuple[ClusterNode, list[int]]] = {}
             for i in pending:
-                node = asking.get(i) or self._node_of(commands[i])
+                node = asking.get(i) or self._node_of(commands[i], nothing_ran=len(pending) == len(commands))
                 by_node.setdefault(node.name, (node, []))[1].append(i)
             batches = [(node, [(i, i in asking) for i in indices]) for node, indices in by_node.values()]
             try:
@@ -137,7 +137,7 @@ class ClusterTransport:
                 if redirections > MAX_REDIRECTIONS:
                     break
             if any(isinstance(replies[i], MovedError) for i in pending):
-                self.client.nodes_manager.initialize()  # the slots moved: learn where to
+                self._refresh(nothing_ran=len(pending) == len(commands))  # the slots moved: learn where to
         # Those calls never ran. If no script ran either, the caller may know that its call did not:
         # the index hints sent beside the scripts change nothing it relies on.
         scripts = [i for i, command in enumerate(commands) if command[0] == "EVALSHA"] or range(len(commands))
@@ -183,21 +183,38 @@ class ClusterTransport:
             for pool, conn in taken:
                 pool.release(conn)
 
-    def _node_of(self, command: Command) -> ClusterNode:
+    def _node_of(self, command: Command, *, nothing_ran: bool) -> ClusterNode:
         # EVALSHA sha numkeys key...; every other command the gate sends here names its key first.
         key = command[3] if command[0] == "EVALSHA" else command[1]
         slot = key_slot(key if isinstance(key, bytes) else str(key).encode())
-        return self.client.nodes_manager.get_node_from_slot(slot)
+        try:
+            return self.client.nodes_manager.get_node_from_slot(slot)
+        except RedisClusterException as exc:  # no master serves the slot: the cluster is down
+            self._stale = True
+            raise _unreachable(exc, nothing_ran=nothing_ran) from exc
+
+    def _refresh(self, *, nothing_ran: bool) -> None:
+        """Learn the cluster's slots again, from any node that answers."""
+        try:
+            self.client.nodes_manager.initialize()
+        except RedisClusterException as exc:  # not one node answers
+            self._stale = True
+            raise _unreachable(exc, nothing_ran=nothing_ran) from exc
 
     def _node_at(self, host: str, port: int) -> ClusterNode:
         nodes = self.client.nodes_manager
         node: ClusterNode | None = nodes.get_node(host, port)
         if node is None:
-            nodes.initialize()
+            self._refresh(nothing_ran=False)
             node = nodes.get_node(host, port)
         if node is None:
             raise redis.ConnectionError(f"the cluster redirected a command to an unknown node {host}:{port}")
         return node
+
+
+def _unreachable(exc: Exception, *, nothing_ran: bool) -> redis.ConnectionError:
+    """redis-py's error for a cluster it cannot reach (no ``RedisError``), as the gate's callers expect it."""
+    return (NotSent if nothing_ran else redis.ConnectionError)(f"the Redis Cluster cannot be reached: {exc}")
 
 
 def _on_connection(pool: redis.ConnectionPool, commands: Sequence[Command]) -> list[Any]:

@@ -2,7 +2,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from tests.conftest import WORKERLESS_GATE_DB
+from tests.conftest import GATE_ON_CLUSTER, WORKERLESS_GATE_DB
 
 #: Submissions in this tier go to a queue no worker consumes, so the test can inspect the broker.
 QUEUE = "keyed-queue-tests-unconsumed"
@@ -14,9 +14,13 @@ def gate_db() -> int:
 
 
 @pytest.fixture(autouse=True)
-def _gate_without_workers(redis_server, settings, gate_db):
-    """This tier's gate is a database the session's workers do not reap."""
-    settings.KEYED_QUEUE_REDIS_URL = f"{redis_server.url}/{gate_db}"
+def _gate_without_workers(request, redis_server, settings, gate_db):
+    """This tier's gate is a database the session's workers do not reap (or a cluster they do not know)."""
+    if GATE_ON_CLUSTER:
+        settings.KEYED_QUEUE_REDIS_URL = request.getfixturevalue("gate_cluster").url
+        settings.KEYED_QUEUE_REDIS_CLUSTER = True
+    else:
+        settings.KEYED_QUEUE_REDIS_URL = f"{redis_server.url}/{gate_db}"
 
 
 @pytest.fixture

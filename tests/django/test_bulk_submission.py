@@ -9,6 +9,7 @@ from kombu.exceptions import OperationalError
 from django_keyed_queue import InvalidArguments, InvalidKey, KeyQueueFull
 from django_keyed_queue.gate import Gate
 from django_keyed_queue.gate.keys import KeyNames
+from django_keyed_queue.gate.transport import ClusterTransport, ServerTransport
 from django_keyed_queue.records.models import IdempotencyKey, KeyedTask
 from django_keyed_queue.testing import write_submission_rows
 from django_keyed_queue.worker.messages import HEADER
@@ -23,13 +24,16 @@ pytestmark = pytest.mark.django_db
 def round_trips(monkeypatch):
     """How many round trips the gate makes (each call passed through to Redis)."""
     count = []
-    real = Gate._round_trip
 
-    def counted(self, commands):
-        count.append(len(commands))
-        return real(self, commands)
+    def counted(real):
+        def round_trip(transport, commands):
+            count.append(len(commands))
+            return real(transport, commands)
 
-    monkeypatch.setattr(Gate, "_round_trip", counted)
+        return round_trip
+
+    for transport in (ServerTransport, ClusterTransport):
+        monkeypatch.setattr(transport, "round_trip", counted(transport.round_trip))
     return count
 
 

@@ -7,12 +7,13 @@ from django.contrib.auth import get_user_model
 from django.test import override_settings
 from django.urls import reverse
 
-from django_keyed_queue.gate.keys import DEADLINE_INDEX, UNWRITTEN_INDEX, KeyNames
+from django_keyed_queue.gate.keys import KeyNames
 from django_keyed_queue.records import submissions
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.testing import write_submission_rows
 from django_keyed_queue.worker.process import current, get_gate
 from testproject.demo.tasks import step
+from tests.gate._support import DEADLINES, UNWRITTEN, index_scores
 
 from .conftest import QUEUE
 
@@ -57,7 +58,7 @@ def test_stuck_keys_are_the_live_pages_stuck_keys(staff_client, gate_redis, brok
     step.apply_async(("paused-busy", 1), queue=QUEUE)  # waits behind the pause: stuck
     get_gate().pause("paused-idle")  # nothing waits: not stuck
     step.apply_async(("free", 1), queue=QUEUE)  # granted just now, its dispatch deadline far: not stuck
-    gate_redis.zadd(DEADLINE_INDEX, {"free": 0})  # even if the index says to look at it now
+    gate_redis.zadd(DEADLINES.shard_of("free"), {"free": 0})  # even if the index says to look at it now
     keys = ("overdue", "paused-busy", "paused-idle", "free")
     assert staff_client.get(URL).json()["stuck_keys"] == 2
     staff_client.force_login(get_user_model().objects.create_superuser("root"))
@@ -78,12 +79,14 @@ def test_an_unreachable_redis_is_a_503(staff_client):
 
 
 def test_a_request_writes_one_bounded_batch_of_a_backlog_of_rows(staff_client, gate_redis, broker, monkeypatch):
-    monkeypatch.setattr(submissions, "PAGE_BATCH", 3)
-    step.apply_async_many([("k", 0)] + [(f"key-{i}", 1) for i in range(6)], queue=QUEUE)
+    # Keys of one shard of the index: on a cluster, a batch is shared by the shards.
+    monkeypatch.setattr(submissions, "PAGE_BATCH", 3 * len(UNWRITTEN.names))
+    keys = [k for k in (f"key-{i}" for i in range(1000)) if UNWRITTEN.shard_of(k) == UNWRITTEN.shard_of("k")][:6]
+    step.apply_async_many([("k", 0)] + [(key, 1) for key in keys], queue=QUEUE)
 
     assert staff_client.get(URL).status_code == 200
     assert KeyedTask.objects.count() == 3, "one batch of keys written, the rest left to the workers"
-    assert gate_redis.zcard(UNWRITTEN_INDEX) == 4
+    assert len(index_scores(gate_redis, UNWRITTEN)) == 4
     assert write_submission_rows() == 4
 
 

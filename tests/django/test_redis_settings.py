@@ -10,13 +10,17 @@ from django_keyed_queue.gate.clients import connect
 
 
 def _ids(**settings) -> list[str]:
-    with override_settings(**settings):
+    with override_settings(**{**ONE_SERVER, **settings}):
         return sorted(p.id for p in check_settings())
 
 
 def _messages(**settings) -> str:
-    with override_settings(**settings):
+    with override_settings(**{**ONE_SERVER, **settings}):
         return "\n".join(p.msg for p in check_settings())
+
+
+#: What each test changes is checked against a gate on one server (the tier may run on a cluster).
+ONE_SERVER = {"KEYED_QUEUE_REDIS_URL": "redis://localhost:6379/0", "KEYED_QUEUE_REDIS_CLUSTER": False}
 
 
 def test_a_cluster_on_database_zero_checks_clean():

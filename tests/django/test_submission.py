@@ -10,14 +10,16 @@ from kombu import Connection
 from kombu.exceptions import OperationalError
 
 from django_keyed_queue import GateUnavailable, InvalidArguments, InvalidKey, KeyQueueFull, keyed_serial_task
-from django_keyed_queue.gate import MAX_KEY_LENGTH, Gate
-from django_keyed_queue.gate.keys import DEADLINE_INDEX, KeyNames
+from django_keyed_queue.gate import MAX_KEY_LENGTH
+from django_keyed_queue.gate.keys import KeyNames
+from django_keyed_queue.gate.transport import ClusterTransport, ServerTransport
 from django_keyed_queue.records.models import IdempotencyKey, KeyedTask
 from django_keyed_queue.testing import write_submission_rows
 from django_keyed_queue.worker.messages import HEADER, JOIN_HEADER, TaskMessage
 from django_keyed_queue.worker.process import current
 from django_keyed_queue.worker.run import join
 from testproject.demo.tasks import step, write_file
+from tests.gate._support import redis_names
 
 from .conftest import QUEUE
 
@@ -118,16 +120,20 @@ def test_unreachable_redis_fails_fast_and_leaves_nothing(gate_redis, broker):
 
 def lose_replies(monkeypatch, count: int) -> list:
     """The gate's next ``count`` calls run in Redis, then their connection breaks before the reply."""
-    real, lost = Gate._round_trip, []
+    lost: list = []
 
-    def reply_lost(gate, commands):
-        replies = real(gate, commands)
-        if len(lost) < count:
-            lost.append(commands[0][0])
-            raise redis.ConnectionError("the connection broke before the reply arrived")
-        return replies
+    def reply_lost(real):
+        def round_trip(transport, commands):
+            replies = real(transport, commands)
+            if len(lost) < count:
+                lost.append(commands[0][0])
+                raise redis.ConnectionError("the connection broke before the reply arrived")
+            return replies
 
-    monkeypatch.setattr(Gate, "_round_trip", reply_lost)
+        return round_trip
+
+    for transport in (ServerTransport, ClusterTransport):
+        monkeypatch.setattr(transport, "round_trip", reply_lost(transport.round_trip))
     return lost
 
 
@@ -144,6 +150,7 @@ def test_a_submission_whose_reply_was_lost_keeps_the_one_ticket_it_took(gate_red
 
 
 def test_a_submission_that_never_gets_a_reply_says_it_may_still_run(gate_redis, broker, monkeypatch):
+    current().gate.submit("another", b"m")  # its script loaded: the lost calls run
     lose_replies(monkeypatch, 1_000)
     monkeypatch.setattr("django_keyed_queue.worker.submit.SUBMIT_RETRY_SECONDS", 0.3)
     with pytest.raises(GateUnavailable, match="may have been queued and may still run"):
@@ -164,7 +171,7 @@ def test_failed_publish_withdraws_the_ticket_and_the_row(gate_redis, broker):
     # in the index of recent submissions, which expires on its own.
     # (The deadline index may still name the key: the reaper drops it when it finds the key idle.)
     names = KeyNames("a")
-    assert set(gate_redis.keys("*")) - {DEADLINE_INDEX.encode()} == {names.meta.encode(), names.recent.encode()}
+    assert redis_names(gate_redis) == {names.meta, names.recent}
     assert gate_redis.pttl(names.meta) > 0 and 0 < gate_redis.pttl(names.recent) <= 60_000
     follower = step.apply_async(("a", 2), queue=QUEUE)
     write_submission_rows()

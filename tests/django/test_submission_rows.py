@@ -5,7 +5,7 @@ import logging
 import pytest
 from django.utils import timezone
 
-from django_keyed_queue.gate.keys import UNWRITTEN_INDEX, KeyNames
+from django_keyed_queue.gate.keys import KeyNames
 from django_keyed_queue.records import submissions
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.records.statuses import Status
@@ -14,6 +14,7 @@ from django_keyed_queue.testing import write_submission_rows
 from django_keyed_queue.worker.process import get_gate
 from django_keyed_queue.worker.run import end_killed_run
 from testproject.demo.tasks import step
+from tests.gate._support import UNWRITTEN, index_scores
 
 from .conftest import QUEUE
 
@@ -27,7 +28,7 @@ def test_rows_are_written_once_with_their_message_and_the_gate_forgets_the_recor
 
     assert write_submission_rows() == 2
     assert write_submission_rows() == 0, "written records are forgotten"
-    assert gate_redis.exists(KeyNames("k").unwritten, UNWRITTEN_INDEX) == 0
+    assert not gate_redis.exists(KeyNames("k").unwritten) and not index_scores(gate_redis, UNWRITTEN)
     rows = {r.task_id: r for r in KeyedTask.objects.all()}
     assert (rows[first.id].status, rows[first.id].ticket, rows[first.id].arguments) == (
         "dispatched", 1, "args=('k', '<one>') kwargs={}",
@@ -77,13 +78,14 @@ def test_a_record_that_is_not_one_is_logged_and_dropped_and_the_others_are_writt
     gate_redis.hset(KeyNames("k").unwritten, 99, b"w|1700000000000|" + b'{"task_id": 7}')
     gate_redis.hset(KeyNames("j").unwritten, 1, b"w|1700000000000|not json")
     gate_redis.hset(KeyNames("j").unwritten, 2, b"no separators at all")
-    gate_redis.zadd(UNWRITTEN_INDEX, {"j": 0})
+    gate_redis.zadd(UNWRITTEN.shard_of("j"), {"j": 0})
 
     with caplog.at_level(logging.ERROR, logger=submissions.__name__):
         assert write_submission_rows() == 1
     assert [r.task_id for r in KeyedTask.objects.all()] == [result.id]
     assert caplog.text.count("keeps a submission record that is not one") == 3
-    assert gate_redis.exists(KeyNames("k").unwritten, KeyNames("j").unwritten, UNWRITTEN_INDEX) == 0
+    assert gate_redis.exists(KeyNames("k").unwritten, KeyNames("j").unwritten) == 0
+    assert not index_scores(gate_redis, UNWRITTEN)
 
 
 def test_a_failed_database_write_keeps_the_records_for_the_next_writer(gate_redis, broker, monkeypatch):
@@ -97,6 +99,6 @@ def test_a_failed_database_write_keeps_the_records_for_the_next_writer(gate_redi
         with pytest.raises(RuntimeError):
             write_submission_rows()
     assert gate_redis.hlen(KeyNames("k").unwritten) == 1
-    assert gate_redis.zscore(UNWRITTEN_INDEX, "k") == 0, "the failed writer gave its claim back"
+    assert gate_redis.zscore(UNWRITTEN.shard_of("k"), "k") == 0, "the failed writer gave its claim back"
     assert write_submission_rows() == 1
     assert KeyedTask.objects.filter(task_id=result.id).exists()

@@ -1,9 +1,9 @@
 import pytest
 
 from django_keyed_queue.gate import Gate
-from tests.conftest import WORKERLESS_GATE_DB, disconnect_clients
+from tests.conftest import WORKERLESS_GATE_DB
 
-from ._support import ON_CLUSTER, connect_to
+from ._support import ON_CLUSTER
 
 #: The settings of the ``gate`` fixture; ``make_gate`` overrides some of them.
 GATE_SETTINGS = {"lease_seconds": 30, "dispatch_timeout_seconds": 60, "idle_horizon_seconds": 3600}
@@ -14,29 +14,11 @@ def gate_db() -> int:
     return WORKERLESS_GATE_DB
 
 
-@pytest.fixture(scope="session")
-def gate_cluster(tmp_path_factory):
-    """A local Redis Cluster of 3 masters, for the tier's run on a cluster (``make topologies``)."""
-    from testproject.topologies import LocalCluster
-
-    with LocalCluster(tmp_path_factory.mktemp("cluster")) as cluster:
-        yield cluster
-        disconnect_clients({node.port for node in cluster.nodes})
-
-
 if ON_CLUSTER:
 
     @pytest.fixture
     def redis_url(gate_cluster) -> str:
         return gate_cluster.url
-
-    @pytest.fixture
-    def gate_redis(gate_cluster):
-        """The cluster, emptied for each test."""
-        gate_cluster.flushall()
-        client = connect_to(gate_cluster.url)
-        yield client
-        client.close()
 
 else:
 

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from testproject.topologies import LocalCluster, LocalSentinel
+from testproject.topologies import LocalSentinel
 from tests.conftest import disconnect_clients
 from tests.userproject.conftest import make_project, project_template, user_redis, workdir  # noqa: F401 (fixtures)
 
 
 @pytest.fixture(scope="session")
-def cluster(tmp_path_factory):
+def cluster(gate_cluster):
     """A local Redis Cluster of 3 masters, shared by the tier's tests (each empties it first)."""
-    with LocalCluster(tmp_path_factory.mktemp("cluster")) as started:
-        yield started
-        disconnect_clients({node.port for node in started.nodes})
+    return gate_cluster
 
 
 @pytest.fixture
