@@ -498,7 +498,7 @@ class Gate:
         if released:
             self._pipelined("reindex", released, before=deleted)
         elif deleted:
-            self._transport.round_trip(deleted)
+            self._run(deleted)
 
     def forget_outcomes(self, written: Iterable[tuple[str, str]]) -> None:
         """Delete the outcomes of runs whose records are written: (key, task id) pairs, one round trip."""
