@@ -157,8 +157,8 @@ class Run:
             elif lease.ticket not in snapshot.holders:
                 logger.warning("finish of key=%r ticket=%s was applied before Redis went away", lease.key, lease.ticket)
                 process.recorder.record(end)
-                # What it granted was never published: publish it now (with a new dispatch), not
-                # after the dispatch timeout. A copy that did go out is then refused as stale.
+                # What it granted was never published: publish it now, not after the dispatch
+                # timeout. If a copy did go out, the first to start runs and the other is dropped.
                 granted = [t for t, holder in snapshot.holders.items() if holder.state == "granted"]
                 publish_grants(task.app, [r for t in granted for r in gate.release(lease.key, t)])
                 return True
