@@ -99,10 +99,10 @@ def _redis_problems() -> list[CheckMessage]:
                 "KEYED_QUEUE_REDIS_CLUSTER is True but KEYED_QUEUE_REDIS_URL is a Sentinel URL.", id="keyed_queue.E008"
             )
         )
-    elif cluster and urlparse(url).path.strip("/") not in ("", "0"):
+    elif cluster and (database := urlparse(url).path.strip("/")) not in ("", "0"):
         problems.append(
             Error(
-                f"KEYED_QUEUE_REDIS_URL names database {urlparse(url).path.strip('/')!r}, but a Redis Cluster has "
+                f"KEYED_QUEUE_REDIS_URL names database {database!r}, but a Redis Cluster has "
                 f"database 0 only ({url!r}).",
                 hint="Drop the database from the URL: every key the gate writes starts with keyed_queue:.",
                 id="keyed_queue.E008",

@@ -11,6 +11,7 @@ import redis
 from celery.backends.redis import ResultConsumer
 
 from testproject.servers import RedisServer, Worker
+from tests.gate._support import ON_CLUSTER, connect_to
 
 
 @pytest.fixture(scope="session")
@@ -85,10 +86,6 @@ def gate_db() -> int:
     return 0
 
 
-#: The gate and django tiers run with the gate on a local Redis Cluster instead (``make topologies``).
-GATE_ON_CLUSTER = os.environ.get("KEYED_QUEUE_TESTS_GATE_REDIS") == "cluster"
-
-
 @pytest.fixture(scope="session")
 def gate_cluster(tmp_path_factory):
     """A local Redis Cluster of 3 masters, for the tiers' runs on a cluster."""
@@ -99,16 +96,14 @@ def gate_cluster(tmp_path_factory):
         disconnect_clients({node.port for node in cluster.nodes})
 
 
-if GATE_ON_CLUSTER:
+if ON_CLUSTER:
 
     @pytest.fixture
     def gate_redis(request):
         """The cluster, emptied for each test."""
-        from django_keyed_queue.gate.clients import connect
-
         cluster = request.getfixturevalue("gate_cluster")
         cluster.flushall()
-        client = connect(cluster.url, cluster=True)
+        client = connect_to(cluster.url)
         yield client
         client.close()
 

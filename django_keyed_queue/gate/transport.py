@@ -112,13 +112,14 @@ class ClusterTransport:
         asking: dict[int, ClusterNode] = {}
         redirections, waited, delay = 0, 0.0, 0.05
         while True:
+            nothing_ran = len(pending) == len(commands)  # the refused calls did not run
             by_node: dict[str, tuple[ClusterNode, list[int]]] = {}
             for i in pending:
-                node = asking.get(i) or self._node_of(commands[i], nothing_ran=len(pending) == len(commands))
+                node = asking.get(i) or self._node_of(commands[i], nothing_ran=nothing_ran)
                 by_node.setdefault(node.name, (node, []))[1].append(i)
             batches = [(node, [(i, i in asking) for i in indices]) for node, indices in by_node.values()]
             try:
-                self._send(commands, batches, replies, first=len(pending) == len(commands))
+                self._send(commands, batches, replies, nothing_ran=nothing_ran)
             except (redis.ConnectionError, redis.TimeoutError):
                 self._stale = True
                 raise
@@ -142,7 +143,7 @@ class ClusterTransport:
         # the index hints sent beside the scripts change nothing it relies on.
         scripts = [i for i, command in enumerate(commands) if command[0] == "EVALSHA"] or range(len(commands))
         refused = f"the Redis Cluster kept refusing {len(pending)} of {len(commands)} commands: {replies[pending[0]]}"
-        raise (NotSent if set(scripts) <= set(pending) else redis.ConnectionError)(refused)
+        raise _failed(refused, nothing_ran=set(scripts) <= set(pending))
 
     def _send(
         self,
@@ -150,7 +151,7 @@ class ClusterTransport:
         batches: list[tuple[ClusterNode, list[tuple[int, bool]]]],
         replies: list[Any],
         *,
-        first: bool,
+        nothing_ran: bool,
     ) -> None:
         """Write each node's commands (an ``ASKING`` before each asked one, a ``WAIT`` after them if
         replicas must acknowledge), then read every reply."""
@@ -161,9 +162,8 @@ class ClusterTransport:
                 try:
                     taken.append((pool, pool.get_connection()))
                 except (redis.ConnectionError, redis.TimeoutError) as exc:
-                    # Every connection is taken before anything is written: only the first
-                    # round of a call, which wrote nothing yet, certainly did not run.
-                    raise (NotSent if first else redis.ConnectionError)(str(exc)) from exc
+                    # Every connection is taken before anything is written: this round sent nothing.
+                    raise _failed(str(exc), nothing_ran=nothing_ran) from exc
             written = []
             for (_, conn), (_, batch) in zip(taken, batches, strict=True):
                 sent = [c for i, asked in batch for c in ((("ASKING",), commands[i]) if asked else (commands[i],))]
@@ -191,7 +191,7 @@ class ClusterTransport:
             return self.client.nodes_manager.get_node_from_slot(slot)
         except RedisClusterException as exc:  # no master serves the slot: the cluster is down
             self._stale = True
-            raise _unreachable(exc, nothing_ran=nothing_ran) from exc
+            raise _failed(f"the Redis Cluster cannot be reached: {exc}", nothing_ran=nothing_ran) from exc
 
     def _refresh(self, *, nothing_ran: bool) -> None:
         """Learn the cluster's slots again, from any node that answers."""
@@ -199,7 +199,7 @@ class ClusterTransport:
             self.client.nodes_manager.initialize()
         except RedisClusterException as exc:  # not one node answers
             self._stale = True
-            raise _unreachable(exc, nothing_ran=nothing_ran) from exc
+            raise _failed(f"the Redis Cluster cannot be reached: {exc}", nothing_ran=nothing_ran) from exc
 
     def _node_at(self, host: str, port: int) -> ClusterNode:
         nodes = self.client.nodes_manager
@@ -212,9 +212,10 @@ class ClusterTransport:
         return node
 
 
-def _unreachable(exc: Exception, *, nothing_ran: bool) -> redis.ConnectionError:
-    """redis-py's error for a cluster it cannot reach (no ``RedisError``), as the gate's callers expect it."""
-    return (NotSent if nothing_ran else redis.ConnectionError)(f"the Redis Cluster cannot be reached: {exc}")
+def _failed(message: str, *, nothing_ran: bool) -> redis.ConnectionError:
+    """A call that failed, as the gate's callers read it: ``NotSent`` if nothing of it ran, else a
+    lost reply (it may have run)."""
+    return (NotSent if nothing_ran else redis.ConnectionError)(message)
 
 
 def _on_connection(pool: redis.ConnectionPool, commands: Sequence[Command]) -> list[Any]:

@@ -2,7 +2,8 @@ import pytest
 import redis
 from django.conf import settings
 
-from tests.conftest import GATE_ON_CLUSTER, WORKERLESS_GATE_DB
+from tests.conftest import WORKERLESS_GATE_DB
+from tests.gate._support import ON_CLUSTER
 
 #: Submissions in this tier go to a queue no worker consumes, so the test can inspect the broker.
 QUEUE = "keyed-queue-tests-unconsumed"
@@ -16,7 +17,7 @@ def gate_db() -> int:
 @pytest.fixture(autouse=True)
 def _gate_without_workers(request, redis_server, settings, gate_db):
     """This tier's gate is a database the session's workers do not reap (or a cluster they do not know)."""
-    if GATE_ON_CLUSTER:
+    if ON_CLUSTER:
         settings.KEYED_QUEUE_REDIS_URL = request.getfixturevalue("gate_cluster").url
         settings.KEYED_QUEUE_REDIS_CLUSTER = True
     else:

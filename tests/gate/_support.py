@@ -11,7 +11,7 @@ from django_keyed_queue.gate import Gate, Holder
 from django_keyed_queue.gate.clients import connect
 from django_keyed_queue.gate.keys import CLUSTER_INDEX_SHARDS, DEADLINE_INDEX, UNWRITTEN_INDEX, Index, KeyNames
 
-#: The gate tier runs on a local Redis Cluster instead of one server (``make topologies``).
+#: The gate and django tiers run with the gate on a local Redis Cluster instead of one server (``make topologies``).
 ON_CLUSTER = os.environ.get("KEYED_QUEUE_TESTS_GATE_REDIS") == "cluster"
 
 #: The indexes as the gate of the tier's Redis splits them.
