@@ -10,6 +10,7 @@ import pytest
 import redis
 from celery.backends.redis import ResultConsumer
 
+from django_keyed_queue.gate.clients import close
 from testproject.servers import RedisServer, Worker
 from tests.gate._support import ON_CLUSTER, connect_to
 
@@ -105,7 +106,7 @@ if ON_CLUSTER:
         cluster.flushall()
         client = connect_to(cluster.url)
         yield client
-        client.close()
+        close(client)
 
 else:
 

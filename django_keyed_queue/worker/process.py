@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from ..conf import settings
 from ..gate import Gate
-from ..gate.clients import connect
+from ..gate.clients import close, connect
 from ..records.recorder import Recorder
 from .leases import LeaseKeeper
 
@@ -74,7 +74,7 @@ class Process:
         with self._lock:
             gate, self._gate = self._gate, None
         if gate is not None:
-            gate.client.close()
+            close(gate.client)
 
     def close(self) -> None:
         """Write what is buffered and let go of the connection (process exit, pool process shutdown)."""
