@@ -10,18 +10,21 @@ having changed nothing.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, TypeVar
 
 from celery import current_app, signals, states
 from celery.app.task import Context
 from celery.utils import uuid
-from django.db import close_old_connections, models
+from django.db import DatabaseError, close_old_connections, models
 from django.utils import timezone
 
 from ..exceptions import ActionRefused, MessageRefused
 from ..gate import MAX_KEY_LENGTH, Code, Recovery, RecoveryAction
 from ..records import submissions
+from ..records.columns import shown, unstorable
 from ..records.idempotency import repoint
 from ..records.models import KeyedTask
 from ..records.statuses import Status
@@ -32,6 +35,8 @@ from ..worker.process import current, get_gate
 from ..worker.task import KeyedSerialTask
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -58,7 +63,8 @@ def reap(*, dry_run: bool = False, batch: int = 500, max_batches: int = 100, app
     app = app or current_app
     report = ReapReport()
     if not dry_run:
-        report.written = submissions.write_due(get_gate())
+        # A key's recovery never waits on the records' database.
+        report.written = _recorded("writing submissions' rows", submissions.write_due, get_gate()) or 0
     for _ in range(max_batches):
         visited, found = get_gate().reap(batch=batch, dry_run=dry_run)
         report.visited += visited
@@ -102,8 +108,9 @@ def _act(app, recovery: Recovery, reason: str = "") -> bool:
         except (ValueError, TypeError, KeyError):
             logger.error("keyed queue key=%r keeps an outcome that is not a record: %r", recovery.key, recovery.message)
             return True
-        KeyedTask.objects.apply(end)
-        get_gate().forget_outcomes([(recovery.key, end.outcome_field)])
+        what = f"recording an outcome of key={recovery.key!r}"
+        if _recorded(what, KeyedTask.objects.apply_setting_aside, [end]) is not None:
+            get_gate().forget_outcomes([(recovery.key, end.outcome_field)])
         return True
     if not recovery.message:  # a holder without a message: nothing to publish or record
         logger.error("keyed queue holder without a message key=%r ticket=%s", recovery.key, recovery.ticket)
@@ -114,6 +121,7 @@ def _act(app, recovery: Recovery, reason: str = "") -> bool:
         return publish(app, recovery) is not Published.BROKER_REFUSED  # which refuses it and fails its ticket
     now = timezone.now()
     lost = reason or f"its worker was lost: the lease of attempt {recovery.attempts} expired"
+    settle = partial(_recorded, "recording a recovery", submissions.settle, get_gate(), task_id, recovery.key)
     if recovery.action in (RecoveryAction.FAIL, RecoveryAction.BLOCK):
         blocked = (
             "; it blocks its key until an operator retries or cancels it"
@@ -121,14 +129,23 @@ def _act(app, recovery: Recovery, reason: str = "") -> bool:
             else ""
         )
         failed = {"finished_at": now, "error": f"{lost}; no recoveries left{blocked}"}
-        submissions.settle(get_gate(), task_id, recovery.key, recovery.ticket, Status.FAILED, **failed)
+        settle(recovery.ticket, Status.FAILED, **failed)
         return True
     if recovery.action is RecoveryAction.REDISPATCH:
         again = {"dispatched_at": now, "error": f"{lost}; dispatched again"}
-        submissions.settle(get_gate(), task_id, recovery.key, recovery.ticket, Status.DISPATCHED, **again)
+        settle(recovery.ticket, Status.DISPATCHED, **again)
     # A redispatch's record was settled above; any other publish records its dispatch.
     record = recovery.action is not RecoveryAction.REDISPATCH
     return publish(app, recovery, record=record) is not Published.BROKER_REFUSED
+
+
+def _recorded(what: str, write: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
+    """``write(...)``, a write of records; if the database fails, None, logged: the recovery of keys goes on."""
+    try:
+        return write(*args, **kwargs)
+    except DatabaseError:
+        logger.warning("keyed queue reaper: %s failed; recovering keys goes on", what, exc_info=True)
+        return None
 
 
 @dataclass
@@ -192,9 +209,11 @@ def rebuild(*, dry_run: bool = False, app=None) -> RebuildReport:
 
 
 def checked_key(key: str) -> str:
-    """An operator's key as the gate accepts it: 1 to ``MAX_KEY_LENGTH`` characters, else ActionRefused."""
-    if not isinstance(key, str) or not 1 <= len(key) <= MAX_KEY_LENGTH:
-        raise ActionRefused(f"a key is 1 to {MAX_KEY_LENGTH} characters, got {key!r}")
+    """An operator's key as a submission's key is checked: 1 to ``MAX_KEY_LENGTH`` characters of text
+    a database can store, else ActionRefused."""
+    problem = "is empty" if key == "" else unstorable(key, MAX_KEY_LENGTH)
+    if problem:
+        raise ActionRefused(f"a key is 1 to {MAX_KEY_LENGTH} characters of text; {shown(key)} {problem}")
     return key
 
 

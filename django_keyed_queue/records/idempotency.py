@@ -20,6 +20,7 @@ from kombu.utils.json import dumps as kombu_json
 
 from ..conf import settings
 from ..exceptions import IdempotencyConflict, InvalidArguments
+from .columns import IDEMPOTENCY_KEY_MAX_LENGTH, shown, unstorable
 from .models import IdempotencyKey, KeyedTask
 
 #: How long a duplicate waits for the original submission to be written or given up.
@@ -28,11 +29,10 @@ SETTLE_SECONDS = 5.0
 
 def explicit_fingerprint(task_name: str, key: str) -> str:
     if not isinstance(key, str) or not key:
-        raise InvalidArguments(f"{task_name}: idempotency_key must be a non-empty str, got {key!r}")
-    try:
-        key.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidArguments(f"{task_name}: idempotency_key {key!r} is not valid text: {exc}") from exc
+        raise InvalidArguments(f"{task_name}: idempotency_key must be a non-empty str, got {shown(key)}")
+    problem = unstorable(key, IDEMPOTENCY_KEY_MAX_LENGTH)
+    if problem:
+        raise InvalidArguments(f"{task_name}: idempotency_key {shown(key)} {problem}")
     return _sha256(json.dumps(["key", task_name, key], ensure_ascii=False))
 
 

@@ -15,6 +15,7 @@ The database is ``router.db_for_write(KeyedTask)``: with ``KeyedQueueRouter`` in
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable
 from contextlib import nullcontext
@@ -22,17 +23,25 @@ from datetime import datetime
 from functools import cache
 from typing import TYPE_CHECKING, Any, cast
 
-from django.db import IntegrityError, connections, models, router, transaction
+from django.db import DataError, IntegrityError, connections, models, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.constants import OnConflict
 from django.utils import timezone
 
+from .columns import shown, storable_text
 from .statuses import ACTIVE_STATUSES, STATUS_RANK, TERMINAL_STATUSES
 from .transitions import FIELDS, Transition
 
 if TYPE_CHECKING:
     # Named as a string in the generic bases below: .models imports this module.
     from .models import KeyedTask  # noqa: F401
+
+logger = logging.getLogger(__name__)
+
+
+#: What a database raises for one row's values (NUL in text, a value over its column's length, a
+#: constraint): that row is refused, and the database still serves the others.
+ROW_REFUSED = (DataError, IntegrityError)
 
 
 class KeyedTaskQuerySet(models.QuerySet["KeyedTask"]):
@@ -110,6 +119,26 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
                     cursor.execute(update, params)
         return waiting
 
+    def apply_setting_aside(
+        self, transitions: list[Transition], *, new: bool = False, create_after: float | None = None
+    ) -> list[Transition]:
+        """``apply``, so that a row the database refuses holds back no other: if the batch is refused,
+        each transition is applied alone, and one refused alone is set aside, with an error logged
+        once, naming its task and key. An error of the database itself is raised."""
+        try:
+            return self.apply(*transitions, new=new, create_after=create_after)
+        except ROW_REFUSED as exc:
+            if len(transitions) == 1:
+                _set_aside(transitions[0], exc)
+                return []
+        waiting = []
+        for t in transitions:
+            try:
+                waiting += self.apply(t, new=new, create_after=create_after)
+            except ROW_REFUSED as exc:
+                _set_aside(t, exc)
+        return waiting
+
     def settle(self, task_id: str, key: str, ticket: int, status: str, **fields: Any) -> int:
         """Set a submission's status now, whatever it was, unless it already ended (recovery's write).
 
@@ -124,7 +153,21 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
 
     def _settle(self, rows: models.QuerySet[Any], status: str, fields: dict[str, Any]) -> int:
         unfinished = rows.using(self.db_for_write()).exclude(status__in=TERMINAL_STATUSES)
+        fields = {
+            name: storable_text(self.model._meta.get_field(name), value)  # type: ignore[arg-type]  # a concrete field
+            if name in FREE_TEXT and isinstance(value, str)
+            else value
+            for name, value in fields.items()
+        }
         return unfinished.update(status=status, **fields)
+
+
+def _set_aside(t: Transition, error: Exception) -> None:
+    task_name = (t.create or {}).get("task_name", "a keyed task")
+    logger.error(
+        "the record of %s[%s] key=%s ticket=%s is refused by the database and set aside (%s: %s): %r",
+        task_name, shown(t.task_id), shown(t.key), t.ticket, type(error).__name__, error, t,
+    )  # fmt: skip
 
 
 @cache
@@ -193,9 +236,15 @@ def _insert_params(model: type[models.Model], db: BaseDatabaseWrapper, row: dict
     return [_db_value(db, f, row.get(f.attname, default)) for f, default in _insert_fields(model)]
 
 
+#: Columns of free text (an error, a worker's name, the arguments shown): made storable, not refused.
+FREE_TEXT = frozenset(("error", "worker", "arguments"))
+
+
 def _db_value(db: BaseDatabaseWrapper, model_field: models.Field[Any, Any], value: Any) -> Any:
     # Text, numbers and None go to the driver as they are; an aware datetime needs only the
     # backend's conversion (the field's own checks cost twice as much, on every write).
+    if isinstance(value, str) and model_field.name in FREE_TEXT:
+        return storable_text(model_field, value)
     if value is None or isinstance(value, (str, int)):
         return value
     if isinstance(value, datetime) and value.tzinfo is not None:

@@ -8,6 +8,7 @@ from django.db import models
 from django.utils.translation import gettext_lazy as _
 
 from ..gate import MAX_KEY_LENGTH
+from .columns import TASK_ID_MAX_LENGTH, TASK_NAME_MAX_LENGTH
 from .manager import KeyedTaskManager
 from .statuses import ACTIVE_STATUSES, Status
 
@@ -15,8 +16,8 @@ from .statuses import ACTIVE_STATUSES, Status
 class KeyedTask(models.Model):
     #: Celery's task id. Not unique: Celery reuses an id on purpose (``replace``, a resent
     #: signature), and each submission, ``(task_id, key, ticket)``, has its own row.
-    task_id = models.CharField(_("task id"), max_length=255, db_index=True)
-    task_name = models.CharField(_("task name"), max_length=255)
+    task_id = models.CharField(_("task id"), max_length=TASK_ID_MAX_LENGTH, db_index=True)
+    task_name = models.CharField(_("task name"), max_length=TASK_NAME_MAX_LENGTH)
     key = models.CharField(_("key"), max_length=MAX_KEY_LENGTH)
     ticket = models.BigIntegerField(_("ticket"), null=True, blank=True)
     status = models.CharField(_("status"), max_length=16, choices=Status.choices, default=Status.WAITING)
@@ -84,8 +85,8 @@ class IdempotencyKey(models.Model):
     """A submission that a duplicate within the window resolves to instead of running again."""
 
     fingerprint = models.CharField(_("fingerprint"), max_length=64, unique=True)
-    task_id = models.CharField(_("task id"), max_length=255)
-    task_name = models.CharField(_("task name"), max_length=255)
+    task_id = models.CharField(_("task id"), max_length=TASK_ID_MAX_LENGTH)
+    task_name = models.CharField(_("task name"), max_length=TASK_NAME_MAX_LENGTH)
     #: SHA-256 of the arguments an explicit key was claimed with ('' when not compared).
     arguments = models.CharField(_("arguments digest"), max_length=64, blank=True, default="")
     created_at = models.DateTimeField(_("created at"))

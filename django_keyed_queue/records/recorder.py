@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
-from django.db import IntegrityError, close_old_connections, connections, router
+from django.db import close_old_connections, connections, router
 
 from ..conf import settings
 from .models import KeyedTask
@@ -67,39 +67,20 @@ class Recorder:
             return
         try:
             create_after = CREATE_MISSING_AFTER_SECONDS if wait_for_rows else None
-            waiting = KeyedTask.objects.apply(*batch.values(), create_after=create_after)
-            if waiting:
-                now = time.monotonic()
-                for t in waiting:
-                    del batch[t.submission]
-                self._put_back(replace(t, missing_since=t.missing_since or now) for t in waiting)
-        except IntegrityError:
-            # A transition the database refuses must not hold the others back for good: one by one.
-            batch = self._write_each(batch)
+            # A transition refused is set aside (logged): written again, it would only be refused again.
+            waiting = KeyedTask.objects.apply_setting_aside(list(batch.values()), create_after=create_after)
         except Exception:
             logger.exception("writing %d keyed task records failed; will try again", len(batch))
             self._put_back(batch.values())
             raise
+        if waiting:
+            now = time.monotonic()
+            for t in waiting:
+                del batch[t.submission]
+            self._put_back(replace(t, missing_since=t.missing_since or now) for t in waiting)
         written = [(t.outcome_key, t.outcome_field) for t in batch.values() if t.outcome_key]
         if written and self._on_written is not None:
             self._on_written(written)
-
-    def _write_each(self, batch: dict[tuple[str, str, int], Transition]) -> dict[tuple[str, str, int], Transition]:
-        """Write the transitions one at a time, dropping (and logging) those the database refuses; the written."""
-        written = {}
-        items = list(batch.items())
-        for i, (submission, transition) in enumerate(items):
-            try:
-                KeyedTask.objects.apply(transition)
-            except IntegrityError:
-                logger.exception("keyed task record %s cannot be written and is dropped: %r", submission, transition)
-                continue
-            except Exception:
-                logger.exception("writing %d keyed task records failed; will try again", len(items) - i)
-                self._put_back(t for _, t in items[i:])
-                raise
-            written[submission] = transition
-        return written
 
     def _put_back(self, transitions: Iterable[Transition]) -> None:
         """Buffer again transitions that were not written, before any recorded since."""

@@ -82,8 +82,8 @@ def write(gate: Gate, keys: Sequence[str], claims: Sequence[tuple[str, int]] = (
                 logger.error(
                     "keyed queue key=%r keeps a submission record that is not one: %r", unwritten.key, unwritten
                 )
-        if rows:
-            KeyedTask.objects.apply(*rows, new=True)
+        if rows:  # a row the database refuses is set aside: it holds back no other, and is not tried again
+            KeyedTask.objects.apply_setting_aside(rows, new=True)
     except BaseException:
         gate.unclaim_unwritten(claims)  # the next pass, of any writer, tries them again
         raise

@@ -23,6 +23,7 @@ from ..conf import settings
 from ..exceptions import GateUnavailable, InvalidArguments, KeyQueueFull
 from ..gate import Gate, NotSent, QueueFull, Submission, SubmitResult
 from ..records import idempotency, submissions
+from ..records.columns import TASK_ID_MAX_LENGTH, TASK_NAME_MAX_LENGTH, shown, unstorable
 from ..records.models import KeyedTask
 from ..records.statuses import Status
 from ..records.transitions import describe_arguments
@@ -74,6 +75,7 @@ def checked_key(
 def check(task, args: tuple, kwargs: dict, options: dict, idempotency_key: str | None) -> Checked:
     """Everything a submission checks before it writes anything (``KeyedQueueError`` on bad input)."""
     task_id = options.pop("task_id", None) or uuid()
+    check_storable(task, task_id, options)
     options = send_options(task, args, kwargs, options)
     args, kwargs, bound, key = checked_key(task, args, kwargs, options.get("serializer"))
     if is_delayed(options):
@@ -88,6 +90,22 @@ def check(task, args: tuple, kwargs: dict, options: dict, idempotency_key: str |
     elif task.idempotent:
         fingerprint = idempotency.arguments_fingerprint(task.name, bound.arguments)
     return Checked(task_id, args, kwargs, options, key, fingerprint, claimed_with)
+
+
+def check_storable(task, task_id: object, options: dict) -> None:
+    """Refuse what the submission's record could not hold on some supported database (``InvalidArguments``
+    naming the field): the key is checked with the arguments, an idempotency key when it is claimed."""
+    fields = {
+        "task name": (task.name, TASK_NAME_MAX_LENGTH),
+        "task_id": (task_id, TASK_ID_MAX_LENGTH),
+        # Shown in the record's arguments instead of them (cut to their length there).
+        **{name: (options[name], None) for name in ("argsrepr", "kwargsrepr") if isinstance(options.get(name), str)},
+    }
+    for field, (value, max_length) in fields.items():
+        problem = unstorable(value, max_length)
+        if problem:
+            named = task.name if field != "task name" else "a keyed task"
+            raise InvalidArguments(f"{named}: {field} {shown(value)} {problem}")
 
 
 def submit(task, args: tuple, kwargs: dict, options: dict, idempotency_key: str | None, *, claimed: bool = False):

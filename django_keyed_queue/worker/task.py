@@ -19,6 +19,7 @@ from celery.utils.functional import chunks as chunked
 from ..conf import settings
 from ..exceptions import InvalidArguments, InvalidKey
 from ..gate import MAX_KEY_LENGTH, Lease
+from ..records.columns import shown, unstorable
 from ..records.statuses import Status
 from .run import Run
 from .submit import checked_key, in_transaction, submit, submit_many, submit_on_commit
@@ -149,17 +150,12 @@ class KeyedSerialTask(Task):
         except Exception as exc:
             raise InvalidKey(f"{self.name}: cannot make the key from {spec!r}: {exc!r}") from exc
         if not isinstance(key, str):
-            raise InvalidKey(f"{self.name}: the key must be a str, got {type(key).__name__}: {key!r}")
+            raise InvalidKey(f"{self.name}: the key must be a str, got {type(key).__name__}: {shown(key)}")
         if not key:
             raise InvalidKey(f"{self.name}: the key is empty")
-        try:
-            key.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise InvalidKey(f"{self.name}: the key is not valid text: {exc}") from exc
-        if len(key) > MAX_KEY_LENGTH:
-            raise InvalidKey(
-                f"{self.name}: the key is {len(key)} characters long, over the maximum of {MAX_KEY_LENGTH}"
-            )
+        problem = unstorable(key, MAX_KEY_LENGTH)
+        if problem:
+            raise InvalidKey(f"{self.name}: the key {shown(key)} {problem}")
         return key
 
     def _bind(self, args: tuple, kwargs: dict) -> inspect.BoundArguments:
