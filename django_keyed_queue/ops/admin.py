@@ -58,7 +58,7 @@ PERMISSIONS = {
 #: The task page's fields, in order; times to the millisecond (see ``_at_ms``).
 DETAIL_FIELDS = (
     *("task_id", "task_name", "key", "ticket", "status", "attempts", "worker", "arguments"),
-    *("enqueued", "due", "dispatched", "started", "heartbeat", "finished", "waited", "ran", "error"),
+    *("enqueued", "due", "dispatched", "started", "heartbeat", "finished", "waited", "ran", "error", "retried_as"),
 )
 
 

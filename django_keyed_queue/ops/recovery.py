@@ -18,10 +18,11 @@ from typing import Any, TypeVar
 from celery import current_app, signals, states
 from celery.app.task import Context
 from celery.utils import uuid
-from django.db import DatabaseError, close_old_connections, models
+from django.db import DatabaseError, close_old_connections, models, transaction
+from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
-from ..exceptions import ActionRefused, MessageRefused
+from ..exceptions import ActionRefused, InvalidArguments, InvalidKey, MessageRefused
 from ..gate import MAX_KEY_LENGTH, Code, Recovery, RecoveryAction
 from ..records import submissions
 from ..records.columns import shown, unstorable
@@ -32,6 +33,7 @@ from ..records.transitions import Transition
 from ..worker.dispatch import Dispatched, Published, publish, publish_grants
 from ..worker.messages import JOIN_HEADER, TaskMessage
 from ..worker.process import current, get_gate
+from ..worker.submit import submit
 from ..worker.task import KeyedSerialTask
 
 logger = logging.getLogger(__name__)
@@ -129,6 +131,12 @@ def _act(app, recovery: Recovery, reason: str = "") -> bool:
             else ""
         )
         failed = {"finished_at": now, "error": f"{lost}; no recoveries left{blocked}"}
+        # What an operator's retry needs, if its row was written after the gate let the message go.
+        failed["message"] = Case(
+            When(message="", then=Value(recovery.message.decode())),
+            default=F("message"),
+            output_field=models.TextField(),
+        )
         settle(recovery.ticket, Status.FAILED, **failed)
         return True
     if recovery.action is RecoveryAction.REDISPATCH:
@@ -152,15 +160,15 @@ def _recorded(what: str, write: Callable[..., T], *args: Any, **kwargs: Any) -> 
 class RebuildReport:
     restored: dict[str, int] = field(default_factory=dict)  # key -> tickets restored
     skipped: list[str] = field(default_factory=list)  # keys live in Redis, left alone
-    unrecoverable: list[str] = field(default_factory=list)  # task ids with no stored message
+    unrecoverable: list[str] = field(default_factory=list)  # task ids with no stored message of their own
     unpublished: list[str] = field(default_factory=list)  # task ids granted whose publish failed
 
     def summary(self) -> str:
         failed = f"; {len(self.unpublished)} granted tasks could not be published" if self.unpublished else ""
         return (
             f"restored {sum(self.restored.values())} tasks over {len(self.restored)} keys; "
-            f"skipped {len(self.skipped)} live keys; {len(self.unrecoverable)} tasks without a stored message"
-            f"{failed}"
+            f"skipped {len(self.skipped)} live keys; "
+            f"{len(self.unrecoverable)} tasks without a stored message of their own{failed}"
         )
 
 
@@ -180,8 +188,9 @@ def rebuild(*, dry_run: bool = False, app=None) -> RebuildReport:
     for row in active.only("pk", "task_id", "task_name", "key", "ticket", "message"):
         by_key.setdefault(row.key, []).append(row)
     for key, rows in by_key.items():
-        report.unrecoverable += [r.task_id for r in rows if not r.message]
-        waiting = [(r.ticket, r.message.encode()) for r in rows if r.message]
+        restorable = [r for r in rows if _restorable(r, app)]
+        report.unrecoverable += [r.task_id for r in rows if r not in restorable]
+        waiting = [(r.ticket, r.message.encode()) for r in restorable]
         if not waiting:
             continue
         if dry_run:
@@ -194,7 +203,7 @@ def rebuild(*, dry_run: bool = False, app=None) -> RebuildReport:
             continue
         report.restored[key] = len(waiting)
         KeyedTask.objects.settle_rows(
-            [r.pk for r in rows if r.message], Status.WAITING, error="rebuilt after the gate's Redis was lost"
+            [r.pk for r in restorable], Status.WAITING, error="rebuilt after the gate's Redis was lost"
         )
         task_ids = {r.ticket: r.task_id for r in rows}
         for grant in rebuilt.granted:
@@ -206,6 +215,16 @@ def rebuild(*, dry_run: bool = False, app=None) -> RebuildReport:
                 KeyedTask.objects.settle(task_id, key, grant.ticket, Status.DISPATCHED, dispatched_at=timezone.now())
     logger.info("keyed queue rebuild %s%s", "(dry run) " if dry_run else "", report.summary())
     return report
+
+
+def _restorable(row: KeyedTask, app) -> bool:
+    """Whether ``row`` has a stored message of its own to restore (see ``stored_message``)."""
+    try:
+        stored_message(row, app)
+    except ActionRefused as refused:
+        logger.error("keyed queue rebuild: task %s key=%r is not restored: %s", row.task_id, row.key, refused)
+        return False
+    return True
 
 
 def checked_key(key: str) -> str:
@@ -311,42 +330,81 @@ def retry(task_id: str, *, by: str = "an operator", app=None) -> str:
 
     A task that blocks its key (``on_failure="block"``) runs again first, as itself (its id is
     returned); any other is submitted again, with its arguments, at the end of its key's queue,
-    as a new task.
+    as a new task. Once: the failed row is marked retried, naming the new task, in the transaction
+    that submits it, so a second retry of it, repeated or racing, is refused naming the first's.
     """
     app = app or current_app
     row = _row(task_id)
     if _blocks_its_key(row):
         # Marked first: the run may start, and write its own progress, as soon as it is published.
         again = {"dispatched_at": timezone.now(), "finished_at": None, "error": f"retried first by {by}"}
-        KeyedTask.objects.filter(pk=row.pk, status=Status.FAILED).update(
+        marked = KeyedTask.objects.filter(pk=row.pk, status=Status.FAILED).update(
             status=Status.DISPATCHED, attempts=models.F("attempts") + 1, **again
         )
+        if not marked:
+            raise ActionRefused(f"task {task_id} is no longer failed: it was retried or cancelled meanwhile")
         _unblock(row, retry=True, app=app)
         logger.info("keyed queue task %s key=%r, which blocked its key, retried first by %s", task_id, row.key, by)
         return task_id
+    _refuse_retry(row)
+    message = stored_message(row, app)
+    task = registered_task(app, message.task_name)
+    new_id = uuid()
+    with transaction.atomic(using=KeyedTask.objects.db_for_write()):
+        # The row's lock: a racing retry waits here, then finds it marked.
+        if not KeyedTask.objects.filter(pk=row.pk, status=Status.FAILED, retried_as="").update(retried_as=new_id):
+            _refuse_retry(KeyedTask.objects.get(pk=row.pk))
+        # Idempotency keys that gave the failed task now give its retry (in this transaction if they share it).
+        repoint(task_id, new_id)
+        try:
+            # Not at a commit (KEYED_QUEUE_SUBMIT_ON_COMMIT): submitted in the transaction that marks it.
+            submit(task, message.args, message.kwargs, {**message.options, "task_id": new_id}, None)
+        except BaseException:
+            repoint(new_id, task_id)  # in case they live in another database
+            raise
+    submissions.write_key(get_gate(), row.key)  # the operator sees the retry at once
+    logger.info("keyed queue task %s key=%r retried as %s by %s", task_id, row.key, new_id, by)
+    return new_id
+
+
+def _refuse_retry(row: KeyedTask) -> None:
+    """ActionRefused if ``row``'s task cannot be retried (again)."""
+    if row.retried_as:
+        raise ActionRefused(f"task {row.task_id} was retried already: it runs again as task {row.retried_as}")
     if row.status != Status.FAILED:
-        raise ActionRefused(f"task {task_id} is {row.status}: only a failed task can be retried")
+        raise ActionRefused(f"task {row.task_id} is {row.status}: only a failed task can be retried")
+
+
+def stored_message(row: KeyedTask, app) -> TaskMessage:
+    """``row``'s stored message, decoded as the app accepts it, if it is the row's own task; else ActionRefused.
+
+    The database may hold anything: a message of another task (another id, name or key) is never
+    submitted in its place.
+    """
     if not row.message:
-        raise ActionRefused(f"task {task_id} has no stored message to submit again")
+        raise ActionRefused(f"task {row.task_id} has no stored message to submit again")
     try:
         message = TaskMessage.decode(row.message.encode(), app.conf.accept_content)
     except MessageRefused as refused:
-        logger.error("keyed queue task %s key=%r not retried: %s", task_id, row.key, refused)
+        logger.error("keyed queue task %s key=%r: %s", row.task_id, row.key, refused)
         raise ActionRefused(str(refused)) from None
     task = registered_task(app, message.task_name)
     if not isinstance(task, KeyedSerialTask):
         raise ActionRefused(f"{message.task_name} is not a keyed task registered in this project")
-    # Idempotency keys that gave the failed task now give its retry.
-    new_id = uuid()
-    repoint(task_id, new_id)
+    if (message.task_id, message.task_name) != (row.task_id, row.task_name):
+        raise ActionRefused(
+            f"the stored message of task {row.task_id} is not its own: it is {message.task_name}[{message.task_id}]"
+        )
     try:
-        task.apply_async(message.args, message.kwargs, task_id=new_id, **message.options)
-    except BaseException:
-        repoint(new_id, task_id)
-        raise
-    submissions.write_key(get_gate(), row.key)  # the operator sees the retry at once
-    logger.info("keyed queue task %s key=%r retried as %s by %s", task_id, row.key, new_id, by)
-    return new_id
+        key = task.key_for(message.args, message.kwargs)
+    except (InvalidKey, InvalidArguments) as exc:
+        raise ActionRefused(f"the stored message of task {row.task_id} makes no key: {exc}") from None
+    if key != row.key:
+        raise ActionRefused(
+            f"the stored message of task {row.task_id} is not its own: its arguments make key {shown(key)}, "
+            f"the task's is {shown(row.key)}"
+        )
+    return message
 
 
 def release(key: str, ticket: int, *, by: str = "an operator", app=None) -> list[Recovery]:

@@ -34,6 +34,8 @@ class KeyedTask(models.Model):
     heartbeat_at = models.DateTimeField(_("heartbeat at"), null=True, blank=True)
     finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
     error = models.TextField(_("error"), blank=True)
+    #: The task an operator's retry of this failed task submitted (set in the step that submits it).
+    retried_as = models.CharField(_("retried as"), max_length=TASK_ID_MAX_LENGTH, blank=True, default="")
 
     objects = KeyedTaskManager()
 

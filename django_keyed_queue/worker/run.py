@@ -99,6 +99,17 @@ class Run:
     def fail(self, exc: BaseException) -> bool:
         return self.finish(Status.FAILED, error=failure_text(exc))
 
+    def _stored_message(self) -> str:
+        """This run's message as the gate stores it: what an operator's retry of a failed task submits
+        again, kept on its record (the gate forgets it once the run ends)."""
+        request = self.task.request
+        options = request_options(request)
+        options.pop("retries", None)  # a retry is a new task: its own retries count from 0
+        headers = {k: v for k, v in (options.get("headers") or {}).items() if k != HEADER}
+        options["headers"] = headers or None
+        message = gate_message(self.task.name, request.id, request.args or (), request.kwargs or {}, options)
+        return message.encode(self.task.serializer).decode()
+
     def reject(self, exc: Reject) -> None:
         """The task raised Celery's ``Reject``: its message is dropped, or requeued for the same message to run again.
 
@@ -130,6 +141,8 @@ class Run:
         # The gate keeps the run's outcome until its record is written: a kill of this process
         # after the finish loses nothing (the reaper writes it).
         end = self._transition(status, finished_at=timezone.now(), error=error)
+        if status == Status.FAILED:
+            end.message = self._stored_message()
         buffered = process.recorder.peek(end.submission)
         end = buffered.merged_with(end) if buffered else end
         end.outcome_key = lease.key
@@ -286,10 +299,7 @@ def join(
     message to publish when the ticket's turn comes.
     """
     key = task.key_for(args, kwargs)
-    options = {k: v for k, v in request.as_execution_options().items() if k not in DELAY_OPTIONS}
-    routing = request.delivery_info or {}
-    if routing.get("routing_key"):
-        options.setdefault("queue", routing["routing_key"])
+    options = request_options(request)
     join_id = getattr(request, JOIN_HEADER, None) or request.id  # a message sent before there was one: its id
     # Carried by the message its grant publishes: that run's record is the join's (see ``Run.begin``).
     options["headers"] = {**(options.get("headers") or {}), JOIN_HEADER: join_id}
@@ -313,6 +323,15 @@ def join(
     elif not submitted.granted:
         current().recorder.record(Transition(request.id, key, submitted.ticket, Status.WAITING, 0, joins=True))
     return key, submitted
+
+
+def request_options(request: Any) -> dict:
+    """The options a worker's ``request`` was sent with, as ``gate_message`` takes them (no delay: it is due)."""
+    options = {k: v for k, v in request.as_execution_options().items() if k not in DELAY_OPTIONS}
+    routing = request.delivery_info or {}
+    if routing.get("routing_key"):
+        options.setdefault("queue", routing["routing_key"])
+    return options
 
 
 def blocks(task: Any) -> bool:

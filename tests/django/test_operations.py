@@ -66,7 +66,9 @@ def test_a_command_prints_its_result_once_and_the_audit_log_still_gets_it(gate_r
         logger.setLevel(level)
     out, err = capsys.readouterr()
     assert (
-        out == "paused 'k'\nrestored 0 tasks over 0 keys; skipped 0 live keys; 0 tasks without a stored message\n"
+        out
+        == "paused 'k'\nrestored 0 tasks over 0 keys; skipped 0 live keys; "
+        "0 tasks without a stored message of their own\n"
         and err == ""
     ), (out, err)
     assert "key 'k' paused by" in log_file.stream.getvalue()

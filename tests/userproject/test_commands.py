@@ -73,7 +73,7 @@ def test_rebuild_after_redis_lost_everything(make_project, user_redis):
     assert rebuilt.stdout.splitlines() == [
         "restored 3 tasks of key='acct:0'",
         "restored 3 tasks of key='acct:1'",
-        "restored 6 tasks over 2 keys; skipped 0 live keys; 0 tasks without a stored message",
+        "restored 6 tasks over 2 keys; skipped 0 live keys; 0 tasks without a stored message of their own",
     ]
     assert rebuilt.stderr == ""
     project.worker("a")

@@ -48,17 +48,28 @@ def paced_step(self, key: str, n: int, seconds: float = 0.0) -> int:
     return logged(self.request.id, key, n, seconds)
 
 
+def failing_while_told(task_id: str, key: str, n: int, seconds: float) -> int:
+    """A step that fails while the file ``fail-<key>-<n>`` is in the project."""
+    log("start", key, n, task_id)
+    if (settings.BASE_DIR / f"fail-{key}-{n}").exists():
+        log("end", key, n, task_id, failed=True)
+        raise RuntimeError(f"step {n} of {key} failed")
+    time.sleep(seconds)
+    log("end", key, n, task_id)
+    return n
+
+
 @keyed_serial_task(key="{key}", bind=True, on_failure="block")
 def strict_step(self, key: str, n: int, seconds: float = 0.0) -> int:
     """A ledger's step: it fails while the file ``fail-<key>-<n>`` is in the project, and then its key
     runs nothing more until an operator retries or cancels it."""
-    log("start", key, n, self.request.id)
-    if (settings.BASE_DIR / f"fail-{key}-{n}").exists():
-        log("end", key, n, self.request.id, failed=True)
-        raise RuntimeError(f"step {n} of {key} failed")
-    time.sleep(seconds)
-    log("end", key, n, self.request.id)
-    return n
+    return failing_while_told(self.request.id, key, n, seconds)
+
+
+@keyed_serial_task(key="{key}", bind=True)
+def fallible_step(self, key: str, n: int, seconds: float = 0.0) -> int:
+    """A step that fails while the file ``fail-<key>-<n>`` is in the project; its key moves on."""
+    return failing_while_told(self.request.id, key, n, seconds)
 
 
 @keyed_serial_task(key="{key}", bind=True, time_limit=9)
