@@ -64,7 +64,7 @@ def sentinel_client(url: str, master: str, **options: Any) -> redis.Redis:
     hosts = [(part.hostname or "localhost", part.port or 26379) for part in parts]
     credentials = next((part for part in parts if part.password or part.username), None)
     database = next((part.path.strip("/") for part in parts if part.path.strip("/")), "0")
-    if not database.isdigit():
+    if not (database.isascii() and database.isdigit()):
         raise ValueError(f"a Sentinel URL's database must be a number, got {database!r} in {url!r}")
     master_options = dict(options)
     if credentials is not None:

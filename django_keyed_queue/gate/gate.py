@@ -327,11 +327,21 @@ class Gate:
         return bool(code == Code.OK)
 
     def cancel(
-        self, key: str, ticket: int, *, limit: int | None = None, forget: bool = False, failed: bool = False
+        self,
+        key: str,
+        ticket: int,
+        *,
+        limit: int | None = None,
+        forget: bool = False,
+        failed: bool = False,
+        dispatch: int | None = None,
+        task_id: str | None = None,
     ) -> FinishResult:
         """Withdraw a ticket that has not started; returns tickets granted in its place.
 
-        ``limit`` None: the key's own, as its submissions set it.
+        ``limit`` None: the key's own, as its submissions set it. ``dispatch`` and ``task_id``
+        name the attempt withdrawn: a ticket not granted with that dispatch, or whose stored
+        message is another task's, is left as it is (``Code.NOT_GRANTED``).
 
         ``failed=True`` is for a submission that failed: its record is dropped if
         its row is not written yet. ``forget=True`` (implies ``failed``) when it failed
@@ -344,7 +354,7 @@ class Gate:
             [*names.all(), names.recent, names.recent_older, names.unwritten],
             [
                 ticket, "" if limit is None else limit, self.dispatch_timeout_ms, self.idle_horizon_ms,
-                int(forget), int(failed or forget),
+                int(forget), int(failed or forget), "" if dispatch is None else dispatch, task_id or "",
             ],
         )  # fmt: skip
         result = FinishResult(Code(reply[0]), self._grants(key, reply[1:]))
@@ -591,15 +601,23 @@ class Gate:
 
         False if the ticket is no longer granted with that dispatch (it started, ended, or moved on).
         """
+        return self._republish_soon(key, ticket, dispatch, delay_seconds, count=False) is not None
+
+    def undelivered(self, key: str, ticket: int, dispatch: int, *, delay_seconds: float) -> int | None:
+        """A worker dropped the message of a granted ticket undelivered (it knows no such task): the reaper
+        publishes it after ``delay_seconds``. How many times the ticket was dropped so, or None if it is no
+        longer granted with that dispatch."""
+        return self._republish_soon(key, ticket, dispatch, delay_seconds, count=True)
+
+    def _republish_soon(self, key: str, ticket: int, dispatch: int, delay_seconds: float, *, count: bool) -> int | None:
         delay_ms = seconds_to_ms(delay_seconds)
-        [(code,)] = self._pipelined(
-            "republish_soon",
-            [([KeyNames(key).holders], [ticket, dispatch, delay_ms])],
-            index=key,
-            index_within_ms=delay_ms,
-        )
+        names = KeyNames(key)
+        keys, args = [names.holders], [ticket, dispatch, delay_ms]
+        if count:
+            keys, args = [*keys, names.undelivered], [*args, self.idle_horizon_ms]
+        [(code, *drops)] = self._pipelined("republish_soon", [(keys, args)], index=key, index_within_ms=delay_ms)
         logger.debug("republish_soon key=%r ticket=%s code=%s", key, ticket, Code(code).name)
-        return Code(code) is Code.OK
+        return int(drops[0]) if Code(code) is Code.OK else None
 
     def release(self, key: str, ticket: int) -> list[Recovery]:
         """Recover ``ticket``'s holder now, as the reaper does when its deadline passes.

@@ -102,6 +102,11 @@ class KeyNames:
         return f"{self.base}:unwritten"
 
     @property
+    def undelivered(self) -> str:
+        """HASH ticket -> how many times a worker dropped its message undelivered (it knew no such task)."""
+        return f"{self.base}:undelivered"
+
+    @property
     def joined(self) -> str:
         """ZSET of task ids that joined the queue on arrival, scored by time (duplicate guard)."""
         return f"{self.base}:joined"

@@ -261,6 +261,10 @@ class KeyedTaskAdmin(admin.ModelAdmin):
         return super().change_view(request, object_id, form_url, {**extra, **(extra_context or {})})
 
     def changelist_view(self, request, extra_context=None):
+        action = request.POST.get("action") if request.method == "POST" else None
+        if action and action not in self.get_actions(request):
+            # Django would answer 200 "No action selected": a forced POST is told it is not allowed.
+            raise PermissionDenied(f"{request.user} may not run the action {action!r}")
         extra = {"live_keys_url": reverse("admin:keyed_queue_keys"), **(extra_context or {})}
         return super().changelist_view(request, extra)
 
@@ -297,7 +301,9 @@ class KeyedTaskAdmin(admin.ModelAdmin):
 
     def key_action_view(self, request):
         action, key, ticket = (request.POST.get(name, "") for name in ("action", "key", "ticket"))
-        if action not in ("pause", "resume", "release") or not key or (action == "release" and not ticket.isdigit()):
+        # ASCII digits only: "²".isdigit() is True and int("²") raises; a ticket is at most 19 digits (BIGINT).
+        number = ticket.isascii() and ticket.isdigit() and len(ticket) <= 19
+        if action not in ("pause", "resume", "release") or not key or (action == "release" and not number):
             return HttpResponseBadRequest("an action (pause, resume, release), a key and, to release, a ticket")
         if not self._allowed(request, action):
             raise PermissionDenied(f"{request.user} may not {action} keys")
@@ -307,10 +313,17 @@ class KeyedTaskAdmin(admin.ModelAdmin):
 
 @admin.register(IdempotencyKey)
 class IdempotencyKeyAdmin(admin.ModelAdmin):
-    list_display = ("fingerprint", "task_name", "task_id", "created_at", "expires_at")
-    search_fields = ("=fingerprint", "=task_id")
-    readonly_fields = [f.name for f in IdempotencyKey._meta.fields]
+    """Which task a duplicate submission resolves to. The fingerprint and the arguments' digest are
+    not shown: small arguments (an amount) could be guessed from them offline."""
+
+    list_display = ("task_name", "task_id", "created_at", "expires_at")
+    search_fields = ("=task_id",)
+    fields = readonly_fields = ("task_name", "task_id", "created_at", "expires_at")
     show_full_result_count = False
+
+    def lookup_allowed(self, lookup, value, request=None) -> bool:
+        # No filter: Django answers any lookup in the query string with 400 (DisallowedModelAdminLookup).
+        return False
 
     def has_add_permission(self, request) -> bool:
         return False

@@ -30,7 +30,7 @@ from ..records.idempotency import repoint
 from ..records.models import KeyedTask
 from ..records.statuses import Status
 from ..records.transitions import Transition
-from ..worker.dispatch import Dispatched, Published, publish, publish_grants
+from ..worker.dispatch import REPUBLISH_DELAY_SECONDS, Dispatched, Published, fail_ticket, publish, publish_grants
 from ..worker.messages import JOIN_HEADER, TaskMessage
 from ..worker.process import current, get_gate
 from ..worker.submit import submit
@@ -405,6 +405,34 @@ def stored_message(row: KeyedTask, app) -> TaskMessage:
             f"the task's is {shown(row.key)}"
         )
     return message
+
+
+def unknown_task(app, name: str, task_id: str, header: Any) -> None:
+    """A worker got a keyed task's message and knows no task ``name``: Celery dropped the message.
+
+    The message goes out again soon, for a worker that may know the task (a deploy under
+    way); once it was dropped ``max_recoveries`` times more (of ``KeyedSerialTask``: the task's
+    own is unknown here), the task fails, naming the cause, and its key moves on. ``header`` is the
+    message's ticket header, as anyone may have written it: only that dispatch of that task's
+    ticket is acted on.
+    """
+    if not (
+        isinstance(header, dict)
+        and isinstance(header.get("key"), str)
+        and all(isinstance(header.get(f), int) and not isinstance(header.get(f), bool) for f in ("ticket", "dispatch"))
+    ):
+        return
+    key, ticket, dispatch = header["key"], header["ticket"], header["dispatch"]
+    drops = get_gate().undelivered(key, ticket, dispatch, delay_seconds=REPUBLISH_DELAY_SECONDS)
+    if drops is None:
+        return  # not that dispatch of a granted ticket: another copy started, or it ended
+    if drops <= KeyedSerialTask.max_recoveries:
+        logger.warning("no worker here knows task %s[%s] key=%r: it is published again", name, task_id, key)
+        return
+    error = f"no worker knows task {name}: its message went out {drops} times and was dropped each time"
+    granted = fail_ticket(key, ticket, task_id, error, dispatch=dispatch)
+    logger.error("keyed queue task %s key=%r ticket=%s: %s", task_id, key, ticket, error)
+    publish_grants(app, granted)
 
 
 def release(key: str, ticket: int, *, by: str = "an operator", app=None) -> list[Recovery]:

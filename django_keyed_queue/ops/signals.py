@@ -13,6 +13,7 @@ from celery.signals import (
     beat_init,
     task_postrun,
     task_revoked,
+    task_unknown,
     worker_init,
     worker_process_shutdown,
     worker_ready,
@@ -35,7 +36,7 @@ from ..worker.reconnect import republish_after_reconnect, tolerate_lost_brpop_on
 from ..worker.run import end_killed_run
 from ..worker.task import KeyedSerialTask
 from .reaper import WorkerReaper
-from .recovery import cancel, withdraw_revoked
+from .recovery import cancel, unknown_task, withdraw_revoked
 
 logger = logging.getLogger(__name__)
 #: Signals that end a pool process: a run terminated with them never finishes by itself.
@@ -110,6 +111,18 @@ def _end_revoked(
         logger.info("keyed task %s was dropped by Celery: %s", request.id, exc)
     except Exception:
         logger.exception("keyed task %s was dropped by Celery; its ticket is kept until the reaper acts", request.id)
+
+
+@task_unknown.connect
+def _unknown_keyed_task(sender=None, message=None, name: str = "", id: str = "", **_: object) -> None:  # noqa: A002
+    """Celery dropped a message of a task this worker does not know: if keyed, its key must not wait for it."""
+    header = (getattr(message, "headers", None) or {}).get(HEADER)
+    if header is None:
+        return
+    try:
+        unknown_task(sender.app, name, id, header)
+    except Exception:
+        logger.exception("keyed task %s[%s] is unknown here; the reaper publishes it again", name, id)
 
 
 @worker_process_shutdown.connect

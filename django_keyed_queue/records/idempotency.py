@@ -14,8 +14,10 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings as django_settings
 from django.db import IntegrityError, connections, router, transaction
 from django.utils import timezone
+from django.utils.crypto import salted_hmac
 from kombu.utils.json import dumps as kombu_json
 
 from ..conf import settings
@@ -36,12 +38,20 @@ def explicit_fingerprint(task_name: str, key: str) -> str:
     return _sha256(json.dumps(["key", task_name, key], ensure_ascii=False))
 
 
-def arguments_digest(task_name: str, arguments: dict[str, Any]) -> str:
-    """What an explicit key's claim remembers of its arguments; '' (not compared) if not JSON-encodable."""
+#: The salt of the arguments' digests: keyed with the project's secret, they tell nothing of the arguments.
+DIGEST_SALT = "django_keyed_queue.idempotency.arguments"
+
+
+def arguments_digests(task_name: str, arguments: dict[str, Any]) -> tuple[str, ...]:
+    """What an explicit key's claim remembers of its arguments: an HMAC-SHA256 keyed with the project's
+    ``SECRET_KEY`` (first, the one stored), then with each of its ``SECRET_KEY_FALLBACKS``, so that a claim
+    made before the secret was rotated still matches; () (not compared) if not JSON-encodable."""
     try:
-        return arguments_fingerprint(task_name, arguments)
+        canonical = _canonical(task_name, arguments)
     except InvalidArguments:
-        return ""
+        return ()
+    secrets = [django_settings.SECRET_KEY, *getattr(django_settings, "SECRET_KEY_FALLBACKS", [])]
+    return tuple(salted_hmac(DIGEST_SALT, canonical, secret=s, algorithm="sha256").hexdigest() for s in secrets)
 
 
 def arguments_fingerprint(task_name: str, arguments: dict[str, Any]) -> str:
@@ -50,13 +60,14 @@ def arguments_fingerprint(task_name: str, arguments: dict[str, Any]) -> str:
     Keyword order does not matter; values of different JSON types (1, 1.0,
     "1", true) stay different.
     """
+    return _sha256(_canonical(task_name, arguments))
+
+
+def _canonical(task_name: str, arguments: dict[str, Any]) -> str:
     try:
-        canonical = kombu_json(
-            ["args", task_name, arguments], sort_keys=True, separators=(",", ":"), ensure_ascii=False
-        )
+        return kombu_json(["args", task_name, arguments], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     except (TypeError, ValueError) as exc:
         raise InvalidArguments(f"{task_name}: idempotent tasks need JSON-encodable arguments: {exc}") from exc
-    return _sha256(canonical)
 
 
 def _sha256(text: str) -> str:
@@ -68,11 +79,14 @@ def database() -> str:
     return router.db_for_write(IdempotencyKey)
 
 
-def claim(fingerprint: str, task_name: str, task_id: str, *, key: str | None = None, arguments: str = "") -> str | None:
+def claim(
+    fingerprint: str, task_name: str, task_id: str, *, key: str | None = None, arguments: tuple[str, ...] = ()
+) -> str | None:
     """Claim ``fingerprint`` for ``task_id``; None if claimed, else the original task's id.
 
-    ``key`` and ``arguments`` (a digest) are given for an explicit key: a claim made with other
-    arguments raises IdempotencyConflict unless ``KEYED_QUEUE_IDEMPOTENCY_CHECK_ARGUMENTS`` is off.
+    ``key`` and ``arguments`` (their digests, see ``arguments_digests``) are given for an explicit key: a
+    claim made with other arguments raises IdempotencyConflict unless ``KEYED_QUEUE_IDEMPOTENCY_CHECK_ARGUMENTS``
+    is off.
     """
     deadline = time.monotonic() + SETTLE_SECONDS
     db = database()
@@ -84,7 +98,7 @@ def claim(fingerprint: str, task_name: str, task_id: str, *, key: str | None = N
                     fingerprint=fingerprint,
                     task_id=task_id,
                     task_name=task_name,
-                    arguments=arguments,
+                    arguments=arguments[0] if arguments else "",
                     created_at=now,
                     expires_at=now + timedelta(seconds=settings.IDEMPOTENCY_TTL_SECONDS),
                 )
@@ -112,8 +126,8 @@ def claim(fingerprint: str, task_name: str, task_id: str, *, key: str | None = N
         time.sleep(0.02)
 
 
-def _differ(stored: str, given: str) -> bool:
-    return bool(stored and given) and stored != given
+def _differ(stored: str, given: tuple[str, ...]) -> bool:
+    return bool(stored and given) and stored not in given
 
 
 def release(fingerprint: str, task_id: str) -> None:

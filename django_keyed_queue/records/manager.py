@@ -139,13 +139,15 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
                 _set_aside(t, exc)
         return waiting
 
-    def settle(self, task_id: str, key: str, ticket: int, status: str, **fields: Any) -> int:
+    def settle(self, task_id: str | None, key: str, ticket: int, status: str, **fields: Any) -> int:
         """Set a submission's status now, whatever it was, unless it already ended (recovery's write).
 
         Recovery knows better than the buffered writes of a worker it gave up on;
-        a record that reached a terminal status keeps it. Returns how many rows changed.
+        a record that reached a terminal status keeps it. ``task_id`` None: the ticket's
+        row, whatever its task (a stored message too malformed to name it). Returns how many rows changed.
         """
-        return self._settle(self.filter(task_id=task_id, key=key, ticket=ticket), status, fields)
+        rows = self.filter(key=key, ticket=ticket)
+        return self._settle(rows if task_id is None else rows.filter(task_id=task_id), status, fields)
 
     def settle_rows(self, pks: Iterable[int], status: str, **fields: Any) -> int:
         """``settle`` for rows an operator's action or a rebuild has in hand."""

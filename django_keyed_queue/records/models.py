@@ -89,7 +89,8 @@ class IdempotencyKey(models.Model):
     fingerprint = models.CharField(_("fingerprint"), max_length=64, unique=True)
     task_id = models.CharField(_("task id"), max_length=TASK_ID_MAX_LENGTH)
     task_name = models.CharField(_("task name"), max_length=TASK_NAME_MAX_LENGTH)
-    #: SHA-256 of the arguments an explicit key was claimed with ('' when not compared).
+    #: HMAC-SHA256, keyed with the project's secret, of the arguments an explicit key was claimed with
+    #: ('' when not compared). Shown nowhere.
     arguments = models.CharField(_("arguments digest"), max_length=64, blank=True, default="")
     created_at = models.DateTimeField(_("created at"))
     expires_at = models.DateTimeField(_("expires at"), db_index=True)
@@ -100,4 +101,4 @@ class IdempotencyKey(models.Model):
         ordering = ["-id"]
 
     def __str__(self) -> str:
-        return f"{self.task_name} {self.fingerprint[:12]} -> {self.task_id}"
+        return f"{self.task_name} -> {self.task_id}"

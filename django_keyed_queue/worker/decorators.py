@@ -65,6 +65,8 @@ def keyed_serial_task(
     def decorate(fun: Callable) -> Any:
         if isinstance(key, str):
             _check_template(fun, key, bound=options.get("bind", False))
+        else:
+            _check_key_function(fun, key, bound=options.get("bind", False))
         serial_key = key if isinstance(key, str) else staticmethod(key)
         ours = {
             "serial_key": serial_key,
@@ -117,7 +119,7 @@ def rate_interval_ms(rate: str | None) -> int:
     if rate is None:
         return 0
     count, _, period = rate.partition("/") if isinstance(rate, str) else ("", "", "")
-    if not (count.isdigit() and int(count) > 0 and period in RATE_PERIODS_MS):
+    if not (count.isascii() and count.isdigit() and int(count) > 0 and period in RATE_PERIODS_MS):
         raise ValueError(f'rate must be "N/s", "N/m" or "N/h" with N a whole number >= 1, got {rate!r}')
     return max(1, round(RATE_PERIODS_MS[period] / int(count)))
 
@@ -184,3 +186,26 @@ def _check_template(fun: Callable, template: str, *, bound: bool) -> None:
                 f"{fun.__qualname__}: key template {template!r} names {root!r}, "
                 f"which is not an argument of the task ({', '.join(sorted(names)) or 'none'})"
             )
+
+
+def _check_key_function(fun: Callable, key: Callable, *, bound: bool) -> None:
+    """Refuse, at import time, a key function that cannot take the task's arguments as a call passes them
+    positionally: all of them, and only the required ones."""
+    try:
+        takes = inspect.signature(key)
+    except (TypeError, ValueError):
+        return  # no signature to read (a builtin): its first submission tells
+    params = list(inspect.signature(fun).parameters.values())[1 if bound else 0 :]
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+        return
+    for given in (params, [p for p in params if p.default is p.empty]):
+        positional = [None for p in given if p.kind is not p.KEYWORD_ONLY]
+        keywords = {p.name: None for p in given if p.kind is p.KEYWORD_ONLY}
+        try:
+            takes.bind(*positional, **keywords)
+        except TypeError as exc:
+            names = ", ".join(p.name for p in given) or "none"
+            raise InvalidKey(
+                f"{fun.__qualname__}: the key function {getattr(key, '__qualname__', key)!r} cannot take the "
+                f"task's arguments ({names}): {exc}"
+            ) from None

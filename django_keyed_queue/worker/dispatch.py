@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from ..conf import settings
 from ..exceptions import MessageRefused
-from ..gate import Grant, Recovery
+from ..gate import Code, Grant, Recovery
 from ..records import submissions
 from ..records.statuses import Status
 from ..records.transitions import Transition
@@ -145,10 +145,19 @@ def publish_grants(app, grants: Iterable[Grant | Recovery]) -> Dispatched:
 def _fail_refused(grant: Grant | Recovery, refused: MessageRefused) -> list[Grant]:
     """Withdraw a ticket whose stored message is refused and fail its task; the tickets granted in its place."""
     logger.error("keyed queue key=%r ticket=%s: %s; the task fails", grant.key, grant.ticket, refused)
-    withdrawn = current().gate.cancel(grant.key, grant.ticket)
-    if refused.task_id != "?":
-        failed = {"finished_at": timezone.now(), "error": str(refused)}
-        submissions.settle(current().gate, refused.task_id, grant.key, grant.ticket, Status.FAILED, **failed)
+    task_id = None if refused.task_id == "?" else refused.task_id  # an envelope not even JSON: the ticket's row
+    return fail_ticket(grant.key, grant.ticket, task_id, str(refused))
+
+
+def fail_ticket(key: str, ticket: int, task_id: str | None, error: str, *, dispatch: int | None = None) -> list[Grant]:
+    """Withdraw a ticket that has not started and whose task cannot run, and record the task failed;
+    the tickets granted in its place. With ``dispatch`` and ``task_id`` only that attempt of that
+    task is withdrawn, else nothing (see ``Gate.cancel``). ``task_id`` None: the ticket's row."""
+    withdrawn = current().gate.cancel(key, ticket, dispatch=dispatch, task_id=task_id if dispatch is not None else None)
+    if withdrawn.code is not Code.OK and dispatch is not None:
+        return []
+    failed = {"finished_at": timezone.now(), "error": error}
+    submissions.settle(current().gate, task_id, key, ticket, Status.FAILED, **failed)
     return withdrawn.granted
 
 

@@ -20,8 +20,10 @@ import redis
 from celery.exceptions import Ignore, Reject
 from django.utils import timezone
 
+from ..exceptions import InvalidArguments, InvalidKey
 from ..gate import Code, FinishResult, Grant, Lease, Outcome, SubmitResult
 from ..records import submissions
+from ..records.columns import shown
 from ..records.statuses import Status
 from ..records.transitions import Transition
 from .dispatch import hand_over, publish, publish_grants, requeue_kept
@@ -77,6 +79,13 @@ class Run:
         process.leases.hold(lease, request.id, attempts)
         return cls(task, lease, attempts)
 
+    def check_key(self, args: tuple, kwargs: dict) -> None:
+        """Raise ``InvalidKey`` if the arguments this run received make another key than its ticket's: the
+        task's key function read something besides them, or an argument changed form in the message."""
+        drift = key_drift(self.task, self.lease.key, args, kwargs)
+        if drift is not None:
+            raise drift
+
     def _transition(self, status: str, **fields: Any) -> Transition:
         """This attempt's record moving to ``status``."""
         request_id = self.task.request.id
@@ -118,7 +127,12 @@ class Run:
         early-acknowledged one is gone, as with a plain task, and the key moves on.
         """
         task, lease = self.task, self.lease
-        requeue = bool(getattr(exc, "requeue", False))  # celery-types' Reject lacks the attribute
+        # celery-types' Reject lacks its attributes.
+        reason, requeue = getattr(exc, "reason", None), bool(getattr(exc, "requeue", False))
+        if isinstance(reason, InvalidKey):
+            # Celery's retry could not be sent (``self.retry`` with arguments of another key): a mistake, not a choice.
+            self.finish(Status.FAILED, error=failure_text(reason))
+            return
         if not (requeue and task.acks_late):
             self.finish(Status.REJECTED, error=failure_text(exc))
             return
@@ -200,6 +214,9 @@ class Run:
         eta = options.get("eta")
         if isinstance(eta, datetime):
             countdown = max(0.0, (eta - timezone.now()).total_seconds())
+        drift = key_drift(task, lease.key, args, kwargs)
+        if drift is not None:
+            raise drift
         options = send_options(task, args, kwargs, options)
         task_id = options.pop("task_id")
 
@@ -219,15 +236,11 @@ class Run:
 
 
 def _start(task: Any, header: dict, args: tuple, kwargs: dict) -> tuple[Lease, int]:
+    """Start the ticket the message's header names. Its arguments may make another key (``Run.key_drift``):
+    the gate starts only the ticket's own message (its task id), so a header copied onto another task's
+    message is dropped, and a run whose own key function drifted fails holding its key."""
     request = task.request
     key, ticket = header["key"], int(header["ticket"])
-    if task.key_for(args, kwargs) != key:
-        # A header copied onto other arguments: never let it take another key's ticket.
-        logger.warning(
-            "refusing message of %s[%s]: its header names key=%r ticket=%s, its arguments another key",
-            task.name, request.id, key, ticket,
-        )  # fmt: skip
-        raise Ignore()
     gate, dispatch = current().gate, int(header["dispatch"])
     started, _ = outlast_restart(
         lambda: gate.start(
@@ -323,6 +336,21 @@ def join(
     elif not submitted.granted:
         current().recorder.record(Transition(request.id, key, submitted.ticket, Status.WAITING, 0, joins=True))
     return key, submitted
+
+
+def key_drift(task: Any, key: str, args: tuple, kwargs: dict) -> InvalidKey | None:
+    """The error of a run of ``key`` whose arguments make another key (or none); None if they make ``key``."""
+    try:
+        made = f"key {shown(task.key_for(args, kwargs))}"
+    except (InvalidKey, InvalidArguments) as exc:
+        made = f"no key ({exc})"
+    if made == f"key {shown(key)}":
+        return None
+    return InvalidKey(
+        f"{task.name}: its ticket is of key {shown(key)}, but its arguments as the worker has them make {made}: "
+        "a key must be a function of the task's arguments alone (no clock, setting or database row), and of "
+        "arguments that keep their form through the message (a tuple arrives as a list, a datetime as text)"
+    )
 
 
 def request_options(request: Any) -> dict:

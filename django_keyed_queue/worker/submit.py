@@ -74,6 +74,8 @@ def checked_key(
 
 def check(task, args: tuple, kwargs: dict, options: dict, idempotency_key: str | None) -> Checked:
     """Everything a submission checks before it writes anything (``KeyedQueueError`` on bad input)."""
+    if task.soft_time_limit and task.time_limit and task.soft_time_limit > task.time_limit:
+        raise ValueError("soft_time_limit must be less than or equal to time_limit")  # as Celery's apply_async
     task_id = options.pop("task_id", None) or uuid()
     check_storable(task, task_id, options)
     options = send_options(task, args, kwargs, options)
@@ -85,7 +87,7 @@ def check(task, args: tuple, kwargs: dict, options: dict, idempotency_key: str |
         fingerprint = idempotency.explicit_fingerprint(task.name, idempotency_key)
         claimed_with = {
             "key": idempotency_key,
-            "arguments": idempotency.arguments_digest(task.name, bound.arguments),
+            "arguments": idempotency.arguments_digests(task.name, bound.arguments),
         }
     elif task.idempotent:
         fingerprint = idempotency.arguments_fingerprint(task.name, bound.arguments)

@@ -159,12 +159,16 @@ class KeyedSerialTask(Task):
         return key
 
     def _bind(self, args: tuple, kwargs: dict) -> inspect.BoundArguments:
+        signature = self._signature
         try:
-            # typing=False: Celery does not check the arguments, and neither do we, beyond what the key needs.
-            bind = self._signature.bind if self.typing else self._signature.bind_partial
-            bound = bind(*args, **kwargs)
+            bound = signature.bind(*args, **kwargs)
         except TypeError as exc:
-            raise InvalidArguments(f"{self.name}: {exc}") from exc
+            if self.typing:
+                raise InvalidArguments(f"{self.name}: {exc}") from exc
+            # typing=False: Celery sends any arguments (the task fails in the worker); we bind only
+            # those the signature takes, for the key.
+            fitting_args, fitting_kwargs = _fitting(signature, args, kwargs)
+            bound = signature.bind_partial(*fitting_args, **fitting_kwargs)
         bound.apply_defaults()
         return bound
 
@@ -186,6 +190,7 @@ class KeyedSerialTask(Task):
         # Celery's request Context takes any attribute; celery-types lists only Celery's own.
         request.keyed_run, request.keyed_lease, request.keyed_attempts = run, run.lease, run.attempts  # type: ignore[attr-defined]
         try:
+            run.check_key(args, kwargs)
             result = self.run(*args, **kwargs)
         except Retry:
             run.let_go()
@@ -226,3 +231,18 @@ class KeyedSerialTask(Task):
             return True  # an eager run (tests) runs inline, without the gate
         run: Run | None = getattr(self.request, "keyed_run", None)
         return run is not None and run.holds_key()
+
+
+def _fitting(signature: inspect.Signature, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The part of a call that ``signature`` takes: extra positional arguments, unknown keywords and
+    keywords given twice are left out."""
+    params = list(signature.parameters.values())
+    kinds = {p.kind for p in params}
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if inspect.Parameter.VAR_POSITIONAL not in kinds:
+        args = args[: len(positional)]
+    taken = {p.name for p in positional[: len(args)]}
+    by_name = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    if inspect.Parameter.VAR_KEYWORD in kinds:
+        return args, {k: v for k, v in kwargs.items() if k not in taken}
+    return args, {k: v for k, v in kwargs.items() if k in by_name and k not in taken}

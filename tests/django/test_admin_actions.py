@@ -192,7 +192,7 @@ def test_task_actions_need_their_own_permission(gate_redis, broker, as_user, act
     client = as_user("vic", *others)
     page = client.get(reverse(CHANGELIST)).content.decode()
     assert f'value="{action}"' not in page
-    act(client, action, row(task))
+    assert act(client, action, row(task)).status_code == 403, "a forced POST is told, not ignored"
     assert KeyedTask.objects.count() == 1 and row(task).status == "failed"
     assert not LogEntry.objects.exists()
     assert published(broker) == [(1, 1)]

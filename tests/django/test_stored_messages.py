@@ -79,3 +79,20 @@ def test_the_admin_s_retry_refuses_a_failed_row_whose_message_is_pickle(gate_red
     with pytest.raises(ActionRefused, match="not in accept_content"):
         recovery.retry(task.id, app=current_app)
     assert not (tmp_path / "ran").exists()
+
+
+def test_a_parked_message_that_is_not_even_json_fails_its_task_by_its_ticket(gate_redis, broker, admin_client):
+    recovery.pause("k")
+    first, second = (step.apply_async(("k", n), queue=QUEUE) for n in (1, 2))
+    write_submission_rows()
+    gate_redis.hset(KeyNames("k").messages, 1, b"\x00not json")
+
+    done = recovery.resume("k")
+    assert (done.published, done.refused) == (1, 1)
+    row = KeyedTask.objects.get(task_id=first.id)
+    assert row.status == "failed" and "its envelope is malformed" in row.error
+    assert [json.loads(m)["headers"]["id"] for m in broker.lrange(QUEUE, 0, -1)] == [second.id]
+    with pytest.raises(ActionRefused, match="is failed"):
+        recovery.cancel(first.id)
+    health = admin_client.get("/keyed-queue/health/").json()
+    assert health["queue_depth"] == 0, health

@@ -12,6 +12,8 @@
   ARGV[5] forget (1 = the submission of this ticket failed before anyone saw it: give
           the ticket number back, and drop the key entirely if it was all there was)
   ARGV[6] 1 = the submission failed: drop its record if its row is not written yet
+  ARGV[7] dispatch: withdraw the ticket only if it is granted with this dispatch ('' = in any state)
+  ARGV[8] task id: withdraw the ticket only if its stored message is this task's ('' = any)
 
   Returns {code, ticket1, dispatch1, message1, ...}
     code 0 OK           withdrawn; the listed tickets are now granted and must be published
@@ -29,6 +31,18 @@ local horizon = tonumber(ARGV[4])
 local forget = ARGV[5] == '1'
 
 local raw = redis.call('HGET', holders_key, ticket)
+if ARGV[7] ~= '' then
+  local holder = raw and decode_holder(raw)
+  if not (holder and holder.state == 'g' and holder.dispatch == tonumber(ARGV[7])) then
+    return {2}
+  end
+end
+if ARGV[8] ~= '' then
+  local ok, stored = pcall(cjson.decode, redis.call('HGET', messages_key, ticket) or '')
+  if not (ok and type(stored) == 'table' and stored.id == ARGV[8]) then
+    return {2}
+  end
+end
 if raw then
   local state = decode_holder(raw).state
   if state == 'r' then

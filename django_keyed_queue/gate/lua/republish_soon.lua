@@ -1,15 +1,18 @@
 --[[
-  A granted ticket's message could not be published (the broker refused it):
-  bring its dispatch deadline forward so the reaper publishes it again soon,
-  instead of after the whole dispatch timeout.
+  A granted ticket's message could not be published (the broker refused it), or a
+  worker dropped it undelivered (it knows no such task): bring its dispatch deadline
+  forward so the reaper publishes it again soon, instead of after the whole
+  dispatch timeout.
 
   KEYS[1] holders
+  KEYS[2] undelivered (optional: count the drop, per ticket, in this HASH)
   ARGV[1] ticket
   ARGV[2] dispatch generation of the message that failed
   ARGV[3] delay before the reaper publishes it again, ms
+  ARGV[4] with KEYS[2]: how long the counts are kept, ms (the idle horizon)
 
-  Returns {code}
-    code 0 OK            its deadline is at most the delay away
+  Returns {code, drops}
+    code 0 OK            its deadline is at most the delay away; drops: the ticket's count (0 uncounted)
     code 2 NOT_GRANTED   the ticket is not granted with that dispatch (it started, ended or moved on)
 ]]
 --- @include "common"
@@ -32,4 +35,9 @@ if deadline < holder.deadline then
   holder.deadline = deadline
   redis.call('HSET', holders_key, ticket, encode_holder(holder))
 end
-return {0}
+local drops = 0
+if KEYS[2] then
+  drops = redis.call('HINCRBY', KEYS[2], ticket, 1)
+  redis.call('PEXPIRE', KEYS[2], ARGV[4])
+end
+return {0, drops}

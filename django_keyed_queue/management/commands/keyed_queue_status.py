@@ -38,7 +38,8 @@ class Command(BaseCommand):
             state = get_gate().inspect(key, waiting_shown=WAITING_SHOWN) if key else None
             get_gate().client.ping()
         self.stdout.write("redis: reachable")
-        if state is not None and not state.last_ticket and not KeyedTask.objects.for_key(state.key).exists():
+        knows = state is not None and (state.last_ticket or state.paused)
+        if state is not None and not knows and not KeyedTask.objects.for_key(state.key).exists():
             raise CommandError(f"no keyed task has the key {key!r}, and the gate holds nothing of it")
         if state is not None:
             self.stdout.write(f"key {key!r}: {'paused' if state.paused else 'active'}, last ticket {state.last_ticket}")

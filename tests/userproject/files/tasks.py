@@ -190,3 +190,16 @@ def order_seen(self, key: str, n: int, order_id: int) -> int:
     log("start", key, n, self.request.id, seen=Order.objects.filter(pk=order_id).exists())
     log("end", key, n, self.request.id)
     return n
+
+
+@keyed_serial_task(key="{pair}", bind=True)
+def pair_step(self, pair: tuple, n: int) -> int:
+    """A key made from a tuple: the producer formats ``(1, 2)``, the worker gets the list ``[1, 2]``."""
+    return logged(self.request.id, str(pair), n, 0.0)
+
+
+@keyed_serial_task(key="{key}", bind=True)
+def retried_elsewhere(self, key: str, n: int) -> int:
+    """Retries with arguments of another key: a mistake, which fails the task where it is made."""
+    log("start", key, n, self.request.id)
+    raise self.retry(args=(f"{key}-other", n), countdown=0)
