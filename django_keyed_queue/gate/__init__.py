@@ -20,6 +20,7 @@ from .results import (
     Submission,
     SubmitResult,
     Unwritten,
+    UnwrittenRecords,
 )
 from .scripts import Code
 
@@ -43,4 +44,5 @@ __all__ = [
     "Submission",
     "SubmitResult",
     "Unwritten",
+    "UnwrittenRecords",
 ]

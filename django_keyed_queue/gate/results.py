@@ -69,6 +69,15 @@ class Unwritten:
 
 
 @dataclass(frozen=True)
+class UnwrittenRecords:
+    """A step of reading kept submission records (see ``Gate.unwritten``)."""
+
+    records: list[Unwritten]
+    #: Keys that keep records this step did not read: read them again once these are written.
+    more: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
 class StartResult:
     code: Code
     token: int = 0

@@ -73,8 +73,8 @@ def write(gate: Gate, keys: Sequence[str], claims: Sequence[tuple[str, int]] = (
     """Write the rows of the records kept for ``keys``, then delete those records and release
     ``claims``; returns how many were written."""
     try:
-        found = gate.unwritten(keys)
-        rows = []
+        step = gate.unwritten(keys)
+        found, rows = step.records, []
         for unwritten in found:
             try:
                 rows.append(transition(unwritten))
@@ -87,12 +87,15 @@ def write(gate: Gate, keys: Sequence[str], claims: Sequence[tuple[str, int]] = (
     except BaseException:
         gate.unclaim_unwritten(claims)  # the next pass, of any writer, tries them again
         raise
-    gate.forget_unwritten(found, claims)
+    # A key that keeps more records than one step reads is due again at once: the next pass writes on.
+    gate.forget_unwritten(found, [c for c in claims if c[0] not in step.more])
+    gate.unclaim_unwritten([c for c in claims if c[0] in step.more])
     return len(rows)
 
 
 def write_key(gate: Gate, key: str) -> int:
-    """Write now the rows of ``key``'s submissions kept in the gate (before acting on its rows)."""
+    """Write now the rows of ``key``'s submissions kept in the gate (before acting on its rows): one
+    step's worth; a deeper key's other records are written by the next pass of any writer."""
     return write(gate, [key])
 
 

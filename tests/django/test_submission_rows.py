@@ -102,3 +102,10 @@ def test_a_failed_database_write_keeps_the_records_for_the_next_writer(gate_redi
     assert gate_redis.zscore(UNWRITTEN.shard_of("k"), "k") == 0, "the failed writer gave its claim back"
     assert write_submission_rows() == 1
     assert KeyedTask.objects.filter(task_id=result.id).exists()
+
+
+def test_a_deep_key_s_rows_are_all_written_a_bounded_step_at_a_time(gate_redis, broker):
+    step.apply_async_many([("deep", n) for n in range(1200)], queue=QUEUE)
+    assert write_submission_rows() == 1200
+    assert KeyedTask.objects.filter(key="deep").count() == 1200
+    assert not index_scores(gate_redis, UNWRITTEN) and not gate_redis.exists(KeyNames("deep").unwritten)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from django_keyed_queue.gate import Submission
 from django_keyed_queue.gate.keys import KeyNames
 
 from ._support import UNWRITTEN, index_scores
@@ -19,7 +20,7 @@ def test_a_submission_keeps_its_record_with_its_ticket_and_indexes_its_key(gate,
     gate.submit("other", b"m3")  # no record: not indexed
 
     assert _index(gate_redis) == {"k": 0}
-    kept = {u.ticket: u for u in gate.unwritten(["k"])}
+    kept = {u.ticket: u for u in gate.unwritten(["k"]).records}
     assert set(kept) == {granted.ticket, parked.ticket}
     assert (kept[granted.ticket].granted, kept[granted.ticket].record, kept[granted.ticket].message) == (
         True,
@@ -40,7 +41,7 @@ def test_a_record_reads_back_without_its_message_once_the_ticket_finished(gate):
     started = gate.start("k", submitted.ticket, 1)
     gate.finish("k", submitted.ticket, started.token)
 
-    [kept] = gate.unwritten(["k"])
+    [kept] = gate.unwritten(["k"]).records
     assert (kept.ticket, kept.record, kept.message) == (submitted.ticket, b"r1", None)
 
 
@@ -52,9 +53,9 @@ def test_claims_are_exclusive_until_released_or_lapsed(gate, gate_redis):
     assert sorted(k for k, _ in claims) == ["a", "b"]
     assert gate.claim_unwritten(claim_seconds=30, batch=10) == [], "a claimed key is passed by"
 
-    gate.forget_unwritten(gate.unwritten(["a", "b"]), claims)
+    gate.forget_unwritten(gate.unwritten(["a", "b"]).records, claims)
     assert _index(gate_redis) == {}
-    assert gate.unwritten(["a", "b"]) == []
+    assert gate.unwritten(["a", "b"]).records == []
     assert gate_redis.exists(KeyNames("a").unwritten, KeyNames("b").unwritten) == 0
 
     gate.submit("c", b"m", record=b"r")
@@ -66,13 +67,13 @@ def test_claims_are_exclusive_until_released_or_lapsed(gate, gate_redis):
 def test_a_submission_during_a_claim_keeps_its_key_indexed(gate, gate_redis):
     gate.submit("k", b"m1", record=b"r1")
     claims = gate.claim_unwritten(claim_seconds=30, batch=10)
-    read = gate.unwritten(["k"])
+    read = gate.unwritten(["k"]).records
     late = gate.submit("k", b"m2", record=b"r2")  # after the writer read, before it forgets
 
     gate.forget_unwritten(read, claims)
 
     assert _index(gate_redis) == {"k": 0}, "the late record must stay findable"
-    assert [u.ticket for u in gate.unwritten(["k"])] == [late.ticket]
+    assert [u.ticket for u in gate.unwritten(["k"]).records] == [late.ticket]
 
 
 def test_batch_bounds_a_claim(gate):
@@ -93,7 +94,7 @@ def test_a_failed_submission_s_cancel_drops_its_record_and_an_operator_s_keeps_i
     assert gate.cancel("k", failed.ticket, failed=True).ok
     assert gate.cancel("k", cancelled.ticket).ok
 
-    assert [u.ticket for u in gate.unwritten(["k"])] == [cancelled.ticket]
+    assert [u.ticket for u in gate.unwritten(["k"]).records] == [cancelled.ticket]
 
 
 def test_a_retried_submission_keeps_one_record(gate):
@@ -101,7 +102,7 @@ def test_a_retried_submission_keeps_one_record(gate):
     again = gate.submit("k", b"m1", task_id="t1", record=b"r1", retried=True)
 
     assert again.ticket == first.ticket
-    assert [(u.ticket, u.record) for u in gate.unwritten(["k"])] == [(first.ticket, b"r1")]
+    assert [(u.ticket, u.record) for u in gate.unwritten(["k"]).records] == [(first.ticket, b"r1")]
 
 
 def test_an_unclaimed_key_is_due_again_at_once_and_a_claim_moved_since_is_left(gate, gate_redis):
@@ -114,3 +115,19 @@ def test_an_unclaimed_key_is_due_again_at_once_and_a_claim_moved_since_is_left(g
 
     assert _index(gate_redis) == {"a": 0, "b": 0}
     assert sorted(k for k, _ in gate.claim_unwritten(claim_seconds=30, batch=10)) == ["a", "b"]
+
+
+def test_a_deep_key_s_records_are_read_a_bounded_step_at_a_time_until_none_is_left(gate):
+    gate.pause("deep")
+    for start in range(0, 3000, 500):
+        gate.submit_many([Submission("deep", b"m", f"t{n}", record=b"r") for n in range(start, start + 500)])
+    [claim] = gate.claim_unwritten(claim_seconds=30, batch=10)
+    step = gate.unwritten(["deep"], per_key=200)
+    assert 0 < len(step.records) <= 400 and step.more == {"deep"}, "about one HSCAN step, not all 3,000"
+    seen: set[int] = set()
+    while step.records:
+        seen |= {u.ticket for u in step.records}
+        gate.forget_unwritten(step.records)
+        step = gate.unwritten(["deep"], per_key=200)
+    assert seen == set(range(1, 3001)) and step.more == frozenset()
+    gate.unclaim_unwritten([claim])

@@ -67,7 +67,7 @@ def test_keys_and_index_shards_spread_over_every_master(gate, cluster):
     assert {cluster.node_for_key(KeyNames(key).meta).port for key in keys} == masters
     used = {gate.deadlines.shard_of(key) for key in keys}
     assert {cluster.node_for_key(shard).port for shard in used} == masters
-    assert {u.key for u in gate.unwritten(keys)} == set(keys)
+    assert {u.key for u in gate.unwritten(keys).records} == set(keys)
 
 
 def test_scripts_lost_by_some_masters_are_loaded_and_each_refused_call_is_sent_once_more(gate, cluster):

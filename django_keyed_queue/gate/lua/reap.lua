@@ -7,7 +7,8 @@
     was lost) has its message published again, same dispatch.
   Then the freed slots are granted to parked tickets. Outcomes of finished
   runs older than the grace (their worker died before writing the record)
-  are handed back to be written; the caller deletes them once written.
+  are handed back to be written, about a hundred per call; the caller deletes
+  them once written.
 
   KEYS[1] meta      KEYS[2] queue      KEYS[3] messages      KEYS[4] holders
   KEYS[5] outcomes
@@ -98,7 +99,13 @@ for _, raw in ipairs(redis.call('HVALS', holders_key)) do
   end
 end
 
-local outcomes = redis.call('HGETALL', KEYS[5])
+-- A step of about a hundred (HSCAN): the work stays bounded however many runs ended while
+-- their records could not be written; the rest are read on the next visits.
+local scanned = redis.call('HSCAN', KEYS[5], 0, 'COUNT', 100)
+local outcomes = scanned[2]
+if scanned[1] ~= '0' and (out[1] < 0 or now < out[1]) then
+  out[1] = now
+end
 for i = 1, #outcomes, 2 do
   local at, record = string.match(outcomes[i + 1], '^(%d+)|(.*)$')
   if tonumber(at) + grace <= now then
