@@ -627,22 +627,31 @@ class Gate:
         logger.debug("republish_soon key=%r ticket=%s code=%s", key, ticket, Code(code).name)
         return int(drops[0]) if Code(code) is Code.OK else None
 
-    def release(self, key: str, ticket: int) -> list[Recovery]:
+    def release(self, key: str, ticket: int, *, dispatch: int | None = None) -> list[Recovery]:
         """Recover ``ticket``'s holder now, as the reaper does when its deadline passes.
 
         A running holder is fenced and re-dispatched (or failed, past its
-        recoveries); a granted one is published again. Any other due holder
-        of the key is recovered too. Empty when ``ticket`` holds no slot.
+        recoveries); a granted one is published again, with its next dispatch. Any
+        other due holder of the key is recovered too. With ``dispatch``, only that
+        dispatch of the ticket is released: a second release of it finds it moved on.
+        The ticket is among the recoveries only if it was released.
         """
-        [reply] = self._pipelined("reap", [self._reap_call(key, release=ticket)], index=key)
+        call = self._reap_call(key, release=ticket, released_dispatch="" if dispatch is None else dispatch)
+        [reply] = self._pipelined("reap", [call], index=key)
         return self._recoveries(key, reply)
 
     def _reap_call(
-        self, key: str, *, dry_run: bool = False, release: int | str = "", republish_before: int | str = ""
+        self,
+        key: str,
+        *,
+        dry_run: bool = False,
+        release: int | str = "",
+        republish_before: int | str = "",
+        released_dispatch: int | str = "",
     ) -> tuple[list[str], list[EncodableT]]:
         names = KeyNames(key)
         args: list[EncodableT] = [self.dispatch_timeout_ms, self.idle_horizon_ms, int(dry_run), self.outcome_grace_ms]
-        return [*names.all(), names.outcomes], [*args, release, republish_before]
+        return [*names.all(), names.outcomes], [*args, release, republish_before, released_dispatch]
 
     @staticmethod
     def _recoveries(key: str, reply: list[Any]) -> list[Recovery]:

@@ -224,7 +224,7 @@ class KeyedTaskAdmin(admin.ModelAdmin):
                 self.log_change(request, task, text)
                 self.message_user(request, f"{task.task_name}[{task.task_id}]: {text}", messages.SUCCESS)
 
-    def _on_key(self, request, action: str, key: str, ticket: int | None = None) -> None:
+    def _on_key(self, request, action: str, key: str, ticket: int | None = None, dispatch: int | None = None) -> None:
         by = _who(request)
         level = messages.SUCCESS
         with self._refusals(request):
@@ -237,7 +237,7 @@ class KeyedTaskAdmin(admin.ModelAdmin):
                 level = messages.WARNING if dispatched.failed or dispatched.refused else level
             else:
                 assert ticket is not None
-                recovery.release(key, ticket, by=by)
+                recovery.release(key, ticket, dispatch=dispatch, by=by)
                 text = f"Ticket {ticket} of key {key!r} released by {by}"
             _log_key(request, key, text)
             self.message_user(request, text, level)
@@ -300,14 +300,15 @@ class KeyedTaskAdmin(admin.ModelAdmin):
         return TemplateResponse(request, "admin/keyed_queue/keys.html", context)
 
     def key_action_view(self, request):
-        action, key, ticket = (request.POST.get(name, "") for name in ("action", "key", "ticket"))
-        # ASCII digits only: "²".isdigit() is True and int("²") raises; a ticket is at most 19 digits (BIGINT).
-        number = ticket.isascii() and ticket.isdigit() and len(ticket) <= 19
-        if action not in ("pause", "resume", "release") or not key or (action == "release" and not number):
+        action, key, ticket, dispatch = (request.POST.get(name, "") for name in ("action", "key", "ticket", "dispatch"))
+        if action not in ("pause", "resume", "release") or not key or (action == "release" and not _number(ticket)):
             return HttpResponseBadRequest("an action (pause, resume, release), a key and, to release, a ticket")
+        if dispatch and not _number(dispatch):
+            return HttpResponseBadRequest("a dispatch is a number")
         if not self._allowed(request, action):
             raise PermissionDenied(f"{request.user} may not {action} keys")
-        self._on_key(request, action, key, int(ticket) if action == "release" else None)
+        release = (int(ticket), int(dispatch) if dispatch else None) if action == "release" else (None, None)
+        self._on_key(request, action, key, *release)
         return HttpResponseRedirect(reverse("admin:keyed_queue_keys"))
 
 
@@ -327,6 +328,11 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request) -> bool:
         return False
+
+
+def _number(text: str) -> bool:
+    """A whole number a BIGINT holds: ASCII digits only ("²".isdigit() is True, and int("²") raises)."""
+    return text.isascii() and text.isdigit() and len(text) <= 18
 
 
 def _keys(queryset) -> list[str]:

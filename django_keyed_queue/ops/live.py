@@ -28,6 +28,7 @@ class HolderRow:
     lease_left: float  # seconds until the reaper may act; negative once overdue
     attempts: int
     task: KeyedTask | None  # None if the record is missing
+    dispatch: int = 1  # what the release button releases: a second click of it finds the ticket moved on
 
     @property
     def overdue(self) -> bool:
@@ -119,7 +120,7 @@ def live_keys(*, limit: int = 100, key: str | None = None) -> tuple[list[KeyStat
     for snapshot in snapshots:
         k = snapshot.key
         holders = [
-            HolderRow(ticket, h.state, h.deadline_in, h.attempts, tasks.get((k, ticket)))
+            HolderRow(ticket, h.state, h.deadline_in, h.attempts, tasks.get((k, ticket)), h.dispatch)
             for ticket, h in sorted(snapshot.holders.items())
         ]
         blocked_by = next((h for h in holders if h.ticket == snapshot.blocked), None)

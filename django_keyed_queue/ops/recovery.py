@@ -435,20 +435,41 @@ def unknown_task(app, name: str, task_id: str, header: Any) -> None:
     publish_grants(app, granted)
 
 
-def release(key: str, ticket: int, *, by: str = "an operator", app=None) -> list[Recovery]:
+#: A release that names no dispatch (a command) refuses a holder dispatched less than this long ago:
+#: the same release repeated, or a worker about to start it.
+RELEASE_GRACE_SECONDS = 10.0
+
+
+def release(key: str, ticket: int, *, dispatch: int | None = None, by: str = "an operator", app=None) -> list[Recovery]:
     """Release a key's stuck holder now, as the reaper does when a lease expires.
 
     Its run is fenced (its lease is gone: ``holds_key()`` is False, its
     renewals fail) and its task is dispatched again, or failed once it used
     its recoveries; a holder whose message was lost has it published again.
+    ``dispatch``: the holder's dispatch as the operator saw it (None: as it is now); a
+    release of a dispatch released already, by a second click or another terminal, is refused.
     """
     app = app or current_app
     gate = get_gate()
-    if gate.inspect(checked_key(key), waiting_shown=0).blocked == ticket:
+    state = gate.inspect(checked_key(key), waiting_shown=0)
+    if state.blocked == ticket:
         raise ActionRefused(f"ticket {ticket} of key {key!r} failed and blocks its key: retry or cancel its task")
-    recoveries = gate.release(key, ticket)
-    if not any(r.ticket == ticket for r in recoveries):
+    holder = state.holders.get(ticket)
+    if holder is None:
         raise ActionRefused(f"ticket {ticket} of key {key!r} holds no slot: it finished or was recovered")
+    since = gate.dispatch_timeout_ms / 1000 - holder.deadline_in  # since it was (re)dispatched, when granted
+    if dispatch is None and holder.state == "granted" and since < RELEASE_GRACE_SECONDS:
+        raise ActionRefused(
+            f"ticket {ticket} of key {key!r} was dispatched {max(since, 0):.1f}s ago and a worker may be starting "
+            f"it: released already? Release it if it has not started in {RELEASE_GRACE_SECONDS:.0f}s"
+        )
+    seen = holder.dispatch if dispatch is None else dispatch
+    recoveries = gate.release(key, ticket, dispatch=seen)
+    if not any(r.ticket == ticket for r in recoveries):
+        raise ActionRefused(
+            f"ticket {ticket} of key {key!r} moved on from dispatch {seen}: it was released, recovered or "
+            "finished meanwhile; look again"
+        )
     for recovery in recoveries:
         _act(app, recovery, reason=f"released by {by}")
     current().recorder.flush()

@@ -43,11 +43,13 @@ def test_release_past_the_recoveries_fails_the_holder_and_grants_the_next(gate):
     assert set(gate.inspect("k").holders) == {parked.ticket}
 
 
-def test_release_of_a_granted_holder_publishes_it_again(gate):
+def test_release_of_a_granted_holder_publishes_it_again_with_its_next_dispatch_once(gate):
     sub = gate.submit("k", b"lost")
-    [recovery] = gate.release("k", sub.ticket)
-    assert (recovery.action, recovery.dispatch) == (RecoveryAction.REPUBLISH, 1)
+    [recovery] = gate.release("k", sub.ticket, dispatch=1)
+    assert (recovery.action, recovery.dispatch) == (RecoveryAction.REPUBLISH, 2), "the lost copy cannot start"
     assert holder(gate, "k", sub.ticket).state == "granted"
+    assert gate.release("k", sub.ticket, dispatch=1) == [], "a second release of dispatch 1 finds it moved on"
+    assert holder(gate, "k", sub.ticket).dispatch == 2
 
 
 def test_release_of_a_ticket_holding_nothing_changes_nothing(gate, gate_redis):

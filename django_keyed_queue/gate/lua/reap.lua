@@ -17,7 +17,10 @@
   ARGV[3] dry run (1 = report what would be done, change nothing)
   ARGV[4] grace of an outcome before the reaper writes it, ms
   ARGV[5] ticket to recover now whatever its deadline ('' = none): an operator
-          releasing a stuck holder
+          releasing a stuck holder; a granted one is published with its next dispatch,
+          so that a second release of the same dispatch is told apart
+  ARGV[7] with ARGV[5]: the dispatch of the ticket the operator released ('' = any):
+          a ticket that moved on since (released already, started again) is left alone
   ARGV[6] server ms: also publish again every granted ticket whose dispatch
           deadline is at or before it ('' = none): grants whose message a
           broker connection lost may have stranded
@@ -38,6 +41,7 @@ local dry_run = ARGV[3] == '1'
 local grace = tonumber(ARGV[4])
 local release = ARGV[5]
 local republish_before = tonumber(ARGV[6]) or -1
+local released_dispatch = tonumber(ARGV[7])
 
 local now = now_ms()
 local out = {-1}
@@ -45,13 +49,17 @@ local freed = false
 local holders = redis.call('HGETALL', holders_key)
 for i = 1, #holders, 2 do
   local ticket, holder = holders[i], decode_holder(holders[i + 1])
-  if holder.state ~= 'b' and (holder.deadline <= now or ticket == release
+  local released = ticket == release and (released_dispatch == nil or released_dispatch == holder.dispatch)
+  if holder.state ~= 'b' and (holder.deadline <= now or released
       or (holder.state == 'g' and holder.deadline <= republish_before)) then
     local message = redis.call('HGET', messages_key, ticket)
     local action
     if holder.state == 'g' then
       action = 'republish'
       holder.deadline = now + dispatch_timeout
+      if released then
+        holder.dispatch = holder.dispatch + 1
+      end
     elseif holder.lost < holder.max_lost then
       action = 'redispatch'
       holder.state, holder.token = 'g', 0

@@ -1,0 +1,113 @@
+"""Operator actions repeated and raced, against each other and against the worker ending the same task:
+each race has exactly one effect, and the losers say why (G8)."""
+
+import json
+import threading
+from collections.abc import Callable
+
+import pytest
+from django.db import connections
+
+from django_keyed_queue.exceptions import ActionRefused
+from django_keyed_queue.gate import Lease
+from django_keyed_queue.ops import recovery
+from django_keyed_queue.records.models import KeyedTask
+from django_keyed_queue.testing import write_submission_rows
+from django_keyed_queue.worker.messages import HEADER
+from django_keyed_queue.worker.process import get_gate
+from testproject.demo.tasks import step
+
+from .conftest import QUEUE
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def race(*actions: Callable[[], object]) -> list[object]:
+    """Run ``actions`` at once, each in a thread of its own; what each returned, or the ActionRefused it raised."""
+    outcomes: list[object] = [None] * len(actions)
+    barrier = threading.Barrier(len(actions))
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            outcomes[i] = actions[i]()
+        except ActionRefused as refused:
+            outcomes[i] = refused
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(actions))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return outcomes
+
+
+def published(broker) -> list[tuple[str, int, int]]:
+    """(task id, ticket, dispatch) of each message on the test queue, oldest first."""
+    messages = [json.loads(raw) for raw in reversed(broker.lrange(QUEUE, 0, -1))]
+    return [(m["headers"]["id"], m["headers"][HEADER]["ticket"], m["headers"][HEADER]["dispatch"]) for m in messages]
+
+
+def refusals(outcomes: list[object]) -> list[str]:
+    return [str(o) for o in outcomes if isinstance(o, ActionRefused)]
+
+
+def test_racing_cancels_of_a_dispatched_task_withdraw_it_once_and_grant_the_next_once(gate_redis, broker):
+    first, second = (step.apply_async(("k", n), queue=QUEUE) for n in (1, 2))
+    write_submission_rows()
+    outcomes = race(*[lambda: recovery.cancel(first.id, by="a terminal")] * 4)
+    assert len(refusals(outcomes)) == 3, outcomes
+    assert published(broker) == [(first.id, 1, 1), (second.id, 2, 1)], "the next task went out once"
+    assert KeyedTask.objects.get(task_id=first.id).status == "cancelled"
+
+
+def test_a_cancel_racing_the_worker_s_start_has_one_effect(gate_redis, broker):
+    task = step.apply_async(("k", 1), queue=QUEUE)
+    write_submission_rows()
+    cancel, start = race(
+        lambda: recovery.cancel(task.id, by="an operator"), lambda: get_gate().start("k", 1, 1, task_id=task.id)
+    )
+    cancelled, started = not isinstance(cancel, ActionRefused), start.ok
+    assert cancelled != started, (cancel, start)
+    if started:
+        assert "started meanwhile" in str(cancel)
+    else:
+        assert KeyedTask.objects.get(task_id=task.id).status == "cancelled" and not get_gate().inspect("k").holders
+
+
+def test_racing_and_repeated_releases_of_a_stuck_holder_dispatch_it_again_once(gate_redis, broker):
+    task = step.apply_async(("k", 1), queue=QUEUE)
+    get_gate().start("k", 1, 1, max_lost=3)
+    # Four clicks of the live page's button, which names the dispatch it showed, and two terminals.
+    clicks = [lambda: recovery.release("k", 1, dispatch=1, by="a click")] * 4
+    outcomes = race(*clicks, *[lambda: recovery.release("k", 1, by="a terminal")] * 2)
+    assert len(refusals(outcomes)) == 5, outcomes
+    with pytest.raises(ActionRefused, match="was dispatched 0.0s ago and a worker may be starting it"):
+        recovery.release("k", 1, by="a terminal, again")
+    assert published(broker) == [(task.id, 1, 1), (task.id, 1, 2)], "dispatched again once"
+
+
+def test_a_release_racing_the_worker_s_finish_has_one_effect(gate_redis, broker):
+    step.apply_async(("k", 1), queue=QUEUE)
+    step.apply_async(("k", 2), queue=QUEUE)
+    token = get_gate().start("k", 1, 1, max_lost=3).token
+    release, finish = race(lambda: recovery.release("k", 1), lambda: get_gate().finish("k", 1, token))
+    released = not isinstance(release, ActionRefused)
+    assert released != finish.ok, (release, finish)
+    holders = get_gate().inspect("k").holders
+    if released:  # the run is fenced: its finish ended nothing, and its ticket runs again
+        assert not get_gate().holds(Lease("k", 1, token)) and holders[1].state == "granted"
+    else:
+        assert ("holds no slot" in str(release) or "moved on" in str(release)) and list(holders) == [2]
+        assert [g.ticket for g in finish.granted] == [2], "the finish passed the key on (its worker publishes it)"
+
+
+def test_racing_resumes_dispatch_once(gate_redis, broker):
+    recovery.pause("k")
+    tasks = [step.apply_async(("k", n), queue=QUEUE) for n in (1, 2)]
+    outcomes = race(*[lambda: recovery.resume("k", by="a terminal")] * 3)
+    assert sorted(refusals(outcomes)) == ["key 'k' is not paused"] * 2, outcomes
+    assert published(broker) == [(tasks[0].id, 1, 1)]
+    assert not get_gate().is_paused("k")
