@@ -156,7 +156,10 @@ class Run:
         # after the finish loses nothing (the reaper writes it).
         end = self._transition(status, finished_at=timezone.now(), error=error)
         if status == Status.FAILED:
-            end.message = self._stored_message()
+            try:
+                end.message = self._stored_message()
+            except Exception:  # what a retry needs is worth less than ending the run
+                logger.warning("%s[%s]: its message is not kept for a retry", task.name, request.id, exc_info=True)
         buffered = process.recorder.peek(end.submission)
         end = buffered.merged_with(end) if buffered else end
         end.outcome_key = lease.key

@@ -10,6 +10,8 @@ import pytest
 from celery import current_app
 from celery.states import FAILURE
 
+from django_keyed_queue.records.models import KeyedTask
+from django_keyed_queue.worker.messages import TaskMessage
 from testproject.demo.tasks import failing_step, flaky_step, plain_step, step, timed_step
 from testproject.servers import QUIET_WORKER_ARGS, Worker
 from tests.helpers import check_history, read_history, wait_for_records, wait_until
@@ -121,6 +123,9 @@ def test_a_handed_off_task_sends_the_task_events_of_its_worker(own_worker, gate_
     assert found[3][:2] == handed_off and found[3][-2:] == ["task-started", "task-succeeded"]
     assert sorted(found[3]) == sorted([*handed_off, "task-retried", *handed_off, "task-succeeded"])
     assert received_by_broker([worker], results) == {results[0].id, results[3].id}
+    # The failure run by handoff keeps what an operator's retry submits again.
+    failed = KeyedTask.objects.get(task_id=results[2].id)
+    assert TaskMessage.decode(failed.message.encode(), ["json"]).args == ("ev", 2)
 
 
 def test_a_long_run_of_handoffs_goes_back_to_the_broker_after_the_budget(workers, gate_redis):
