@@ -488,7 +488,8 @@ class Gate:
         """The submission records kept for ``keys``, with their tickets' messages, in one round trip: about
         ``per_key`` of each key (a bounded step of Redis' work); ``more`` names the keys that keep others."""
         calls: list[tuple[Sequence[str], Sequence[EncodableT]]] = [
-            ([KeyNames(key).unwritten, KeyNames(key).messages], [per_key]) for key in keys
+            ([(names := KeyNames(key)).unwritten, names.messages, names.scan_cursors], [per_key, self.idle_horizon_ms])
+            for key in keys
         ]
         found, more = [], set()
         for key, (left, *flat) in zip(keys, self._pipelined("unwritten", calls), strict=True):
@@ -651,7 +652,7 @@ class Gate:
     ) -> tuple[list[str], list[EncodableT]]:
         names = KeyNames(key)
         args: list[EncodableT] = [self.dispatch_timeout_ms, self.idle_horizon_ms, int(dry_run), self.outcome_grace_ms]
-        return [*names.all(), names.outcomes], [*args, release, republish_before, released_dispatch]
+        return [*names.all(), names.outcomes, names.scan_cursors], [*args, release, republish_before, released_dispatch]
 
     @staticmethod
     def _recoveries(key: str, reply: list[Any]) -> list[Recovery]:

@@ -102,6 +102,11 @@ class KeyNames:
         return f"{self.base}:unwritten"
 
     @property
+    def scan_cursors(self) -> str:
+        """HASH what is scanned ("unwritten", "outcomes") -> where its last bounded step stopped."""
+        return f"{self.base}:scan_cursors"
+
+    @property
     def undelivered(self) -> str:
         """HASH ticket -> how many times a worker dropped its message undelivered (it knew no such task)."""
         return f"{self.base}:undelivered"

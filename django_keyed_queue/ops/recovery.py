@@ -189,7 +189,8 @@ def rebuild(*, dry_run: bool = False, app=None) -> RebuildReport:
         by_key.setdefault(row.key, []).append(row)
     for key, rows in by_key.items():
         restorable = [r for r in rows if _restorable(r, app)]
-        report.unrecoverable += [r.task_id for r in rows if r not in restorable]
+        kept = {r.pk for r in restorable}
+        report.unrecoverable += [r.task_id for r in rows if r.pk not in kept]
         waiting = [(r.ticket, r.message.encode()) for r in restorable]
         if not waiting:
             continue

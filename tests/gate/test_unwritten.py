@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from django_keyed_queue.gate import Submission
+from django_keyed_queue.gate import RecoveryAction, Submission
 from django_keyed_queue.gate.keys import KeyNames
 
 from ._support import UNWRITTEN, index_scores
@@ -119,15 +119,34 @@ def test_an_unclaimed_key_is_due_again_at_once_and_a_claim_moved_since_is_left(g
 
 def test_a_deep_key_s_records_are_read_a_bounded_step_at_a_time_until_none_is_left(gate):
     gate.pause("deep")
-    for start in range(0, 3000, 500):
+    for start in range(0, 20_000, 500):
         gate.submit_many([Submission("deep", b"m", f"t{n}", record=b"r") for n in range(start, start + 500)])
     [claim] = gate.claim_unwritten(claim_seconds=30, batch=10)
-    step = gate.unwritten(["deep"], per_key=200)
-    assert 0 < len(step.records) <= 400 and step.more == {"deep"}, "about one HSCAN step, not all 3,000"
+    step = gate.unwritten(["deep"], per_key=500)
+    assert 0 < len(step.records) <= 1000 and step.more == {"deep"}, "about one HSCAN step, not all 20,000"
     seen: set[int] = set()
-    while step.records:
+    steps = 0
+    while step.more:
         seen |= {u.ticket for u in step.records}
-        gate.forget_unwritten(step.records)
-        step = gate.unwritten(["deep"], per_key=200)
-    assert seen == set(range(1, 3001)) and step.more == frozenset()
+        gate.forget_unwritten(step.records)  # as a writer does: what a step read is deleted
+        step = gate.unwritten(["deep"], per_key=500)
+        steps += 1
+        assert steps < 200, "each step goes on where the last stopped: it never stalls on emptied buckets"
+    seen |= {u.ticket for u in step.records}
+    assert seen == set(range(1, 20_001))
     gate.unclaim_unwritten([claim])
+
+
+def test_a_reap_reads_a_key_s_unwritten_outcomes_a_bounded_step_at_a_time(make_gate, gate_redis):
+    gate = make_gate(outcome_grace_seconds=0)
+    gate_redis.hset(KeyNames("k").outcomes, mapping={f"t{n}#1": f"1|outcome {n}" for n in range(5000)})
+    gate.submit("k", b"m")  # the key is indexed for the reaper
+    seen: set[bytes] = set()
+    for _ in range(500):
+        found = [r for r in gate.release("k", 999) if r.action is RecoveryAction.OUTCOME]
+        assert len(found) <= 300, "a visit reads about a hundred, not all 5,000"
+        seen |= {r.message for r in found}
+        gate.forget_outcomes([("k", m.decode().replace("outcome ", "t") + "#1") for m in {r.message for r in found}])
+        if len(seen) == 5000:
+            break
+    assert len(seen) == 5000

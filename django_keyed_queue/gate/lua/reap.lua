@@ -11,7 +11,7 @@
   them once written.
 
   KEYS[1] meta      KEYS[2] queue      KEYS[3] messages      KEYS[4] holders
-  KEYS[5] outcomes
+  KEYS[5] outcomes  KEYS[6] scan cursors
   ARGV[1] dispatch timeout, ms
   ARGV[2] idle horizon, ms
   ARGV[3] dry run (1 = report what would be done, change nothing)
@@ -108,10 +108,9 @@ for _, raw in ipairs(redis.call('HVALS', holders_key)) do
 end
 
 -- A step of about a hundred (HSCAN): the work stays bounded however many runs ended while
--- their records could not be written; the rest are read on the next visits.
-local scanned = redis.call('HSCAN', KEYS[5], 0, 'COUNT', 100)
-local outcomes = scanned[2]
-if scanned[1] ~= '0' and (out[1] < 0 or now < out[1]) then
+-- their records could not be written; the rest are read on the next visits, soon.
+local outcomes, more = scan_step(KEYS[5], KEYS[6], 'outcomes', 100, horizon, dry_run)
+if more and (out[1] < 0 or now < out[1]) then
   out[1] = now
 end
 for i = 1, #outcomes, 2 do

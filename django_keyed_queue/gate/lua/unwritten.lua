@@ -1,19 +1,21 @@
 --[[
   The submission records of a key whose rows are not written yet, each with
   the ticket's stored message (false once the ticket finished or was withdrawn):
-  about ARGV[1] of them (one HSCAN step), so the call's work never grows with
-  the key's depth; the caller asks again for the rest once it wrote these.
+  about ARGV[1] of them (one HSCAN step, going on where the last step stopped), so
+  the call's work never grows with the key's depth; the caller deletes the records
+  it wrote, and asks again for the rest.
 
-  KEYS[1] unwritten      KEYS[2] messages
+  KEYS[1] unwritten      KEYS[2] messages      KEYS[3] scan cursors
   ARGV[1] about how many records to read (HSCAN's COUNT)
+  ARGV[2] how long a scan's cursor is kept, ms
 
-  Returns {more, ticket1, record1, message1, ticket2, ...}; more is 1 if the key keeps
+  Returns {more, ticket1, record1, message1, ticket2, ...}; more is 1 if the key may keep
   records not returned, else 0; a record is "<d or w>|<server ms>|<record>" as submit keeps it.
 ]]
+--- @include "common"
 
-local scanned = redis.call('HSCAN', KEYS[1], 0, 'COUNT', tonumber(ARGV[1]))
-local records = scanned[2]
-local out = {scanned[1] == '0' and 0 or 1}
+local records, more = scan_step(KEYS[1], KEYS[3], 'unwritten', tonumber(ARGV[1]), tonumber(ARGV[2]), false)
+local out = {more and 1 or 0}
 for i = 1, #records, 2 do
   out[#out + 1] = records[i]
   out[#out + 1] = records[i + 1]

@@ -123,6 +123,27 @@ local function grant_waiting(meta_key, queue_key, messages_key, holders_key, lim
   return out
 end
 
+-- One step of an HSCAN of `hash_key` (about `count` fields) that goes on where the last step of
+-- `name` stopped, its cursor kept in `cursors_key` for `keep_ms`: the caller deletes what it read,
+-- and steps that always began at cursor 0 would soon find only emptied buckets. Returns the
+-- fields and values read, and whether the hash may hold others (the scan goes on, or it ended
+-- with fields it did not return: added during it, they are read by the next scan, from 0).
+-- `peek`: keep the cursor where it was (a dry run changes nothing).
+local function scan_step(hash_key, cursors_key, name, count, keep_ms, peek)
+  local scanned = redis.call('HSCAN', hash_key, redis.call('HGET', cursors_key, name) or '0', 'COUNT', count)
+  local found, ended = scanned[2], scanned[1] == '0'
+  if peek then
+    return found, not ended or redis.call('HLEN', hash_key) > #found / 2
+  end
+  if ended then
+    redis.call('HDEL', cursors_key, name)
+    return found, redis.call('HLEN', hash_key) > #found / 2
+  end
+  redis.call('HSET', cursors_key, name, scanned[1])
+  redis.call('PEXPIRE', cursors_key, keep_ms)
+  return found, true
+end
+
 -- A drained key keeps only its counters, and those only for `horizon_ms`.
 local function expire_if_idle(meta_key, queue_key, holders_key, horizon_ms)
   if redis.call('HLEN', holders_key) == 0 and redis.call('LLEN', queue_key) == 0 then
