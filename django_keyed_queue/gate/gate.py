@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -43,6 +44,12 @@ from .scripts import SCRIPT_NAMES, Code, ms_to_seconds, seconds_to_ms, source
 from .transport import Command, NotSent, ReplicasBehind, Replication, transport_for
 
 logger = logging.getLogger(__name__)
+
+#: How many tickets one call of a rebuild stages: each call's work stays bounded however deep the key
+#: (one call for 100,000 tickets held Redis 1.3 s).
+REBUILD_CHUNK = 500
+#: How long a rebuild's staging is kept if the rebuild never ends (its process died).
+STAGING_SECONDS = 3600.0
 
 #: About how many of one key's kept submission records one ``unwritten`` call reads: Redis' work per
 #: call stays bounded however deep the key (100,000 parked once took one call 484 ms).
@@ -533,10 +540,15 @@ class Gate:
         Returns the tickets granted at once; ``Code.EXISTS`` if the key has
         any state in Redis (nothing is changed then).
         """
+        names = KeyNames(key)
+        staged = names.staged(uuid.uuid4().hex)  # this rebuild's own: two racing rebuilds never mix
+        for start in range(0, len(waiting), REBUILD_CHUNK):
+            chunk: list[EncodableT] = [seconds_to_ms(STAGING_SECONDS)]
+            for ticket, message in waiting[start : start + REBUILD_CHUNK]:
+                chunk += [ticket, message]
+            self._call("stage_rebuild", staged, chunk)
         args: list[EncodableT] = [last_ticket, limit, self.dispatch_timeout_ms]
-        for ticket, message in waiting:
-            args += [ticket, message]
-        reply = self._call_and_index("rebuild", key, KeyNames(key).all(), args)
+        reply = self._call_and_index("rebuild", key, [*names.all(), *staged], args)
         return FinishResult(Code(reply[0]), self._grants(key, reply[1:]))
 
     def holds(self, lease: Lease) -> bool:

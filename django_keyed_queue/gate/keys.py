@@ -126,6 +126,10 @@ class KeyNames:
         """The generation of :attr:`recent` before the current one."""
         return f"{self.base}:recent:older"
 
+    def staged(self, rebuild: str) -> list[str]:
+        """The queue (LIST) and messages (HASH) a rebuild, named ``rebuild``, stages before they become the key's."""
+        return [f"{self.base}:rebuild:{rebuild}:queue", f"{self.base}:rebuild:{rebuild}:messages"]
+
     def all(self) -> list[str]:
         return [self.meta, self.queue, self.messages, self.holders]
 
