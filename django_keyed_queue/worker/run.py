@@ -217,9 +217,7 @@ class Run:
         eta = options.get("eta")
         if isinstance(eta, datetime):
             countdown = max(0.0, (eta - timezone.now()).total_seconds())
-        drift = key_drift(task, lease.key, args, kwargs)
-        if drift is not None:
-            raise drift
+        self.check_key(args, kwargs)  # a retry of another key's arguments would run outside its key
         options = send_options(task, args, kwargs, options)
         task_id = options.pop("task_id")
 
@@ -239,7 +237,7 @@ class Run:
 
 
 def _start(task: Any, header: dict, args: tuple, kwargs: dict) -> tuple[Lease, int]:
-    """Start the ticket the message's header names. Its arguments may make another key (``Run.key_drift``):
+    """Start the ticket the message's header names. Its arguments may make another key (``Run.check_key``):
     the gate starts only the ticket's own message (its task id), so a header copied onto another task's
     message is dropped, and a run whose own key function drifted fails holding its key."""
     request = task.request
