@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 
 #: How many tickets one call of a rebuild stages: each call's work stays bounded however deep the key
 #: (one call for 100,000 tickets held Redis 1.3 s).
-REBUILD_CHUNK = 500
+REBUILD_CHUNK = 200
 #: How long a rebuild's staging is kept if the rebuild never ends (its process died).
 STAGING_SECONDS = 3600.0
 

@@ -194,7 +194,8 @@ class KeySnapshot:
     #: The last fencing token given (0: none in this epoch of the key).
     last_token: int
     paused: bool
-    #: The ticket that failed and blocks the key (``on_failure="block"``), else None.
+    #: A ticket that failed and blocks the key (``on_failure="block"``), else None; a key of limit 2 or
+    #: more may have others (see :meth:`blocks`).
     blocked: int | None
     #: The oldest waiting tickets, as many as were asked for.
     waiting: list[int]
@@ -206,3 +207,8 @@ class KeySnapshot:
     messages: int
     #: Seconds until the idle key's counters expire; None while the key has work (or no state).
     idle_expires_in: float | None
+
+    def blocks(self, ticket: int) -> bool:
+        """Whether ``ticket`` failed for good and keeps its slot, blocking the key."""
+        holder = self.holders.get(ticket)
+        return holder is not None and holder.state == "blocked"

@@ -453,7 +453,7 @@ def release(key: str, ticket: int, *, dispatch: int | None = None, by: str = "an
     app = app or current_app
     gate = get_gate()
     state = gate.inspect(checked_key(key), waiting_shown=0)
-    if state.blocked == ticket:
+    if state.blocks(ticket):
         raise ActionRefused(f"ticket {ticket} of key {key!r} failed and blocks its key: retry or cancel its task")
     holder = state.holders.get(ticket)
     if holder is None:
@@ -482,7 +482,7 @@ def _blocks_its_key(row: KeyedTask) -> bool:
     """Whether ``row``'s task failed and keeps its key held (``on_failure="block"``)."""
     if row.status != Status.FAILED or row.ticket is None:
         return False
-    return get_gate().inspect(row.key, waiting_shown=0).blocked == row.ticket
+    return get_gate().inspect(row.key, waiting_shown=0).blocks(row.ticket)
 
 
 def _unblock(row: KeyedTask, *, retry: bool, app) -> None:

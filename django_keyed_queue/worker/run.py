@@ -182,7 +182,7 @@ class Run:
             # The first try may have gone through, its reply lost: then the ticket is done, or it
             # blocks its key.
             snapshot = gate.inspect(lease.key, waiting_shown=0)
-            if snapshot.blocked == lease.ticket:
+            if snapshot.blocks(lease.ticket):
                 finished = FinishResult(Code.BLOCKED)
             elif lease.ticket not in snapshot.holders:
                 logger.warning("finish of key=%r ticket=%s was applied before Redis went away", lease.key, lease.ticket)

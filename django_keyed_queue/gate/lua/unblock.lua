@@ -24,7 +24,7 @@ local raw = redis.call('HGET', holders_key, ticket)
 if not raw or decode_holder(raw).state ~= 'b' then
   return {2}
 end
-redis.call('HDEL', meta_key, 'blocked')
+reblock(meta_key, holders_key, ticket)
 local now = now_ms()
 if ARGV[2] == '1' then
   local holder = decode_holder(raw)

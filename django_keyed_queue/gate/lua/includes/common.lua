@@ -13,8 +13,8 @@
   max_lost  how many lost leases are re-dispatched; the next one fails the ticket
   block     1 = its task's policy on failure is "block" (set when it starts); absent = 0
 
-  A blocked key has "blocked" = its blocked ticket in meta, and grants nothing
-  until an operator retries that ticket or cancels it (unblock.lua).
+  A blocked key has "blocked" = a blocked ticket in meta, and grants nothing
+  until an operator retries or cancels every ticket that blocks it (unblock.lua).
 ]]
 
 local function now_ms()
@@ -102,6 +102,19 @@ local function block_ticket(meta_key, holders_key, ticket, holder)
   holder.state, holder.token, holder.deadline = 'b', 0, 0
   redis.call('HSET', holders_key, ticket, encode_holder(holder))
   redis.call('HSET', meta_key, 'blocked', ticket)
+end
+
+-- The key's blocked mark once `ticket` no longer blocks it: another of its holders that failed for
+-- good and keeps its slot (a key of limit 2 or more may have several), else none.
+local function reblock(meta_key, holders_key, ticket)
+  local holders = redis.call('HGETALL', holders_key)  -- at most the key's limit
+  for i = 1, #holders, 2 do
+    if holders[i] ~= ticket and decode_holder(holders[i + 1]).state == 'b' then
+      redis.call('HSET', meta_key, 'blocked', holders[i])
+      return
+    end
+  end
+  redis.call('HDEL', meta_key, 'blocked')
 end
 
 -- Grant parked tickets, oldest first, while the key has a free slot and is
