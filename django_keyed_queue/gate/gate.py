@@ -348,27 +348,30 @@ class Gate:
         failed: bool = False,
         dispatch: int | None = None,
         task_id: str | None = None,
+        failed_for_good: bool = False,
     ) -> FinishResult:
         """Withdraw a ticket that has not started; returns tickets granted in its place.
 
         ``limit`` None: the key's own, as its submissions set it. ``dispatch`` and ``task_id``
         name the attempt withdrawn: a ticket not granted with that dispatch, or whose stored
-        message is another task's, is left as it is (``Code.NOT_GRANTED``).
+        message is another task's, is left as it is (``Code.NOT_GRANTED``). ``failed_for_good``:
+        its task failed without starting; a granted ticket whose stored message says its task
+        blocks its key on failure is blocked instead (``Code.BLOCKED``).
 
         ``failed=True`` is for a submission that failed: its record is dropped if
         its row is not written yet. ``forget=True`` (implies ``failed``) when it failed
         before anyone saw its ticket: the ticket number is given back when it was the last one taken.
         """
         names = KeyNames(key)
-        reply = self._call_and_index(
-            "cancel",
-            key,
-            [*names.all(), names.recent, names.recent_older, names.unwritten],
-            [
-                ticket, "" if limit is None else limit, self.dispatch_timeout_ms, self.idle_horizon_ms,
-                int(forget), int(failed or forget), "" if dispatch is None else dispatch, task_id or "",
-            ],
-        )  # fmt: skip
+        keys = [*names.all(), names.recent, names.recent_older, names.unwritten]
+        args: list[EncodableT] = [
+            ticket, "" if limit is None else limit, self.dispatch_timeout_ms, self.idle_horizon_ms,
+            int(forget), int(failed or forget), "" if dispatch is None else dispatch, task_id or "",
+            int(failed_for_good),
+        ]  # fmt: skip
+        # A ticket blocked now is listed among blocked_keys() in the same round trip, as finish's.
+        listed: list[Command] = [("SADD", BLOCKED_KEYS, key)] if failed_for_good else []
+        [reply] = self._pipelined("cancel", [(keys, args)], index=key, also=listed)
         result = FinishResult(Code(reply[0]), self._grants(key, reply[1:]))
         logger.debug("cancel key=%r ticket=%s code=%s", key, ticket, result.code.name)
         return result

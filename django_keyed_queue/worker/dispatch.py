@@ -152,9 +152,15 @@ def _fail_refused(grant: Grant | Recovery, refused: MessageRefused) -> list[Gran
 def fail_ticket(key: str, ticket: int, task_id: str | None, error: str, *, dispatch: int | None = None) -> list[Grant]:
     """Withdraw a ticket that has not started and whose task cannot run, and record the task failed;
     the tickets granted in its place. With ``dispatch`` and ``task_id`` only that attempt of that
-    task is withdrawn, else nothing (see ``Gate.cancel``). ``task_id`` None: the ticket's row."""
-    withdrawn = current().gate.cancel(key, ticket, dispatch=dispatch, task_id=task_id if dispatch is not None else None)
-    if withdrawn.code is not Code.OK and dispatch is not None:
+    task is withdrawn, else nothing (see ``Gate.cancel``); such a task failed for good, and on a key
+    whose submissions block on failure its ticket blocks the key instead. ``task_id`` None: the ticket's row."""
+    named = dispatch is not None
+    withdrawn = current().gate.cancel(
+        key, ticket, dispatch=dispatch, task_id=task_id if named else None, failed_for_good=named
+    )
+    if withdrawn.code is Code.BLOCKED and named:
+        error += "; it blocks its key until an operator retries or cancels it"
+    elif withdrawn.code is not Code.OK and named:
         return []
     failed = {"finished_at": timezone.now(), "error": error}
     submissions.settle(current().gate, task_id, key, ticket, Status.FAILED, **failed)

@@ -68,8 +68,12 @@ class TaskMessage:
     #: The message as Celery built it in the process that sent it (None: not built yet; see ``sending``).
     sent: dict | None = None
 
-    def encode(self, default_serializer: str) -> bytes:
-        """The stored form, encoded with the serializer the message goes with (else ``default_serializer``)."""
+    def encode(self, default_serializer: str, *, blocks: bool = False) -> bytes:
+        """The stored form, encoded with the serializer the message goes with (else ``default_serializer``).
+
+        ``blocks``: its task blocks its key when it fails for good (``on_failure="block"``), said in the
+        envelope for the gate, which blocks the key if no worker knows the task (see ``Gate.cancel``).
+        """
         payload = {"args": list(self.args), "kwargs": self.kwargs, "options": self.options}
         serializer = self.options.get("serializer") or default_serializer
         if self.sent is not None:
@@ -90,6 +94,7 @@ class TaskMessage:
             "content_type": content_type,
             "encoding": encoding,
             "body": base64.b64encode(body).decode("ascii"),
+            **({"on_failure": "block"} if blocks else {}),
         }
         return json.dumps(envelope, separators=(",", ":")).encode()
 

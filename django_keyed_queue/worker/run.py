@@ -172,7 +172,7 @@ class Run:
                     lease.token,
                     limit=task.serial_limit,
                     outcome=outcome,
-                    block=status == Status.FAILED and blocks(task),
+                    block=status == Status.FAILED and task.blocks_on_failure,
                 )  # fmt: skip
             )
         except redis.RedisError:
@@ -222,7 +222,7 @@ class Run:
         task_id = options.pop("task_id")
 
         def to_gate(message: TaskMessage, send_now: Callable[[dict], None]) -> None:
-            gate, stored = current().gate, message.encode(task.serializer)
+            gate, stored = current().gate, message.encode(task.serializer, blocks=task.blocks_on_failure)
             dispatch, _ = outlast_restart(
                 lambda: gate.retry(lease.key, lease.ticket, lease.token, stored, countdown_seconds=countdown)
             )
@@ -249,7 +249,7 @@ def _start(task: Any, header: dict, args: tuple, kwargs: dict) -> tuple[Lease, i
             ticket,
             dispatch,
             max_lost=task.max_recoveries,
-            block=blocks(task),
+            block=task.blocks_on_failure,
             task_id=request.id,
             interval_ms=task.serial_interval_ms,
         )  # fmt: skip
@@ -323,14 +323,14 @@ def join(
         current().gate,
         task.name,
         key,
-        message.encode(task.serializer),
+        message.encode(task.serializer, blocks=task.blocks_on_failure),
         task_id=request.id,
         wait_out_outage=wait_out_outage,
         limit=task.serial_limit,
         start=start,
         join_id=join_id,
         max_lost=task.max_recoveries,
-        block=blocks(task),
+        block=task.blocks_on_failure,
     )
     if submitted is None:
         logger.info("dropping duplicate of %s[%s] key=%r", task.name, request.id, key)
@@ -361,11 +361,6 @@ def request_options(request: Any) -> dict:
     if routing.get("routing_key"):
         options.setdefault("queue", routing["routing_key"])
     return options
-
-
-def blocks(task: Any) -> bool:
-    """Whether a failure for good of ``task`` keeps its key held (``on_failure="block"``)."""
-    return bool(task.serial_on_failure == "block")
 
 
 def failure_text(exc: BaseException) -> str:

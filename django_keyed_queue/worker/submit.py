@@ -354,7 +354,7 @@ def _queue_full(task, full: QueueFull, submission: Submission, then: str = "") -
 
 def _row(task, key: str, message: TaskMessage, options: dict) -> dict:
     """The submission's record, its stored message encoded (refused if too large)."""
-    encoded = message.encode(task.serializer)
+    encoded = message.encode(task.serializer, blocks=task.blocks_on_failure)
     limit = settings.MAX_MESSAGE_BYTES
     if limit and len(encoded) > limit:
         raise InvalidArguments(

@@ -51,6 +51,12 @@ class KeyedSerialTask(Task):
     #: Most tasks that may wait behind one key; a submission past it raises KeyQueueFull.
     #: None: ``KEYED_QUEUE_MAX_WAITING`` (no limit unless set).
     max_waiting: int | None = None
+
+    @property
+    def blocks_on_failure(self) -> bool:
+        """Whether a failure for good keeps the key held (``on_failure="block"``)."""
+        return self.serial_on_failure == "block"
+
     #: The worker's request: ends the attempt its hard time limit kills, and only that one.
     Request = "django_keyed_queue.worker.request:KeyedRequest"
 

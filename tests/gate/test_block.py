@@ -1,6 +1,8 @@
 """``on_failure="block"`` in the gate: a ticket that failed for good keeps its slot, and its key grants
 nothing until ``unblock`` runs it again first or withdraws it."""
 
+import json
+
 import pytest
 
 from django_keyed_queue.gate import Code, Lease, RecoveryAction
@@ -121,3 +123,16 @@ def test_a_run_killed_on_purpose_blocks_the_key_once_its_grace_passed(gate):
 
     [recovery] = wait_until(lambda: gate.reap()[1], timeout=5, message="the grace to pass")
     assert (recovery.action, gate.inspect("k").blocked) == (RecoveryAction.BLOCK, ticket), "no recovery, a block"
+
+
+def test_a_granted_ticket_whose_task_failed_unstarted_blocks_its_key_if_its_message_says_so(gate):
+    blocking = json.dumps({"task": "t", "id": "a", "on_failure": "block"}).encode()
+    first = gate.submit("k", blocking, task_id="a")
+    second = gate.submit("k", b"m2", task_id="b")
+    other = gate.submit("j", json.dumps({"task": "t", "id": "c"}).encode(), task_id="c")
+    assert gate.cancel("k", first.ticket, dispatch=1, task_id="a", failed_for_good=True).code is Code.BLOCKED
+    state = gate.inspect("k")
+    assert (state.blocked, list(state.holders), state.waiting) == (first.ticket, [first.ticket], [second.ticket])
+    assert "k" in gate.blocked_keys()
+    done = gate.cancel("j", other.ticket, dispatch=1, task_id="c", failed_for_good=True)
+    assert done.code is Code.OK and not gate.inspect("j").holders, "a task that does not block is withdrawn"

@@ -3,6 +3,7 @@ a key function that is not a function of the arguments as the worker gets them, 
 another key, and a task no worker knows (G3)."""
 
 import json
+import time
 
 import pytest
 
@@ -48,19 +49,41 @@ def test_a_retry_with_arguments_of_another_key_fails_where_it_is_made(make_proje
     assert "r-other" not in {e["key"] for e in project.history()}, "no retry was sent"
 
 
-def test_a_task_no_worker_knows_fails_after_its_recoveries_and_the_key_moves_on(make_project):
-    project = make_project(KEYED_QUEUE_REAP_INTERVAL_SECONDS=1)
-    project.worker("a")
-    # Registered in the producer only, as a task of a release the workers do not run yet.
+def submit_unknown_then_known(project, on_failure: str) -> tuple[str, str]:
+    """A task registered in the producer only (a release the workers do not run yet), then a known one,
+    on key ``g``: their task ids."""
     code = (
         "import json\n"
         "from django_keyed_queue import keyed_serial_task\n"
         "from shop import tasks\n"
         "def ghost(key): pass\n"
-        "ghost = keyed_serial_task(key='{key}', name='shop.tasks.ghost')(ghost)\n"
+        f"ghost = keyed_serial_task(key='{{key}}', name='shop.tasks.ghost', on_failure={on_failure!r})(ghost)\n"
         "print(json.dumps([ghost.delay('g').id, tasks.step.delay('g', 2).id]))"
     )
     ghost, after = json.loads(project.manage("shell", "-c", code).stdout.splitlines()[-1])
+    return ghost, after
+
+
+def test_a_task_no_worker_knows_fails_after_its_recoveries_and_the_key_moves_on(make_project):
+    project = make_project(KEYED_QUEUE_REAP_INTERVAL_SECONDS=1)
+    project.worker("a")
+    ghost, after = submit_unknown_then_known(project, "continue")
     rows = ended(project, [ghost, after])
     assert rows[ghost]["status"] == "failed" and rows[after]["status"] == "succeeded"
     assert "no worker knows task shop.tasks.ghost: its message went out 4 times" in rows[ghost]["error"]
+
+
+def test_a_task_no_worker_knows_keeps_a_blocking_key_held_until_an_operator_acts(make_project):
+    project = make_project(KEYED_QUEUE_REAP_INTERVAL_SECONDS=1)
+    project.worker("a")
+    ghost, after = submit_unknown_then_known(project, "block")
+    wait_until(lambda: project.rows().get(ghost, {}).get("status") == "failed", 30, 0.1, "the unknown task's failure")
+    assert "it blocks its key until an operator retries or cancels it" in project.rows()[ghost]["error"]
+    assert (
+        f"blocked by ticket 1: shop.tasks.ghost[{ghost}] failed"
+        in project.manage("keyed_queue_status", "--key", "g").stdout
+    )
+    time.sleep(1.5)  # were the key not blocked, its next task would start within milliseconds
+    assert project.rows()[after]["status"] in ("waiting", "dispatched") and not project.history()
+    project.manage("keyed_queue_cancel", ghost)
+    assert ended(project, [after])[after]["status"] == "succeeded"

@@ -14,12 +14,16 @@
   ARGV[6] 1 = the submission failed: drop its record if its row is not written yet
   ARGV[7] dispatch: withdraw the ticket only if it is granted with this dispatch ('' = in any state)
   ARGV[8] task id: withdraw the ticket only if its stored message is this task's ('' = any)
+  ARGV[9] 1 = its task failed for good without starting (no worker knows it): a granted ticket
+          whose stored message says its task blocks its key on failure ("on_failure": "block")
+          is blocked instead of withdrawn
 
   Returns {code, ticket1, dispatch1, message1, ...}
     code 0 OK           withdrawn; the listed tickets are now granted and must be published
     code 2 NOT_GRANTED  the ticket is unknown to the gate (finished or never taken)
     code 6 RUNNING      the ticket is running; nothing changed
-    code 11 BLOCKED     the ticket failed and blocks its key (unblock.lua withdraws it); nothing changed
+    code 11 BLOCKED     the ticket failed and blocks its key (unblock.lua withdraws it): it did before
+                        (nothing changed), or ARGV[9] blocked it now
 ]]
 --- @include "common"
 
@@ -37,17 +41,22 @@ if ARGV[7] ~= '' then
     return {2}
   end
 end
-if ARGV[8] ~= '' then
-  local ok, stored = pcall(cjson.decode, redis.call('HGET', messages_key, ticket) or '')
-  if not (ok and type(stored) == 'table' and stored.id == ARGV[8]) then
-    return {2}
-  end
+local ok, stored = false, nil
+if ARGV[8] ~= '' or ARGV[9] == '1' then
+  ok, stored = pcall(cjson.decode, redis.call('HGET', messages_key, ticket) or '')
+  ok = ok and type(stored) == 'table'
+end
+if ARGV[8] ~= '' and not (ok and stored.id == ARGV[8]) then
+  return {2}
 end
 if raw then
-  local state = decode_holder(raw).state
-  if state == 'r' then
+  local holder = decode_holder(raw)
+  if holder.state == 'r' then
     return {6}
-  elseif state == 'b' then
+  elseif holder.state == 'b' then
+    return {11}
+  elseif ARGV[9] == '1' and ok and stored.on_failure == 'block' then
+    block_ticket(meta_key, holders_key, ticket, holder)
     return {11}
   end
   redis.call('HDEL', holders_key, ticket)
