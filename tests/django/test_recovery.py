@@ -23,14 +23,14 @@ from .conftest import QUEUE
 pytestmark = pytest.mark.django_db
 
 
-def lose_a_running_task(gate_redis, broker, *, max_lost):
+def lose_a_running_task(gate_redis, broker, *, max_lost, key="k"):
     """Submit a task, start it as a worker would with a tiny lease, and let the lease expire."""
-    result = step.apply_async(("k", 1), queue=QUEUE)
+    result = step.apply_async((key, 1), queue=QUEUE)
     broker.delete(QUEUE)  # the worker took the message
     short = Gate(gate_redis, lease_seconds=0.1)
-    started = short.start("k", 1, 1, max_lost=max_lost)
+    started = short.start(key, 1, 1, max_lost=max_lost)
     assert started.ok
-    wait_until(lambda: short.inspect("k").holders[1].deadline_in < 0, timeout=5, message="lease expiry")
+    wait_until(lambda: short.inspect(key).holders[1].deadline_in < 0, timeout=5, message="lease expiry")
     return result
 
 

@@ -11,7 +11,6 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from django_keyed_queue import InvalidArguments, InvalidKey, keyed_serial_task
-from django_keyed_queue.gate import Gate
 from django_keyed_queue.gate.keys import KeyNames
 from django_keyed_queue.records import submissions
 from django_keyed_queue.records.models import IdempotencyKey, KeyedTask
@@ -23,9 +22,9 @@ from django_keyed_queue.worker.messages import HEADER
 from django_keyed_queue.worker.process import get_gate
 from testproject.demo.tasks import step
 from tests.gate._support import UNWRITTEN, index_scores
-from tests.helpers import wait_until
 
 from .conftest import QUEUE
+from .test_recovery import lose_a_running_task
 
 pytestmark = pytest.mark.django_db
 
@@ -182,18 +181,8 @@ def test_records_validation_missed_are_set_aside_on_postgresql(gate_redis, broke
     assert len(refusals(caplog)) == 3 and not index_scores(gate_redis, UNWRITTEN)
 
 
-def lose_a_running_task(gate_redis, broker, key: str):
-    """Submit a task, start it as a worker would with a tiny lease, and let the lease expire."""
-    result = step.apply_async((key, 1), queue=QUEUE)
-    broker.delete(QUEUE)  # the worker took the message
-    short = Gate(gate_redis, lease_seconds=0.1)
-    assert short.start(key, 1, 1, max_lost=3).ok
-    wait_until(lambda: short.inspect(key).holders[1].deadline_in < 0, timeout=5, message="lease expiry")
-    return result
-
-
 def test_the_reaper_and_the_commands_go_on_past_a_refused_record(gate_redis, broker, refused_key):
-    lost = lose_a_running_task(gate_redis, broker, "held")
+    lost = lose_a_running_task(gate_redis, broker, max_lost=3, key="held")
     step.apply_async((refused_key, 1), queue=QUEUE)
     broker.delete(QUEUE)
     out = io.StringIO()
@@ -208,7 +197,7 @@ def test_the_reaper_and_the_commands_go_on_past_a_refused_record(gate_redis, bro
 
 
 def test_the_reaper_recovers_keys_while_the_records_database_refuses_every_write(gate_redis, broker):
-    lost = lose_a_running_task(gate_redis, broker, "held")
+    lost = lose_a_running_task(gate_redis, broker, max_lost=3, key="held")
     write_submission_rows()
     # Every write of a record now fails, as with a database that is down (PostgreSQL: 08006).
     refuse_rows("refuse_all", condition="TRUE", pg_errcode="08006")
