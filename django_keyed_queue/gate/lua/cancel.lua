@@ -34,28 +34,29 @@ local dispatch_timeout = tonumber(ARGV[3])
 local horizon = tonumber(ARGV[4])
 local forget = ARGV[5] == '1'
 
-local raw = redis.call('HGET', holders_key, ticket)
-if ARGV[7] ~= '' then
-  local holder = raw and decode_holder(raw)
-  if not (holder and holder.state == 'g' and holder.dispatch == tonumber(ARGV[7])) then
-    return {2}
+-- The ticket's stored message, decoded, if it is a JSON object (anyone may have written it).
+local function stored_message()
+  local ok, stored = pcall(cjson.decode, redis.call('HGET', messages_key, ticket) or '')
+  if ok and type(stored) == 'table' then
+    return stored
   end
 end
-local ok, stored = false, nil
-if ARGV[8] ~= '' or ARGV[9] == '1' then
-  ok, stored = pcall(cjson.decode, redis.call('HGET', messages_key, ticket) or '')
-  ok = ok and type(stored) == 'table'
-end
-if ARGV[8] ~= '' and not (ok and stored.id == ARGV[8]) then
+
+local raw = redis.call('HGET', holders_key, ticket)
+local holder = raw and decode_holder(raw)
+if ARGV[7] ~= '' and not (holder and holder.state == 'g' and holder.dispatch == tonumber(ARGV[7])) then
   return {2}
 end
-if raw then
-  local holder = decode_holder(raw)
+local stored = (ARGV[8] ~= '' or ARGV[9] == '1') and stored_message()
+if ARGV[8] ~= '' and not (stored and stored.id == ARGV[8]) then
+  return {2}
+end
+if holder then
   if holder.state == 'r' then
     return {6}
   elseif holder.state == 'b' then
     return {11}
-  elseif ARGV[9] == '1' and ok and stored.on_failure == 'block' then
+  elseif ARGV[9] == '1' and stored and stored.on_failure == 'block' then
     block_ticket(meta_key, holders_key, ticket, holder)
     return {11}
   end
@@ -65,8 +66,8 @@ elseif redis.call('LREM', queue_key, 1, ticket) == 0 then
 end
 
 if forget then
-  local ok, stored = pcall(cjson.decode, redis.call('HGET', messages_key, ticket) or '')
-  if ok and type(stored) == 'table' and type(stored.id) == 'string' then
+  stored = stored_message()
+  if stored and type(stored.id) == 'string' then
     for _, remembered in ipairs({KEYS[5], KEYS[6]}) do
       if redis.call('HGET', remembered, stored.id) == ticket then
         redis.call('HDEL', remembered, stored.id)
