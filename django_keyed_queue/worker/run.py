@@ -342,11 +342,13 @@ def join(
 def key_drift(task: Any, key: str, args: tuple, kwargs: dict) -> InvalidKey | None:
     """The error of a run of ``key`` whose arguments make another key (or none); None if they make ``key``."""
     try:
-        made = f"key {shown(task.key_for(args, kwargs))}"
+        made_key = task.key_for(args, kwargs)
     except (InvalidKey, InvalidArguments) as exc:
         made = f"no key ({exc})"
-    if made == f"key {shown(key)}":
-        return None
+    else:
+        if made_key == key:  # every run's case: compared whole, before anything is formatted
+            return None
+        made = f"key {shown(made_key)}"
     return InvalidKey(
         f"{task.name}: its ticket is of key {shown(key)}, but its arguments as the worker has them make {made}: "
         "a key must be a function of the task's arguments alone (no clock, setting or database row), and of "
