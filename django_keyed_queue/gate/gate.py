@@ -432,14 +432,15 @@ class Gate:
         self._call("pause", KeyNames(key).all(), [1, self.dispatch_timeout_ms, self.idle_horizon_ms])
         logger.debug("pause key=%r", key)
 
-    def resume(self, key: str) -> list[Grant]:
-        """Let ``key`` grant again; returns the tickets granted at once, to be published."""
+    def resume(self, key: str) -> list[Grant] | None:
+        """Let ``key`` grant again; returns the tickets granted at once, to be published, or None if the key
+        was not paused (two racing resumes: one resumes it, the other is told so)."""
         reply = self._call_and_index(
             "pause", key, KeyNames(key).all(), [0, self.dispatch_timeout_ms, self.idle_horizon_ms]
         )
         self.client.srem(PAUSED_KEYS, key)
-        logger.debug("resume key=%r", key)
-        return self._grants(key, reply[1:])
+        logger.debug("resume key=%r code=%s", key, Code(reply[0]).name)
+        return None if reply[0] == Code.NOT_PAUSED else self._grants(key, reply[1:])
 
     def is_paused(self, key: str) -> bool:
         """Whether :meth:`pause` paused ``key`` and :meth:`resume` did not resume it since."""

@@ -30,6 +30,7 @@ class Code(enum.IntEnum):
     QUEUE_FULL = 10
     BLOCKED = 11
     TOO_EARLY = 12
+    NOT_PAUSED = 13
 
 
 def _read(path: str) -> str:

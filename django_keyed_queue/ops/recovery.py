@@ -250,9 +250,12 @@ def resume(key: str, *, by: str = "an operator", app=None) -> Dispatched:
     that is not paused is refused, and nothing is written for it.
     """
     gate = get_gate()
-    if not gate.is_paused(key):
-        raise ActionRefused(f"key {checked_key(key)!r} is not paused")
-    done = publish_grants(app or current_app, gate.resume(key))
+    # Read first, so that a key never paused is refused with nothing written; the resume itself says
+    # whether it resumed the key, so that of racing resumes one does and the others are refused.
+    granted = gate.resume(key) if gate.is_paused(checked_key(key)) else None
+    if granted is None:
+        raise ActionRefused(f"key {key!r} is not paused")
+    done = publish_grants(app or current_app, granted)
     current().recorder.flush()
     logger.info("keyed queue key %r resumed by %s: %s", key, by, done)
     return done

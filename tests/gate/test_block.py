@@ -39,7 +39,7 @@ def test_a_failure_that_blocks_keeps_the_slot_and_the_key_grants_nothing(gate, g
     assert not gate.holds(Lease("k", ticket, token)), "the failed run holds no lease"
     assert gate.start("k", ticket, 1).code is Code.NOT_GRANTED, "its message may not start it again"
     assert gate.cancel("k", ticket).code is Code.BLOCKED, "a plain cancel leaves it"
-    assert gate.resume("k") == [], "resuming grants nothing either"
+    assert gate.resume("k") is None, "resuming it (it is not paused) grants nothing either"
     assert gate.reap()[1] == [] and gate.inspect("k").blocked == ticket, "the reaper leaves it"
     assert gate.release("k", ticket) == [], "so does a release"
 

@@ -336,6 +336,9 @@ class GateModel(RuleBasedStateMachine):
 
     def _resume(self, km: ModelKey):
         granted = self.gate.resume(km.name)
+        if not km.paused:
+            assert granted is None, f"{km.name} was not paused: a resume says so"
+            return []
         km.paused = False
         self._check_grants(km, granted, km.grant_waiting())
         return granted

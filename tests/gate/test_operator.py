@@ -86,7 +86,8 @@ def test_paused_keys_are_listed_until_resumed(gate, gate_redis):
     assert gate.paused_keys() == ["a{x}", "b"]
     gate.resume("b")
     assert gate.paused_keys() == ["a{x}"]
-    gate.resume("never-paused")
+    assert gate.resume("never-paused") is None, "a key not paused is told so"
+    assert gate.resume("b") is None, "as is one resumed already"
     assert gate_redis.smembers(PAUSED_KEYS) == {b"a{x}"}
 
 

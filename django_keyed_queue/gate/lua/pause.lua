@@ -9,7 +9,8 @@
   ARGV[3] idle horizon, ms
 
   Returns {code, ticket1, dispatch1, message1, ...}
-    code 0 OK  done; on resume, the listed tickets are now granted and must be published
+    code 0 OK          done; on resume, the listed tickets are now granted and must be published
+    code 13 NOT_PAUSED on resume: the key was not paused (resumed meanwhile); nothing changed
 ]]
 --- @include "common"
 
@@ -19,7 +20,9 @@ if ARGV[1] == '1' then
   redis.call('PERSIST', meta_key)
   return {0}
 end
-redis.call('HDEL', meta_key, 'paused')
+if redis.call('HDEL', meta_key, 'paused') == 0 then
+  return {13}
+end
 local limit = tonumber(redis.call('HGET', meta_key, 'limit') or '1')
 local out = grant_waiting(meta_key, queue_key, messages_key, holders_key, limit,
   now_ms() + tonumber(ARGV[2]), {0})
