@@ -30,8 +30,12 @@ TIER_SETTINGS = {
     "KEYED_QUEUE_REAP_INTERVAL_SECONDS": REAP_INTERVAL_SECONDS,
     "KEYED_QUEUE_DISPATCH_TIMEOUT_SECONDS": 5,
 }
-#: A recovery's bound: the lease, the reaper's period, and slack for a loaded 2-core machine.
-RECOVERY_BOUND_SECONDS = LEASE_SECONDS + REAP_INTERVAL_SECONDS + 4
+
+
+def recovery_bound(project: UserProject) -> float:
+    """A recovery's bound: the project's lease, the reaper's period, and slack for a loaded 2-core machine."""
+    return float(project.settings["KEYED_QUEUE_LEASE_SECONDS"]) + REAP_INTERVAL_SECONDS + 4
+
 
 PAUSED_KEY = "acct:1"
 
@@ -102,7 +106,7 @@ def check_strictly(run: Run) -> list[dict]:
     assert len([e for e in paused if e["t"] > run.resumed_at]) >= 3, "the paused key had tasks waiting to resume"
 
     again = [e for e in run.events if e["id"] == run.victim and e["event"] == "start"][1]
-    assert again["t"] - run.killed_at <= RECOVERY_BOUND_SECONDS, "the killed task ran again within the lease"
+    assert again["t"] - run.killed_at <= recovery_bound(run.project), "the killed task ran again within the lease"
     return run.events
 
 

@@ -34,8 +34,10 @@ def check_run(
     wait_until(all_ended, timeout, 0.2, f"{len(ids)} accepted tasks to run")
     events = [e for e in project.history() if e["id"] in ids]
     runs = Counter(e["id"] for e in events if e["event"] == "start")
-    assert [task_id for task_id, count in runs.items() if count != (2 if task_id in killed else 1)] == [], (
-        "a task ran twice, or a killed one was not run again"
+    wrong = {task_id: count for task_id, count in runs.items() if count != (2 if task_id in killed else 1)}
+    assert not wrong, (
+        f"a task ran twice, or a killed one was not run again (starts by task: {wrong}); their events: "
+        f"{[e for e in events if e['id'] in wrong]}"
     )
     order: dict[str, list[int]] = {}
     for a in accepted:  # one producer: its submissions of a key took tickets in this order
