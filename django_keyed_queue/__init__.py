@@ -19,6 +19,7 @@ from .exceptions import (
 )
 
 if TYPE_CHECKING:
+    from .ops.explain import explain
     from .ops.recovery import cancel, pause, reap, rebuild, release, resume, retry
     from .ops.views import health
     from .worker.decorators import keyed_serial_task
@@ -35,6 +36,7 @@ __all__ = [
     "KeyedSerialTask",
     "UnencodableArguments",
     "cancel",
+    "explain",
     "health",
     "keyed_serial_task",
     "pause",
@@ -50,6 +52,7 @@ _LAZY = {
     "keyed_serial_task": ".worker.decorators",
     "KeyedSerialTask": ".worker.task",
     "health": ".ops.views",
+    "explain": ".ops.explain",
     **{name: ".ops.recovery" for name in ("cancel", "pause", "reap", "rebuild", "release", "resume", "retry")},
 }
 

@@ -50,6 +50,8 @@ logger = logging.getLogger(__name__)
 REBUILD_CHUNK = 200
 #: How long a rebuild's staging is kept if the rebuild never ends (its process died).
 STAGING_SECONDS = 3600.0
+#: Who paused a key is kept to this many characters (an operator's name; a command's own words).
+PAUSED_BY_MAX = 200
 
 #: About how many of one key's kept submission records one ``unwritten`` call reads: Redis' work per
 #: call stays bounded however deep the key (100,000 parked once took one call 484 ms).
@@ -425,11 +427,14 @@ class Gate:
         due = self._server_time_ms() - seconds_to_ms(seconds)
         return [_text(m) for m in self._index_range(due, num=limit)]
 
-    def pause(self, key: str) -> None:
-        """Grant nothing more on ``key``: running tasks finish, submissions queue in order."""
+    def pause(self, key: str, *, by: str = "") -> None:
+        """Grant nothing more on ``key``: running tasks finish, submissions queue in order. ``by`` (who
+        paused it) and the time are kept for the operator who finds the key paused."""
         # Listed first, so that every paused key is listed (a listed key may have failed to pause).
         self.client.sadd(PAUSED_KEYS, key)
-        self._call("pause", KeyNames(key).all(), [1, self.dispatch_timeout_ms, self.idle_horizon_ms])
+        self._call(
+            "pause", KeyNames(key).all(), [1, self.dispatch_timeout_ms, self.idle_horizon_ms, by[:PAUSED_BY_MAX]]
+        )
         logger.debug("pause key=%r", key)
 
     def resume(self, key: str) -> list[Grant] | None:
@@ -744,6 +749,12 @@ class Gate:
         """A read-only snapshot of one key, a ``KeySnapshot`` (several reads in one pipelined round trip)."""
         return self.inspect_many([key], waiting_shown=waiting_shown)[0]
 
+    def waiting_ahead(self, key: str, ticket: int) -> int | None:
+        """How many tickets wait ahead of ``ticket`` in ``key``'s queue; None if it does not wait there.
+        One ``LPOS``: it reads the queue up to the ticket."""
+        position = self.client.lpos(KeyNames(key).queue, str(ticket))
+        return None if position is None else int(position)  # type: ignore[arg-type]  # redis-py types it loosely
+
     def inspect_many(self, keys: Sequence[str], *, waiting_shown: int | None = None) -> list[KeySnapshot]:
         """Snapshots of many keys, one ``KeySnapshot`` per key in order, in one pipelined round trip.
 
@@ -779,6 +790,9 @@ class Gate:
                     last_ticket=int(meta.get(b"seq", 0)),
                     last_token=int(meta.get(b"fence", 0)),
                     paused=b"paused" in meta,
+                    paused_since=_paused_since(meta.get(b"paused")),
+                    paused_by=meta.get(b"paused_by", b"").decode(errors="replace"),
+                    since_last_start=_ms_since(meta.get(b"last_start"), now_ms),
                     blocked=int(meta[b"blocked"]) if b"blocked" in meta else None,
                     waiting=[int(t) for t in queue],
                     depth=depth,
@@ -791,6 +805,18 @@ class Gate:
 
     def _grants(self, key: str, flat: list[Any]) -> list[Grant]:
         return [Grant(key, int(flat[i]), int(flat[i + 1]), flat[i + 2]) for i in range(0, len(flat), 3)]
+
+
+def _ms_since(value: bytes | None, now_ms: int) -> float | None:
+    """Seconds from a server-clock ms value to ``now_ms``; None if there is none (or it is not a number)."""
+    return ms_to_seconds(now_ms - int(value)) if value and value.isdigit() else None
+
+
+def _paused_since(value: bytes | None) -> float | None:
+    """When a key was paused (seconds since the epoch, server clock); None if not paused, or paused by a
+    release that kept no time (its value is 1)."""
+    since = int(value) / 1000 if value and value.isdigit() else 0
+    return since if since > 1 else None
 
 
 def _index_commands(index: Index, keys: Iterable[str], score: int, *flags: str) -> list[Command]:

@@ -194,6 +194,12 @@ class KeySnapshot:
     #: The last fencing token given (0: none in this epoch of the key).
     last_token: int
     paused: bool
+    #: When the key was paused (seconds since the epoch, Redis' clock), if it is and that was kept.
+    paused_since: float | None
+    #: Who paused it, as the pause said ("" if it did not).
+    paused_by: str
+    #: Seconds since a task of the key last started (kept for a key with a ``rate``), else None.
+    since_last_start: float | None
     #: A ticket that failed and blocks the key (``on_failure="block"``), else None; a key of limit 2 or
     #: more may have others (see :meth:`blocks`).
     blocked: int | None

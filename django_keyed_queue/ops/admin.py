@@ -9,27 +9,28 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 import redis
 from django.contrib import admin, messages
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.contenttypes.models import ContentType
-from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponseBadRequest, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
+from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 from django.utils.translation import gettext_lazy as _
 from django.views.decorators.http import require_POST
 
 from ..exceptions import ActionRefused
 from ..records.models import IdempotencyKey, KeyedTask
 from ..records.statuses import ACTIVE_STATUSES, Status
-from . import recovery
+from . import recovery, task_actions
 from .changelist import CursorChangeList, TaskNameFilter
+from .display import at, epoch_ms, took
+from .explain import explain_row
 from .live import live_keys
 from .timeline import key_timeline
 
@@ -55,36 +56,30 @@ PERMISSIONS = {
 }
 
 
-#: The task page's fields, in order; times to the millisecond (see ``_at_ms``).
+#: The task page's fields, in order.
 DETAIL_FIELDS = (
     *("task_id", "task_name", "key", "ticket", "status", "attempts", "worker", "arguments"),
-    *("enqueued", "due", "dispatched", "started", "heartbeat", "finished", "waited", "ran", "error", "retried_as"),
+    *("enqueued", "due", "dispatched", "started", "heartbeat", "finished", "waited", "ran", "error"),
+    *("retried_as_link", "retry_of"),
 )
 
+#: How often the live keys page reloads itself while its "Refresh" toggle is on.
+LIVE_REFRESH_SECONDS = 5
 
-def _at(value: datetime | None, *, ms: bool = False) -> str | None:
-    """A moment in the current time zone to the second (or the millisecond): tasks of a key often
-    run within one minute, which Django's default format would show as one time."""
-    if value is None:
-        return None
-    local = timezone.localtime(value)
-    return local.strftime("%Y-%m-%d %H:%M:%S") + (f".{local.microsecond // 1000:03d}" if ms else "")
+#: A span that still grows, which the page's script ticks (``since_script.html``).
+TICKING = '<span class="kq-since" data-since="{}">{}</span>'
 
 
-def _took(span: timedelta | None) -> str | None:
-    if span is None:
-        return None
-    seconds = span.total_seconds()
-    if seconds < 1:
-        return f"{seconds * 1000:.0f} ms"
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    minutes, seconds = divmod(round(seconds), 60)
-    return f"{minutes} min {seconds} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"
+def _at(field: str, label: StrOrPromise) -> Callable:
+    return admin.display(description=label)(lambda self, task: at(getattr(task, field)))
 
 
-def _at_ms(field: str, label: StrOrPromise) -> Callable:
-    return admin.display(description=label)(lambda self, task: _at(getattr(task, field), ms=True))
+def _task_link(task_id: str) -> str:
+    """A link to the page of the latest record of ``task_id`` (its id alone if it has none)."""
+    row = KeyedTask.objects.filter(task_id=task_id).order_by("-id").only("pk").first()
+    if row is None:
+        return task_id
+    return format_html('<a href="{}">{}</a>', reverse("admin:keyed_queue_keyedtask_change", args=[row.pk]), task_id)
 
 
 @admin.register(KeyedTask)
@@ -103,23 +98,41 @@ class KeyedTaskAdmin(admin.ModelAdmin):
 
     @admin.display(description=_("enqueued at"))
     def enqueued_at_s(self, task: KeyedTask) -> str | None:
-        return _at(task.enqueued_at)
+        return at(task.enqueued_at)
 
     @admin.display(description=_("waited"))
     def waited(self, task: KeyedTask) -> str | None:
-        """From submission (or from its due time) until it started: the wait for its key."""
-        return _took(task.waited)
+        """From submission (or from its due time) until it started: the wait for its key; ticking while it waits."""
+        if task.started_at is None and task.status in (Status.WAITING, Status.DISPATCHED):
+            waits_since = task.due_at or task.enqueued_at
+            if waits_since <= timezone.now():
+                return format_html("waiting for " + TICKING, epoch_ms(waits_since), took(timezone.now() - waits_since))
+        return took(task.waited)
 
     @admin.display(description=_("ran"))
     def ran(self, task: KeyedTask) -> str | None:
-        return _took(task.ran)
+        if task.started_at is not None and task.status in (Status.RUNNING, Status.RETRYING):
+            return format_html(
+                "running for " + TICKING, epoch_ms(task.started_at), took(timezone.now() - task.started_at)
+            )
+        return took(task.ran)
 
-    enqueued = _at_ms("enqueued_at", _("enqueued at"))
-    due = _at_ms("due_at", _("due at"))
-    dispatched = _at_ms("dispatched_at", _("dispatched at"))
-    started = _at_ms("started_at", _("started at"))
-    heartbeat = _at_ms("heartbeat_at", _("heartbeat at"))
-    finished = _at_ms("finished_at", _("finished at"))
+    @admin.display(description=_("retried as"))
+    def retried_as_link(self, task: KeyedTask) -> str:
+        return _task_link(task.retried_as) if task.retried_as else "—"
+
+    @admin.display(description=_("retry of"))
+    def retry_of(self, task: KeyedTask) -> str:
+        """The failed task an operator retried as this one."""
+        first = KeyedTask.objects.filter(retried_as=task.task_id).only("task_id").first()
+        return _task_link(first.task_id) if first else "—"
+
+    enqueued = _at("enqueued_at", _("enqueued at"))
+    due = _at("due_at", _("due at"))
+    dispatched = _at("dispatched_at", _("dispatched at"))
+    started = _at("started_at", _("started at"))
+    heartbeat = _at("heartbeat_at", _("heartbeat at"))
+    finished = _at("finished_at", _("finished at"))
     show_full_result_count = False
     actions = ["cancel_tasks", "retry_tasks", "release_holders", "pause_keys", "resume_keys"]
 
@@ -174,36 +187,18 @@ class KeyedTaskAdmin(admin.ModelAdmin):
         description=_("Cancel the selected waiting tasks, or failed ones that block their keys"), permissions=["cancel"]
     )
     def cancel_tasks(self, request, queryset):
-        def cancel(task: KeyedTask, by: str) -> str | None:
-            was = recovery.cancel(task.task_id, by=by)
-            return "after it failed, blocking its key: the key moves on" if was.status == Status.FAILED else None
-
-        self._each_task(request, queryset, "cancelled", cancel)
+        self._each_task(request, queryset, "cancel")
 
     @admin.action(
         description=_("Retry the selected failed tasks (at the end of their queues; one that blocks its key, first)"),
         permissions=["retry"],
     )
     def retry_tasks(self, request, queryset):
-        def retry(task: KeyedTask, by: str) -> str:
-            new_id = recovery.retry(task.task_id, by=by)
-            if new_id == task.task_id:
-                return "first on its key: it runs again before the key's others"
-            retried = KeyedTask.objects.filter(task_id=new_id).latest("id")
-            self.log_change(request, retried, f"Retry of {task.task_id} by {by}")
-            return f"as {new_id}"
-
-        self._each_task(request, queryset, "retried", retry)
+        self._each_task(request, queryset, "retry")
 
     @admin.action(description=_("Release the selected running tasks' hold on their keys"), permissions=["release"])
     def release_holders(self, request, queryset):
-        def release(task: KeyedTask, by: str) -> str:
-            if task.ticket is None:
-                raise ActionRefused(f"task {task.task_id} has no ticket: it holds no key")
-            actions = [r.action for r in recovery.release(task.key, task.ticket, by=by) if r.ticket == task.ticket]
-            return f"({', '.join(actions)})"
-
-        self._each_task(request, queryset, "released", release)
+        self._each_task(request, queryset, "release")
 
     @admin.action(description=_("Pause the keys of the selected tasks"), permissions=["pause"])
     def pause_keys(self, request, queryset):
@@ -215,14 +210,25 @@ class KeyedTaskAdmin(admin.ModelAdmin):
         for key in _keys(queryset):
             self._on_key(request, "resume", key)
 
-    def _each_task(self, request, queryset, done: str, act: Callable[[KeyedTask, str], str | None]) -> None:
-        by = _who(request)
+    def _each_task(self, request, queryset, action: str) -> None:
         for task in queryset.defer("message", "arguments"):
-            with self._refusals(request):
-                detail = act(task, by)
-                text = " ".join(filter(None, [f"{done.capitalize()} by {by}", detail]))
+            self._act_on_task(request, task, action)
+
+    def _act_on_task(self, request, task: KeyedTask, action: str, seen: dict[str, int] | None = None) -> None:
+        """Do ``action``, log it, and tell the operator what happened, with a link to the task that runs now."""
+        by = _who(request)
+        with self._refusals(request):
+            text, runs = task_actions.perform(action, task, by, seen)
+            if runs is None or runs == task.task_id:
                 self.log_change(request, task, text)
-                self.message_user(request, f"{task.task_name}[{task.task_id}]: {text}", messages.SUCCESS)
+                said = format_html("{}", text)
+            else:  # a new task: named in the log, linked in the message
+                self.log_change(request, task, f"{text} {runs}")
+                self.log_change(
+                    request, KeyedTask.objects.filter(task_id=runs).latest("id"), f"Retry of {task.task_id} by {by}"
+                )
+                said = format_html("{} {}", text, _task_link(runs))
+            self.message_user(request, format_html("{}[{}]: {}", task.task_name, task.task_id, said), messages.SUCCESS)
 
     def _on_key(self, request, action: str, key: str, ticket: int | None = None, dispatch: int | None = None) -> None:
         by = _who(request)
@@ -256,17 +262,74 @@ class KeyedTaskAdmin(admin.ModelAdmin):
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         task = self.get_object(request, object_id)
-        extra: dict[str, object] = {"timeline": key_timeline(task)} if task is not None else {}
-        extra["live_keys_url"] = reverse("admin:keyed_queue_keys")
+        extra: dict[str, object] = {
+            "live_keys_url": reverse("admin:keyed_queue_keys"),
+            "now_ms": epoch_ms(timezone.now()),
+        }
+        if task is not None:
+            extra["timeline"] = key_timeline(task)
+            try:
+                explanation = explain_row(task)
+                holder = task_actions.holder_of(task)
+            except redis.RedisError as exc:
+                self.message_user(request, f"the keyed queue's Redis did not answer: {exc}", messages.ERROR)
+            else:
+                extra["explanation"] = explanation
+                extra["task_actions"] = [
+                    (action, task_actions.VERBS[action], reverse("admin:keyed_queue_task_act", args=[task.pk, action]))
+                    for action in task_actions.available(task, holder)
+                    if self._allowed(request, action)
+                ]
         return super().change_view(request, object_id, form_url, {**extra, **(extra_context or {})})
 
     def changelist_view(self, request, extra_context=None):
         action = request.POST.get("action") if request.method == "POST" else None
         if action and action not in self.get_actions(request):
             # Django would answer 200 "No action selected": a forced POST is told it is not allowed.
-            raise PermissionDenied(f"{request.user} may not run the action {action!r}")
+            return self._refused(request, f"run the action {action!r}")
         extra = {"live_keys_url": reverse("admin:keyed_queue_keys"), **(extra_context or {})}
         return super().changelist_view(request, extra)
+
+    def _refused(self, request, what: str) -> HttpResponse:
+        """403, saying what the user may not do (Django's own 403 page says nothing)."""
+        may_view = self.has_view_permission(request)
+        text = f"You may {'view keyed tasks but not ' if may_view else 'not '}{what}."
+        context = {**self.admin_site.each_context(request), "title": _("Not allowed"), "text": text}
+        return TemplateResponse(request, "admin/keyed_queue/refused.html", context, status=403)
+
+    def task_action_view(self, request, object_id, action):
+        """An action on one task: GET shows what it will do, POST does it (``task_actions``)."""
+        task = self.get_object(request, object_id)
+        if task is None or action not in task_actions.ACTIONS:
+            return HttpResponseBadRequest("no such task or action")
+        if not self._allowed(request, action):
+            return self._refused(request, f"{action} them")
+        page = reverse("admin:keyed_queue_keyedtask_change", args=[task.pk])
+        # Where the operator came from (the live keys page, with its filter), to go back there after.
+        back = request.POST.get("next") or request.GET.get("next") or ""
+        if not url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()}):
+            back = ""
+        if request.method != "POST":
+            try:
+                proposal = task_actions.propose(action, task)
+            except redis.RedisError as exc:
+                self.message_user(request, f"the keyed queue's Redis did not answer: {exc}", messages.ERROR)
+                return HttpResponseRedirect(page)
+            context = {
+                **self.admin_site.each_context(request),
+                "title": f"{task_actions.VERBS[action]} {task.task_name}[{task.task_id}]?",
+                "opts": self.model._meta,
+                "original": task,
+                "proposal": proposal,
+                "verb": task_actions.VERBS[action],
+                "task_url": page,
+                "back": back or page,
+            }
+            return TemplateResponse(request, "admin/keyed_queue/keyedtask/confirm_action.html", context)
+        # What the operator confirmed: a release frees only the dispatch they were shown.
+        seen = {name: int(request.POST[name]) for name in ("ticket", "dispatch") if _number(request.POST.get(name, ""))}
+        self._act_on_task(request, task, action, seen)
+        return HttpResponseRedirect(back or page)
 
     # -- the live keys page, reached from the task list --
 
@@ -275,12 +338,13 @@ class KeyedTaskAdmin(admin.ModelAdmin):
         return [
             path("keys/", view(self.keys_view), name="keyed_queue_keys"),
             path("keys/act/", view(require_POST(self.key_action_view)), name="keyed_queue_key_act"),
+            path("<path:object_id>/act/<str:action>/", view(self.task_action_view), name="keyed_queue_task_act"),
             *super().get_urls(),
         ]
 
     def keys_view(self, request):
         if not self.has_view_permission(request):
-            raise PermissionDenied
+            return self._refused(request, "view keyed tasks")
         key = request.GET.get("key") or None
         try:
             states, more = live_keys(key=key)
@@ -296,6 +360,8 @@ class KeyedTaskAdmin(admin.ModelAdmin):
             "key": key or "",
             "can": {action: self._allowed(request, action) for action in PERMISSIONS},
             "changelist_url": reverse("admin:keyed_queue_keyedtask_changelist"),
+            "now_ms": epoch_ms(timezone.now()),
+            "refresh_seconds": LIVE_REFRESH_SECONDS,
         }
         return TemplateResponse(request, "admin/keyed_queue/keys.html", context)
 
@@ -306,10 +372,13 @@ class KeyedTaskAdmin(admin.ModelAdmin):
         if dispatch and not _number(dispatch):
             return HttpResponseBadRequest("a dispatch is a number")
         if not self._allowed(request, action):
-            raise PermissionDenied(f"{request.user} may not {action} keys")
+            return self._refused(request, f"{action} keys")
         release = (int(ticket), int(dispatch) if dispatch else None) if action == "release" else (None, None)
         self._on_key(request, action, key, *release)
-        return HttpResponseRedirect(reverse("admin:keyed_queue_keys"))
+        shown = request.POST.get("shown_key", "")  # the page's own filter, kept after the action
+        return HttpResponseRedirect(
+            reverse("admin:keyed_queue_keys") + (f"?{urlencode({'key': shown})}" if shown else "")
+        )
 
 
 @admin.register(IdempotencyKey)

@@ -17,6 +17,7 @@ from ..records import submissions
 from ..records.models import KeyedTask
 from ..records.statuses import Status
 from ..worker.process import get_gate
+from .display import at, from_epoch, since, took
 
 
 @dataclass
@@ -33,6 +34,21 @@ class HolderRow:
     @property
     def overdue(self) -> bool:
         return self.state != "blocked" and self.lease_left < 0
+
+    @property
+    def lease_left_text(self) -> str | None:
+        return took(abs(self.lease_left))
+
+    @property
+    def held_since(self) -> datetime | None:
+        """Since when it holds its key: its start when running, else its dispatch."""
+        if self.task is None:
+            return None
+        return self.task.started_at if self.state == "running" else self.task.dispatched_at
+
+    @property
+    def held_for(self) -> str | None:
+        return since(self.held_since)
 
 
 def stuck_after_seconds() -> float:
@@ -71,6 +87,20 @@ class KeyState:
     holders: list[HolderRow] = field(default_factory=list)
     stuck: bool = False  # see ``is_stuck``
     blocked_by: HolderRow | None = None  # the failed task that blocks the key (``on_failure="block"``)
+    paused_by: str = ""  # who paused it, as the pause said
+    paused_since: datetime | None = None
+
+    @property
+    def waited_for(self) -> str | None:
+        return since(self.oldest_wait)
+
+    @property
+    def paused_for(self) -> str | None:
+        return since(self.paused_since)
+
+    @property
+    def paused_since_at(self) -> str | None:
+        return at(self.paused_since)
 
     @property
     def waited_seconds(self) -> float:
@@ -127,7 +157,17 @@ def live_keys(*, limit: int = 100, key: str | None = None) -> tuple[list[KeyStat
         if not (holders or snapshot.paused or k in found):
             continue  # a key searched for that has nothing now
         states.append(
-            KeyState(k, snapshot.paused, snapshot.depth, found.get(k), holders, is_stuck(snapshot), blocked_by)
+            KeyState(
+                k,
+                snapshot.paused,
+                snapshot.depth,
+                found.get(k),
+                holders,
+                is_stuck(snapshot),
+                blocked_by,
+                snapshot.paused_by,
+                from_epoch(snapshot.paused_since),
+            )  # fmt: skip
         )
     states.sort(key=KeyState.blocked_order)
     return states, more

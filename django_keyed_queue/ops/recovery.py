@@ -25,7 +25,7 @@ from django.utils import timezone
 from ..exceptions import ActionRefused, InvalidArguments, InvalidKey, MessageRefused
 from ..gate import MAX_KEY_LENGTH, Code, Recovery, RecoveryAction
 from ..records import submissions
-from ..records.columns import shown, unstorable
+from ..records.columns import TASK_ID_MAX_LENGTH, shown, unstorable
 from ..records.idempotency import repoint
 from ..records.models import KeyedTask
 from ..records.statuses import Status
@@ -239,7 +239,7 @@ def checked_key(key: str) -> str:
 
 def pause(key: str, *, by: str = "an operator") -> None:
     """Pause a key: nothing new is dispatched; submissions still queue in order."""
-    get_gate().pause(checked_key(key))
+    get_gate().pause(checked_key(key), by=by)
     logger.info("keyed queue key %r paused by %s", key, by)
 
 
@@ -268,7 +268,7 @@ def cancel(task_id: str, *, by: str = "an operator", app=None) -> KeyedTask:
     """Cancel a task that has not started: it leaves its key's queue and never runs. A failed task
     that blocks its key (``on_failure="block"``) is cancelled too: its key's next task runs.
     Returns its row as it was."""
-    row = _row(task_id)
+    row = latest_row(task_id)
     if _blocks_its_key(row):
         _unblock(row, retry=False, app=app)
         error = f"cancelled by {by} after it failed, blocking its key\n\n{row.error}"
@@ -338,7 +338,7 @@ def retry(task_id: str, *, by: str = "an operator", app=None) -> str:
     that submits it, so a second retry of it, repeated or racing, is refused naming the first's.
     """
     app = app or current_app
-    row = _row(task_id)
+    row = latest_row(task_id)
     if _blocks_its_key(row):
         # Marked first: the run may start, and write its own progress, as soon as it is published.
         again = {"dispatched_at": timezone.now(), "finished_at": None, "error": f"retried first by {by}"}
@@ -386,7 +386,9 @@ def stored_message(row: KeyedTask, app) -> TaskMessage:
     submitted in its place.
     """
     if not row.message:
-        raise ActionRefused(f"task {row.task_id} has no stored message to submit again")
+        raise ActionRefused(
+            f"task {row.task_id} cannot be submitted again: its message (what it ran with) was not kept"
+        )
     try:
         message = TaskMessage.decode(row.message.encode(), app.conf.accept_content)
     except MessageRefused as refused:
@@ -506,8 +508,10 @@ def _join_id(row: KeyedTask, app) -> str:
     return str(headers.get(JOIN_HEADER) or row.task_id)
 
 
-def _row(task_id: str) -> KeyedTask:
+def latest_row(task_id: str) -> KeyedTask:
     """The latest submission of ``task_id`` (Celery reuses an id for a replacement, which comes later)."""
+    if unstorable(task_id, TASK_ID_MAX_LENGTH):  # no row can have it; PostgreSQL would refuse the query
+        raise ActionRefused(f"no keyed task has the id {shown(task_id)}")
     latest = KeyedTask.objects.filter(task_id=task_id).order_by("-id")
     row = latest.first()
     if row is None and submissions.write_due(get_gate()):  # submitted so recently that its row is not written

@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from ..records.models import KeyedTask
 from ..records.statuses import Status
+from .display import at
 
 WIDTH = 860  # px of the time axis
 LABEL_WIDTH = 110
@@ -36,6 +37,7 @@ class Bar:
     title: str
     current: bool
     task_id: str
+    pk: int
 
     @property
     def wait_width(self) -> float:
@@ -67,13 +69,19 @@ class Timeline:
     def seconds(self) -> float:
         return (self.end - self.start).total_seconds()
 
+    @property
+    def start_at(self) -> str | None:
+        return at(self.start)
+
 
 def key_timeline(task: KeyedTask, *, around: int = 15) -> Timeline:
-    """The tasks of ``task``'s key submitted just before and after it (up to ``around`` each side)."""
+    """The tasks of ``task``'s key submitted just before and after it (up to ``around`` each side), in
+    ticket order: the order the key runs them (its records may be written in another order). A task
+    with no ticket yet (delayed, not due) comes last."""
     rows = KeyedTask.objects.for_key(task.key).defer("message", "arguments")
     before = list(rows.filter(id__lte=task.id).order_by("-id")[: around + 1])
     after = list(rows.filter(id__gt=task.id).order_by("id")[:around])
-    tasks = sorted(before + after, key=lambda t: t.id)
+    tasks = sorted(before + after, key=lambda t: (t.ticket is None, t.ticket or 0, t.id))
     now = timezone.now()
     start = min(t.enqueued_at for t in tasks)
     end = max(t.finished_at or now for t in tasks)
@@ -98,19 +106,16 @@ def key_timeline(task: KeyedTask, *, around: int = 15) -> Timeline:
                 title=_describe(t),
                 current=t.pk == task.pk,
                 task_id=t.task_id,
+                pk=t.pk,
             )
         )
     return Timeline(bars, start, end)
 
 
 def _describe(t: KeyedTask) -> str:
-    parts = [f"{t.task_name}[{t.task_id}] ticket {t.ticket}: {t.status}", f"submitted {_at(t.enqueued_at)}"]
+    parts = [f"{t.task_name}[{t.task_id}] ticket {t.ticket}: {t.status}", f"submitted {at(t.enqueued_at)}"]
     if t.started_at:
-        parts.append(f"started {_at(t.started_at)} on {t.worker or 'an unknown worker'}")
+        parts.append(f"started {at(t.started_at)} on {t.worker or 'an unknown worker'}")
     if t.finished_at:
-        parts.append(f"finished {_at(t.finished_at)}")
+        parts.append(f"finished {at(t.finished_at)}")
     return "; ".join(parts)
-
-
-def _at(moment: datetime) -> str:
-    return timezone.localtime(moment).strftime("%H:%M:%S.%f")[:-3]

@@ -59,7 +59,7 @@ def test_unblocking_keys_from_the_live_page(gate_redis, logged_in, screenshot):
     screenshot("1-live-keys")
     assert live_rows(page) == ["account:2", "account:1", "account:3"], "the paused key with a task waiting is stuck"
     assert page.locator('tr[data-key="account:2"] .errornote').inner_text() == "stuck"
-    assert cell(page, "account:1", "depth") == "2" and cell(page, "account:2", "paused") == "paused"
+    assert cell(page, "account:1", "depth") == "2" and cell(page, "account:2", "paused").startswith("paused\nsince ")
     assert f"[{busy[0].task_id}]" in page.locator('tr[data-key="account:1"] .holder').inner_text()
 
     press(page, "account:2", "Resume")
@@ -68,17 +68,23 @@ def test_unblocking_keys_from_the_live_page(gate_redis, logged_in, screenshot):
     assert KeyedTask.objects.get(pk=parked.pk).status == "dispatched"
     screenshot("2-resumed")
 
-    press(page, "account:1", "Release #1")
-    assert "Ticket 1 of key 'account:1' released by operator" in page.locator(".messagelist").inner_text()
+    with page.expect_navigation():
+        page.locator('#live-keys tr[data-key="account:1"]').get_by_role("link", name="Release #1…").click()
+    what = page.locator("#what-it-does").inner_text()
+    assert "The released run is not stopped" in what and "fencing token 1" in what
+    with page.expect_navigation():
+        page.get_by_role("button", name="Yes, release").click()
+    assert f"[{busy[0].task_id}]: Released by operator (redispatch)" in page.locator(".messagelist").inner_text()
+    assert live_rows(page)[0:1] != [], "back on the live keys page"
     assert "#1 granted" in page.locator('tr[data-key="account:1"] .holder').inner_text(), "dispatched again"
     assert KeyedTask.objects.get(pk=busy[0].pk).error == "released by operator; dispatched again"
     screenshot("3-released")
 
     press(page, "account:1", "Pause")
-    assert cell(page, "account:1", "paused") == "paused"
+    assert cell(page, "account:1", "paused").startswith("paused by operator")
     assert [e.change_message for e in LogEntry.objects.order_by("id")] == [
         "Key 'account:2' resumed by operator; 1 dispatched",
-        "Ticket 1 of key 'account:1' released by operator",
+        "Released by operator (redispatch)",
         "Key 'account:1' paused by operator",
     ]
 
@@ -105,6 +111,9 @@ def test_cancelling_and_retrying_tasks_from_the_list(gate_redis, logged_in, scre
     screenshot("2-retried")
     [again] = KeyedTask.objects.filter(key="account:6").exclude(pk=failed.pk)
     assert f"Retried by operator as {again.task_id}" in page.locator(".messagelist").inner_text()
+    with page.expect_navigation():
+        page.locator(".messagelist").get_by_role("link", name=again.task_id).click()
+    assert page.locator(".field-retry_of").inner_text().endswith(failed.task_id), "the retry names what it retries"
     assert again.status == "dispatched" and again.arguments == failed.arguments
 
 

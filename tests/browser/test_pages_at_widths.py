@@ -251,7 +251,7 @@ def test_the_live_keys_page(gate_redis, logged_in):
         row = {name: page.locator(f'#live-keys tr[data-key="{key}"]') for name, key in keys.items()}
         assert row["stuck"].locator(".errornote").inner_text() == "stuck"
         assert "overdue" in row["stuck"].locator(".lease").inner_text()
-        assert row["paused"].locator("td.paused").inner_text() == "paused"
+        assert row["paused"].locator("td.paused").inner_text().startswith("paused\nsince ")
         assert row["paused"].locator("td.depth").inner_text() == "3"
         assert "running" in row["running"].locator(".holder").inner_text()
         assert row["running"].locator("td.depth").inner_text() == "3"

@@ -104,7 +104,8 @@ def test_retry_submits_a_failed_task_again_at_the_end_of_its_queue(gate_redis, b
     KeyedTask.objects.filter(task_id=failed.id).update(status="failed", error="boom")
     response = act(as_user("rita", "retry_keyedtask"), "retry_tasks", row(failed))
     [again] = KeyedTask.objects.exclude(task_id__in=[failed.id, running.id])
-    assert f"Retried by rita as {again.task_id}" in response.content.decode()
+    link = reverse("admin:keyed_queue_keyedtask_change", args=[again.pk])
+    assert f'Retried by rita as <a href="{link}">{again.task_id}</a>' in response.content.decode()
     assert (again.key, again.arguments, again.status) == ("order:7", row(failed).arguments, "waiting")
     assert again.ticket == row(running).ticket + 1, "it rejoined its key's queue, at the end"
     assert row(failed).status == "failed", "the failed run's record stays as it was"
@@ -223,7 +224,7 @@ def test_the_live_page_puts_stuck_keys_first(gate_redis, broker, as_user, settin
     assert order == ["overdue", "waits-long", "paused-idle", "quiet"]
     positions = [page.index(f'data-key="{k}"') for k in order]
     assert positions == sorted(positions), page
-    assert "overdue (" in page
+    assert "overdue by " in page
 
 
 def test_the_task_page_draws_its_keys_timeline(gate_redis, broker, as_user):

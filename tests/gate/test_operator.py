@@ -147,3 +147,28 @@ def test_giving_up_a_ticket_that_does_not_run_changes_nothing(gate, gate_redis):
     assert not gate.give_up("k", 999, 1, grace_seconds=1)
     assert {name: gate_redis.hgetall(KeyNames(name).holders) for name in ("k", "other")} == before
     assert gate.holds(Lease("k", ticket, token))
+
+
+def test_a_pause_keeps_who_paused_the_key_and_when_until_it_is_resumed(gate, gate_redis):
+    before = time.time()
+    gate.pause("k", by="olga (admin)")
+    snapshot = gate.inspect("k")
+    assert snapshot.paused and snapshot.paused_by == "olga (admin)"
+    assert snapshot.paused_since is not None and before - 1 <= snapshot.paused_since <= time.time() + 1
+    gate.pause("k", by="x" * 1000)
+    assert gate.inspect("k").paused_by == "x" * 200, "kept to 200 characters"
+    gate.resume("k")
+    resumed = gate.inspect("k")
+    assert (resumed.paused, resumed.paused_since, resumed.paused_by) == (False, None, "")
+    # Written by someone else: read without failing.
+    gate_redis.hset(KeyNames("k").meta, mapping={"paused": "not a time", "paused_by": b"\xff\xfe"})
+    odd = gate.inspect("k")
+    assert (odd.paused, odd.paused_since, odd.paused_by) == (True, None, "\ufffd\ufffd")
+
+
+def test_waiting_ahead_counts_the_tickets_before_one_in_its_queue(gate):
+    ticket, _ = running(gate, "k")
+    parked = [gate.submit("k", f"m{n}".encode()).ticket for n in range(3)]
+    assert [gate.waiting_ahead("k", t) for t in parked] == [0, 1, 2]
+    assert gate.waiting_ahead("k", ticket) is None, "a holder does not wait"
+    assert gate.waiting_ahead("other", 1) is None

@@ -82,10 +82,11 @@ def run_workload(
         lambda: [e for e in starts(project) if e["id"] == victim[0]["id"]], 30, 0.05, "the victim to start"
     )[0]
 
-    project.manage("keyed_queue_pause", PAUSED_KEY)
-    paused_at = time.time()
+    # Killed first, mid-run: the pause is a command, whose start may take longer than the victim's run.
     os.kill(victim_start["pid"], signal.SIGKILL)
     killed_at = time.time()
+    project.manage("keyed_queue_pause", PAUSED_KEY)
+    paused_at = time.time()
     if disrupt is not None:
         disrupt()
     time.sleep(max(0.0, paused_at + workload.paused_seconds - time.time()))

@@ -7,6 +7,7 @@
   ARGV[1] 1 = pause, 0 = resume
   ARGV[2] dispatch timeout, ms
   ARGV[3] idle horizon, ms
+  ARGV[4] on pause: who paused it (shown to operators; '' = not said)
 
   Returns {code, ticket1, dispatch1, message1, ...}
     code 0 OK          done; on resume, the listed tickets are now granted and must be published
@@ -16,13 +17,15 @@
 
 local meta_key, queue_key, messages_key, holders_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 if ARGV[1] == '1' then
-  redis.call('HSET', meta_key, 'paused', 1)
+  -- When (server clock) and by whom, for the operator who finds the key paused; 'paused' alone decides.
+  redis.call('HSET', meta_key, 'paused', now_ms(), 'paused_by', ARGV[4] or '')
   redis.call('PERSIST', meta_key)
   return {0}
 end
 if redis.call('HDEL', meta_key, 'paused') == 0 then
   return {13}
 end
+redis.call('HDEL', meta_key, 'paused_by')
 local limit = tonumber(redis.call('HGET', meta_key, 'limit') or '1')
 local out = grant_waiting(meta_key, queue_key, messages_key, holders_key, limit,
   now_ms() + tonumber(ARGV[2]), {0})

@@ -1,11 +1,11 @@
 from django_keyed_queue.ops.recovery import pause
 
-from ._key import KeyCommand
+from ._key import KeyCommand, operator
 
 
 class Command(KeyCommand):
     help = "Pause a key: nothing new is dispatched; submissions still queue in order."
 
     def act(self, key: str) -> str:
-        pause(key)
+        pause(key, by=operator("keyed_queue_pause"))
         return f"paused {key!r}"

@@ -2,14 +2,14 @@ from django.core.management.base import CommandError
 
 from django_keyed_queue.ops.recovery import resume
 
-from ._key import KeyCommand
+from ._key import KeyCommand, operator
 
 
 class Command(KeyCommand):
     help = "Resume a paused key and dispatch what waits, up to its limit."
 
     def act(self, key: str) -> str:
-        dispatched = resume(key)
+        dispatched = resume(key, by=operator("keyed_queue_resume"))
         if dispatched.failed or dispatched.refused:
             raise CommandError(f"resumed {key!r}: {dispatched}")
         return f"resumed {key!r}: {dispatched}"

@@ -1,10 +1,12 @@
 import contextlib
+import json
 
 import redis
 from django.core.management.base import BaseCommand, CommandError
 from django.db.models import Count, Min
 from django.utils import timezone
 
+from django_keyed_queue.ops.explain import explain
 from django_keyed_queue.ops.recovery import checked_key
 from django_keyed_queue.records import submissions
 from django_keyed_queue.records.models import KeyedTask
@@ -17,12 +19,27 @@ WAITING_SHOWN = 20
 
 
 class Command(BaseCommand):
-    help = "Show the keyed queue: tasks by status, the oldest wait; with --key, that key's holders and queue."
+    help = (
+        "Show the keyed queue: tasks by status, the oldest wait; with --key, that key's holders and queue; "
+        "with --task, why that task waits (or what it does now)."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--key", help="one logical key, e.g. account:7")
+        parser.add_argument("--task", metavar="TASK_ID", help="one task's id: what holds it, in words")
+        parser.add_argument("--json", action="store_true", help="with --task: the same as JSON, for scripts")
 
-    def handle(self, *args, key: str | None = None, **options):
+    def handle(self, *args, key: str | None = None, task: str | None = None, **options):
+        if task is not None:
+            if key is not None:
+                raise CommandError("give --key or --task, not both")
+            with gate_reachable():
+                explanation = explain(task)
+            out = json.dumps(explanation.as_data(), indent=2) if options["json"] else str(explanation)
+            self.stdout.write(out)
+            return
+        if options["json"]:
+            raise CommandError("--json goes with --task")
         if key is not None:
             with gate_reachable():
                 checked_key(key)
