@@ -388,8 +388,12 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):
 
     list_display = ("task_name", "task_id", "created_at", "expires_at")
     search_fields = ("=task_id",)
-    fields = readonly_fields = ("task_name", "task_id", "created_at", "expires_at")
+    fields = readonly_fields = ("task_name", "task_link", "created_at", "expires_at")
     show_full_result_count = False
+
+    @admin.display(description=_("task id"))
+    def task_link(self, key: IdempotencyKey) -> str:
+        return _task_link(key.task_id)
 
     def lookup_allowed(self, lookup, value, request=None) -> bool:
         # No filter: Django answers any lookup in the query string with 400 (DisallowedModelAdminLookup).
@@ -397,6 +401,9 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request) -> bool:
         return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False  # what a submission resolves to, written by the submission: its page is "View", with no Save
 
 
 def _number(text: str) -> bool:
