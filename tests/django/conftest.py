@@ -1,6 +1,7 @@
 import pytest
 import redis
 from django.conf import settings
+from django.contrib.auth.models import Permission, User
 
 from tests.conftest import WORKERLESS_GATE_DB
 from tests.gate._support import ON_CLUSTER
@@ -31,3 +32,22 @@ def broker(redis_server):
     yield client
     client.delete(QUEUE)
     client.close()
+
+
+def operator(name: str, *codenames: str) -> User:
+    """A staff user who may view keyed tasks, plus the given permissions."""
+    user = User.objects.create_user(name, password="pw", is_staff=True)
+    perms = Permission.objects.filter(
+        content_type__app_label="keyed_queue", codename__in=["view_keyedtask", *codenames]
+    )
+    user.user_permissions.set(perms)
+    return user
+
+
+@pytest.fixture
+def as_user(client):
+    def login(name: str, *codenames: str):
+        client.force_login(operator(name, *codenames))
+        return client
+
+    return login

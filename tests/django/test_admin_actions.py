@@ -5,7 +5,7 @@ import time
 
 import pytest
 from django.contrib.admin.models import LogEntry
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.urls import reverse
 
 from django_keyed_queue.gate import Lease
@@ -20,25 +20,6 @@ from .conftest import QUEUE
 pytestmark = pytest.mark.django_db
 
 CHANGELIST = "admin:keyed_queue_keyedtask_changelist"
-
-
-def operator(name: str, *codenames: str) -> User:
-    """A staff user who may view keyed tasks, plus the given permissions."""
-    user = User.objects.create_user(name, password="pw", is_staff=True)
-    perms = Permission.objects.filter(
-        content_type__app_label="keyed_queue", codename__in=["view_keyedtask", *codenames]
-    )
-    user.user_permissions.set(perms)
-    return user
-
-
-@pytest.fixture
-def as_user(client):
-    def login(name: str, *codenames: str):
-        client.force_login(operator(name, *codenames))
-        return client
-
-    return login
 
 
 def act(client, action: str, *tasks: KeyedTask):

@@ -13,7 +13,6 @@ from django_keyed_queue.worker.process import get_gate
 from testproject.demo.tasks import charge, step
 
 from .conftest import QUEUE
-from .test_admin_actions import as_user, operator  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.django_db
 
