@@ -12,6 +12,8 @@ import time
 import pytest
 import redis
 
+from tests.waiting import wait_until
+
 from .runs import accepted_by, check_run
 
 pytestmark = pytest.mark.workers
@@ -107,3 +109,26 @@ def test_resume_never_unpickles_a_parked_message_rewritten_in_redis(make_project
     check_run(project, [second], timeout=15)  # the key moved on to the next task
     row = project.rows()[first["id"]]
     assert row["status"] == "failed" and "not in accept_content" in row["error"]
+
+
+def test_status_of_a_task_says_what_holds_it_with_real_workers(make_project):
+    project = make_project()
+    project.worker("a")
+    accepted = accepted_by(project.produce("step", 3, 1, 0, 8.0))  # the holder runs while the commands look
+    holder, _, last = (a["id"] for a in accepted)
+    wait_until(lambda: any(e["event"] == "start" for e in project.history()), 20, 0.1, "the first task to start")
+    project.manage("keyed_queue_pause", "acct:0")
+
+    def told() -> str:
+        out = project.manage("keyed_queue_status", "--task", last).stdout
+        return out if f"[{holder}] (#1) holds the key: running for" in out and " on a@" in out else ""
+
+    said = wait_until(told, 10, 0.2, "the status to name the running holder and its worker")
+    assert said.splitlines()[0] == f"shop.tasks.step[{last}] key 'acct:0': waiting"
+    assert "  - its key is paused by " in said and "(manage.py keyed_queue_pause) since " in said
+    assert said.rstrip().endswith("1 task of the key waits ahead of it")
+    data = json.loads(project.manage("keyed_queue_status", "--task", last, "--json").stdout)
+    assert (data["waiting_ahead"], data["paused"], data["holders"][0]["task_id"]) == (1, True, holder)
+    project.manage("keyed_queue_resume", "acct:0")
+    check_run(project, accepted, timeout=40)
+    assert "it succeeded at " in project.manage("keyed_queue_status", "--task", last).stdout
