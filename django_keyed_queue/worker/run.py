@@ -11,6 +11,7 @@ leave the key held until its lease expires.
 from __future__ import annotations
 
 import logging
+import sys
 import traceback
 from collections.abc import Callable
 from datetime import datetime
@@ -26,6 +27,7 @@ from ..records import submissions
 from ..records.columns import shown
 from ..records.statuses import Status
 from ..records.transitions import Transition
+from .attempt_errors import ERRORS_HEADER, carried, earlier_errors, with_earlier
 from .dispatch import hand_over, publish, publish_grants, requeue_kept
 from .messages import DELAY_OPTIONS, HEADER, JOIN_HEADER, TaskMessage, gate_message, send_options, ticket_header
 from .outage import outlast_restart
@@ -114,7 +116,7 @@ class Run:
         request = self.task.request
         options = request_options(request)
         options.pop("retries", None)  # a retry is a new task: its own retries count from 0
-        headers = {k: v for k, v in (options.get("headers") or {}).items() if k != HEADER}
+        headers = {k: v for k, v in (options.get("headers") or {}).items() if k not in (HEADER, ERRORS_HEADER)}
         options["headers"] = headers or None
         message = gate_message(self.task.name, request.id, request.args or (), request.kwargs or {}, options)
         return message.encode(self.task.serializer).decode()
@@ -152,6 +154,7 @@ class Run:
         task, lease, request = self.task, self.lease, self.task.request
         process = current()
         gate = process.gate
+        error = with_earlier(error, earlier_errors(request))
         # The gate keeps the run's outcome until its record is written: a kill of this process
         # after the finish loses nothing (the reaper writes it).
         end = self._transition(status, finished_at=timezone.now(), error=error)
@@ -220,6 +223,11 @@ class Run:
         self.check_key(args, kwargs)  # a retry of another key's arguments would run outside its key
         options = send_options(task, args, kwargs, options)
         task_id = options.pop("task_id")
+        # Celery's retry is called where the task caught its exception (or Celery did, for autoretry_for).
+        exc = sys.exc_info()[1]
+        error = failure_text(exc) if exc is not None else "retried"
+        earlier = earlier_errors(task.request)
+        options["headers"] = {**(options.get("headers") or {}), ERRORS_HEADER: carried(earlier, self.attempts, error)}
 
         def to_gate(message: TaskMessage, send_now: Callable[[dict], None]) -> None:
             gate, stored = current().gate, message.encode(task.serializer, blocks=task.blocks_on_failure)
@@ -230,7 +238,8 @@ class Run:
                 logger.warning("retry of a fenced ticket dropped key=%r ticket=%s", lease.key, lease.ticket)
                 return
             self.retried = True
-            current().recorder.record(self._transition(Status.RETRYING))
+            retrying = with_earlier(f"it retries after: {error}", earlier)
+            current().recorder.record(self._transition(Status.RETRYING, error=retrying))
             send_now(ticket_header(lease.key, lease.ticket, dispatch))
 
         return send(task.app, task, task_id, args, kwargs, options, to_gate)

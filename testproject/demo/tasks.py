@@ -47,7 +47,10 @@ def flaky_step(self, key: str, n: int, failures: int, countdown: float = 0.5) ->
     history.log("start", key, n, attempt=self.request.retries)
     if self.request.retries < failures:
         history.log("end", key, n, attempt=self.request.retries, outcome="retry")
-        raise self.retry(countdown=countdown)
+        try:
+            raise ConnectionError(f"the bank timed out on attempt {self.request.retries + 1}")
+        except ConnectionError as exc:
+            raise self.retry(exc=exc, countdown=countdown) from exc
     history.log("end", key, n, attempt=self.request.retries)
     return n
 

@@ -54,6 +54,10 @@ def test_retry_keeps_its_place(workers, gate_redis):
     assert records[flaky.id].status == "succeeded"
     assert records[flaky.id].attempts == 3
     assert flaky.get(timeout=10) == 0
+    # Every attempt's error is kept on the record, newest first.
+    kept = records[flaky.id].error
+    assert kept.startswith("Earlier attempts:\n\nattempt 2: ConnectionError: the bank timed out on attempt 2")
+    assert "\n\nattempt 1: ConnectionError: the bank timed out on attempt 1" in kept
 
 
 def test_retry_records_pass_through_retrying(workers, gate_redis):
@@ -66,6 +70,8 @@ def test_retry_records_pass_through_retrying(workers, gate_redis):
     from tests.helpers import wait_until
 
     wait_until(retrying, timeout=10, message="the record to show retrying")
+    error = KeyedTask.objects.get(task_id=flaky.id).error
+    assert error.startswith("it retries after: ConnectionError: the bank timed out on attempt 1"), error
     wait_for_records([flaky.id])
 
 
