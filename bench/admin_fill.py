@@ -93,19 +93,30 @@ def _ts(moment: datetime | None) -> str | None:
     return None if moment is None else moment.strftime("%Y-%m-%d %H:%M:%S.%f")
 
 
+def other_columns() -> dict[str, object]:
+    """Each NOT NULL column ``generate`` does not fill, with its model default: Django gives a column no
+    database default, so a bulk load that left one out would fail (``retried_as``, and those added since)."""
+    from django_keyed_queue.records.models import KeyedTask
+
+    fields = KeyedTask._meta.concrete_fields
+    return {f.column: f.get_default() for f in fields if not (f.primary_key or f.null or f.column in COLUMNS)}
+
+
 def fill(count: int, chunk: int = 50_000) -> dict:
     """Load ``count`` rows into the default database; returns what it took."""
     from django.db import connection, transaction
 
     began = time.perf_counter()
-    rows = generate(count)
+    defaults = other_columns()
+    columns, extra = ", ".join([*COLUMNS, *defaults]), tuple(defaults.values())
+    rows = (row + extra for row in generate(count))
     with transaction.atomic(), connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            with cursor.cursor.copy(f"COPY {TABLE} ({', '.join(COLUMNS)}) FROM STDIN") as copy:
+            with cursor.cursor.copy(f"COPY {TABLE} ({columns}) FROM STDIN") as copy:
                 for row in rows:
                     copy.write_row(row)
         else:
-            sql = f"INSERT INTO {TABLE} ({', '.join(COLUMNS)}) VALUES ({', '.join(['%s'] * len(COLUMNS))})"
+            sql = f"INSERT INTO {TABLE} ({columns}) VALUES ({', '.join(['%s'] * (len(COLUMNS) + len(extra)))})"
             batch = []
             for row in rows:
                 batch.append(row)

@@ -87,6 +87,10 @@ class KeyedTaskAdmin(admin.ModelAdmin):
     list_display = ("short_id", "task_name", "key", "ticket", "status", "attempts", "enqueued_at_s", "waited", "ran")
     list_filter = ("status", TaskNameFilter)
     search_fields = ("=key", "=task_id")
+    search_help_text = _(
+        "A task id or its first 4+ characters; a key or its first words, any separator for another (“account 6” "
+        "finds account:6, “account” every account:… key); a task name or its last part (send_invoice). Case-sensitive."
+    )
     fields = DETAIL_FIELDS
     readonly_fields = DETAIL_FIELDS
     exclude = ("message",)

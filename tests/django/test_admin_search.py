@@ -1,0 +1,336 @@
+"""The task list's search box: a task id or its start, a key or its first words with any separator, a
+task name or its last parts; the rows of every kind a term matches, read through index lookups, on
+the cursor pages; on SQLite and on PostgreSQL (``KEYED_QUEUE_TESTS_DATABASE=postgresql``)."""
+
+from __future__ import annotations
+
+import html
+import random
+import re
+import uuid
+from datetime import timedelta
+from urllib.parse import quote
+
+import pytest
+from django.contrib import admin
+from django.contrib.auth import get_user_model
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+from django.utils import timezone
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from django_keyed_queue.ops import changelist
+from django_keyed_queue.records.models import KeyedTask
+
+pytestmark = pytest.mark.django_db
+PER_PAGE = 10
+#: The separators as docs/admin.md lists them: in a term each stands for any of them.
+SEPARATORS = " :/-_.|#,;=+@"
+
+KEYS = (
+    *("account:6", "account:60", "account/6", "account:6:invoice:9", "account", "accounts:1", "Account:6"),
+    *("tenant:3", "user_42", "a%b", "axb", "a_b", "a:b", "a\\b", " lead:1", "file /a b", "café:1", "a:b:c"),
+)
+NAMES = (
+    "shop.tasks.send_invoice",
+    "billing.send_invoice",
+    "shop.tasks.send_invoice_v2",
+    "shop.tasks.charge",
+    "send",
+)
+#: Task ids that are not random: one that is also a key's word, short ones, one that starts like a name.
+ODD_TASK_IDS = ("send-0001", "abc", "abcd-0002", "ABCD-0003", "tenant:3", "6")
+
+
+def seed(count: int = 120) -> list[KeyedTask]:
+    """``count`` records, oldest first, cycling through ``KEYS`` and ``NAMES``; random (seeded) task
+    ids, but for ``ODD_TASK_IDS`` on a few rows."""
+    rnd = random.Random(7)
+    start = timezone.now() - timedelta(seconds=count)
+    rows = []
+    for i in range(count):
+        task_id = ODD_TASK_IDS[i // 17] if i % 17 == 5 and i // 17 < len(ODD_TASK_IDS) else None
+        rows.append(
+            KeyedTask(
+                task_id=task_id or str(uuid.UUID(int=rnd.getrandbits(128), version=4)),
+                task_name=NAMES[i % len(NAMES)],
+                key=KEYS[i % len(KEYS)],
+                ticket=i + 1,
+                status="failed" if i % 4 == 1 else "succeeded",
+                enqueued_at=start + timedelta(seconds=i),
+            )
+        )
+    KeyedTask.objects.bulk_create(rows)
+    return list(KeyedTask.objects.order_by("id"))
+
+
+# -- the rules, as docs/admin.md states them, written apart from the code --
+
+
+def key_matches(term: str, key: str) -> bool:
+    """The key equals the term or begins with it up to a separator, each separator typed standing for any."""
+    n = len(term)
+    if len(key) < n:
+        return False
+    alike = all(t == k or (t in SEPARATORS and k in SEPARATORS) for t, k in zip(term, key[:n], strict=True))
+    return alike and (len(key) == n or term[-1] in SEPARATORS or key[n] in SEPARATORS)
+
+
+def matches(typed: str, row: KeyedTask) -> bool:
+    term = typed.strip()
+    if not term or "\x00" in typed:
+        return True  # no search; Django's search form refuses NUL ("Null characters are not allowed.")
+    return (
+        row.task_id == term
+        or (len(term) >= 4 and row.task_id.startswith(term))
+        or row.key == typed
+        or key_matches(term, row.key)
+        or row.task_name == term
+        or row.task_name.endswith("." + term)
+    )
+
+
+def expected(rows: list[KeyedTask], typed: str, keep=lambda row: True) -> list[int]:
+    """The ids a search of ``typed`` should list, newest first."""
+    return [row.pk for row in reversed(rows) if matches(typed, row) and keep(row)]
+
+
+# -- the admin, driven through Django's test client --
+
+
+@pytest.fixture
+def admin_client(client, monkeypatch):
+    monkeypatch.setattr(admin.site._registry[KeyedTask], "list_per_page", PER_PAGE)
+    client.force_login(get_user_model().objects.create_superuser("root", "root@example.com", "pw"))
+    return client
+
+
+def open_page(client, query: str):
+    """The ids shown, in order, the cursor links by name, and the response."""
+    response = client.get(reverse("admin:keyed_queue_keyedtask_changelist") + query)
+    assert response.status_code == 200, (query, response.status_code)
+    ids = [row.pk for row in response.context["cl"].result_list]
+    found = re.findall(r'<a href="([^"]*)" id="cursor-(\w+)"', response.content.decode())
+    return ids, {name: html.unescape(href) for href, name in found}, response
+
+
+def search(client, typed: str) -> list[int]:
+    """The ids of every page a search of ``typed`` lists, newest first."""
+    return every_page(client, f"?q={quote(typed)}")[0]
+
+
+def every_page(client, query: str) -> tuple[list[int], list[list[int]], list[list[int]]]:
+    """The ids of every page going older from ``query``, the pages, and the pages back again by "Newer"."""
+    ids, links, _ = open_page(client, query)
+    forward = [ids]
+    while "older" in links:
+        ids, links, _ = open_page(client, links["older"])
+        forward.append(ids)
+    backward = [ids]
+    while "newer" in links:
+        ids, links, _ = open_page(client, links["newer"])
+        backward.append(ids)
+    return [pk for page in forward for pk in page], forward, backward[::-1]
+
+
+def by_pk(rows: list[KeyedTask], ids: list[int]) -> list[KeyedTask]:
+    found = {row.pk: row for row in rows}
+    return [found[pk] for pk in ids]
+
+
+@pytest.fixture
+def rows(admin_client) -> list[KeyedTask]:
+    return seed()
+
+
+# -- each kind of search --
+
+
+def test_a_task_id_whole_or_its_start_of_four_or_more(admin_client, rows):
+    task = rows[40]
+    for typed in (task.task_id, task.task_id[:8], task.task_id[:4], f"  {task.task_id[:8]}  "):
+        shown = by_pk(rows, search(admin_client, typed))
+        assert task in shown and all(r.task_id.startswith(typed.strip()) for r in shown), typed
+    assert by_pk(rows, search(admin_client, "abc")) == [r for r in reversed(rows) if r.task_id == "abc"]
+    assert [r.task_id for r in by_pk(rows, search(admin_client, "abcd"))] == ["abcd-0002"]  # not ABCD-0003
+    assert task.pk not in search(admin_client, task.task_id[:3])  # 3 characters: not by its start
+
+
+def test_a_key_with_any_separator_or_its_first_words(admin_client, rows):
+    def keys(typed: str) -> set[str]:
+        return {r.key for r in by_pk(rows, search(admin_client, typed))}
+
+    assert keys("account 6") == keys("account:6") == {"account:6", "account/6", "account:6:invoice:9"}
+    assert keys("account 6 invoice") == {"account:6:invoice:9"}
+    family = {"account:6", "account:60", "account/6", "account:6:invoice:9"}
+    assert keys("account") == keys(" account ") == family | {"account"}  # spaces around the term are dropped
+    assert keys("account:") == keys("account/") == family  # a key that goes on after account
+    assert "accounts:1" not in keys("account") and "Account:6" not in keys("account")
+    assert keys("file  a b") == {"file /a b"}
+    assert keys("file a b") == set()  # a separator typed stands for one of the key's, not two
+    assert keys("café 1") == {"café:1"}
+    assert keys("user 42") == {"user_42"}
+
+
+def test_a_task_name_whole_or_its_last_dotted_parts(admin_client, rows):
+    def names(typed: str) -> set[str]:
+        return {r.task_name for r in by_pk(rows, search(admin_client, typed))}
+
+    assert names("send_invoice") == {"shop.tasks.send_invoice", "billing.send_invoice"}
+    assert names("tasks.send_invoice") == names("shop.tasks.send_invoice") == {"shop.tasks.send_invoice"}
+    assert names("invoice") == set() and names("shop") == set()  # a part, not a piece of one
+
+
+def test_a_term_of_several_kinds_lists_the_rows_of_each(admin_client, rows):
+    # "send" is a task name, the start of a task id (send-0001) and no key: rows of both kinds.
+    shown = by_pk(rows, search(admin_client, "send"))
+    assert {r.task_name for r in shown} >= {"send"} and "send-0001" in {r.task_id for r in shown}
+    assert [r.pk for r in shown] == expected(rows, "send")
+    # "tenant:3" is a key and a task id (of a row whose key is another).
+    ids = search(admin_client, "tenant:3")
+    assert ids == expected(rows, "tenant:3")
+    assert {r.key for r in by_pk(rows, ids) if r.task_id == "tenant:3"} == {"account:60"}
+    assert {r.key for r in by_pk(rows, ids) if r.task_id != "tenant:3"} == {"tenant:3"}
+
+
+def test_the_search_is_case_sensitive(admin_client, rows):
+    assert {r.key for r in by_pk(rows, search(admin_client, "Account 6"))} == {"Account:6"}
+    assert search(admin_client, "ACCOUNT") == []
+    assert search(admin_client, "SEND_INVOICE") == []
+
+
+def test_a_key_that_begins_with_a_space_is_found_as_typed(admin_client, rows):
+    assert {r.key for r in by_pk(rows, search(admin_client, " lead:1"))} == {" lead:1"}
+    assert search(admin_client, "lead:1") == []  # its first character is a space, not an l
+
+
+@pytest.mark.parametrize(
+    ("typed", "keys"),
+    [
+        ("a%b", {"a%b"}),  # a literal %: not axb
+        ("%", set()),
+        ("%00", set()),  # the text, not a NUL
+        ("a_b", {"a_b", "a:b", "a:b:c"}),  # _ is a separator, never LIKE's one character
+        ("a\\b", {"a\\b"}),
+        ("\\", set()),
+        ("x" * 10_000, set()),
+        ("%" * 300, set()),
+        ("é" * 201, set()),
+        ("💥 account", set()),
+    ],
+)
+def test_odd_text_is_taken_literally_and_never_fails(admin_client, rows, typed, keys):
+    shown = by_pk(rows, search(admin_client, typed))
+    assert {r.key for r in shown} == keys
+    assert [r.pk for r in shown] == expected(rows, typed)
+
+
+@pytest.mark.parametrize("typed", ["\x00", "account\x006"])
+def test_a_term_with_nul_is_refused_by_djangos_search_form_and_the_list_is_whole(admin_client, rows, typed):
+    ids, _, response = open_page(admin_client, f"?q={quote(typed)}")
+    assert ids == [row.pk for row in reversed(rows)][:PER_PAGE]
+    assert "Null characters are not allowed" in response.content.decode()
+
+
+def test_the_search_box_says_what_it_takes(admin_client):
+    page = admin_client.get(reverse("admin:keyed_queue_keyedtask_changelist")).content.decode()
+    help_text = str(admin.site._registry[KeyedTask].search_help_text)
+    assert help_text and html.escape(help_text) in page
+    for part in ("task id", "4+", "key", "account 6", "task name", "send_invoice", "Case-sensitive"):
+        assert part in help_text
+
+
+# -- pages and plans --
+
+
+@pytest.mark.parametrize("few_matches", [changelist.FEW_MATCHES, 0], ids=["ids-of-few-matches", "walk-of-many"])
+@pytest.mark.parametrize(
+    ("query", "keep"),
+    [
+        ("account", lambda r: True),  # a key prefix
+        ("send_invoice", lambda r: True),  # two task names
+        ("account 6&status__exact=succeeded", lambda r: r.status == "succeeded"),
+        ("tenant:3", lambda r: True),  # one key: read in order from its index
+    ],
+)
+def test_pages_of_a_search_list_every_match_once_older_and_newer(admin_client, monkeypatch, few_matches, query, keep):
+    monkeypatch.setattr(changelist, "FEW_MATCHES", few_matches)
+    rows = seed(400)
+    typed, _, more = query.partition("&")
+    want = expected(rows, typed, keep)
+    assert len(want) > 2 * PER_PAGE, "several pages"
+    ids, forward, backward = every_page(admin_client, f"?q={quote(typed)}" + (f"&{more}" if more else ""))
+    assert ids == want
+    assert backward == forward  # "Newer" goes back through the same pages
+
+
+def search_sql(client, typed: str) -> list[str]:
+    """The statements a search of ``typed`` runs on the keyed tasks, but for the task name filter's."""
+    with CaptureQueriesContext(connection) as captured:
+        open_page(client, f"?q={quote(typed)}")
+    statements = [q["sql"] for q in captured.captured_queries if "keyed_queue_keyedtask" in q["sql"]]
+    return [s for s in statements if not re.search(r'"task_name" = \S+ LIMIT 1$', s)]
+
+
+def plan(sql: str) -> str:
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SET LOCAL enable_seqscan = off")  # so that a Seq Scan shows only where no index serves
+            cursor.execute("EXPLAIN " + sql)
+            return "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute("EXPLAIN QUERY PLAN " + sql)
+        return "\n".join(row[-1] for row in cursor.fetchall())
+
+
+@pytest.mark.parametrize("typed", ["account", "account 6", "refund", "send_invoice", "abcd", "nothing-at-all"])
+def test_a_search_looks_its_term_up_by_index_ranges_not_by_reading_the_table(admin_client, rows, typed):
+    statements = search_sql(admin_client, typed)
+    page = [s for s in statements if f"LIMIT {PER_PAGE + 1}" in s]
+    lookups = [s for s in statements if s not in page]
+    assert lookups
+    for sql in lookups:
+        shown = plan(sql)
+        # SQLite: SCAN is a full read of a table or an index; SEARCH is a range of one.
+        assert not re.search(r"SCAN (keyed_queue_keyedtask|U\d)", shown) and "Seq Scan" not in shown, (sql, shown)
+        if connection.vendor == "sqlite":
+            assert " LIKE " not in sql, sql  # SQLite's LIKE ignores case and no index serves it
+    for sql in page:  # by the ids of few matches, or one key's or name's index in page order
+        shown = plan(sql)
+        assert "SCAN keyed_queue_keyedtask" not in shown and "Seq Scan" not in shown, (sql, shown)
+
+
+# -- any term --
+
+#: Pieces of what the rows hold, cut and with their separators swapped, and text that is none of it.
+PIECES = st.sampled_from([*KEYS, *NAMES, *ODD_TASK_IDS, "account", "send_invoice", "tasks.send_invoice", "lead"])
+SWAPPED = st.builds(
+    lambda piece, cut, sep: re.sub(r"[ :/\-_.|#,;=+@]", sep, piece)[:cut],
+    PIECES,
+    st.integers(1, 25),
+    st.sampled_from(SEPARATORS),
+)
+ODD = st.text(st.characters(codec="utf-8"), max_size=20)  # any text a URL can carry: no lone surrogates
+TERMS = st.one_of(
+    SWAPPED,
+    PIECES,
+    st.text(alphabet="a6c:%_\\ \x00é/.", max_size=10),
+    ODD,
+    st.builds(lambda piece, pad: pad + piece + pad, PIECES, st.sampled_from([" ", "  ", "\t"])),
+    st.integers(150, 300).map(lambda n: "a" * n),
+    st.just("x" * 10_000),
+)
+
+
+@pytest.mark.parametrize("few_matches", [changelist.FEW_MATCHES, 0], ids=["ids-of-few-matches", "walk-of-many"])
+@settings(max_examples=150, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])  # fmt: skip
+@given(typed=TERMS)
+def test_any_term_lists_exactly_the_newest_rows_that_match_it(admin_client, rows, monkeypatch, few_matches, typed):
+    monkeypatch.setattr(changelist, "FEW_MATCHES", few_matches)
+    ids, links, _ = open_page(admin_client, f"?q={quote(typed)}")
+    want = expected(rows, typed)
+    assert all(matches(typed, row) for row in by_pk(rows, ids)), typed
+    assert ids == want[:PER_PAGE], typed
+    assert ("older" in links) == (len(want) > PER_PAGE), typed
