@@ -25,7 +25,7 @@ from django.utils.translation import gettext_lazy as _
 from django.views.decorators.http import require_POST
 
 from ..exceptions import ActionRefused
-from ..records.models import IdempotencyKey, KeyedTask
+from ..records.models import IdempotencyKey, KeyedTask, LiveKey
 from ..records.statuses import ACTIVE_STATUSES, Status
 from . import recovery, task_actions
 from .changelist import CursorChangeList, TaskNameFilter
@@ -60,8 +60,11 @@ PERMISSIONS = {
 DETAIL_FIELDS = (
     *("task_id", "task_name", "key", "ticket", "status", "attempts", "worker", "arguments"),
     *("enqueued", "due", "dispatched", "started", "heartbeat", "finished", "waited", "ran", "error"),
-    *("retried_as_link", "retry_of"),
+    *("retried_as_link", "retry_of_link"),
 )
+
+#: What a page shows for a time or a span that has none yet.
+NOTHING = "—"
 
 #: How often the live keys page reloads itself while its "Refresh" toggle is on.
 LIVE_REFRESH_SECONDS = 5
@@ -71,7 +74,7 @@ TICKING = '<span class="kq-since" data-since="{}">{}</span>'
 
 
 def _at(field: str, label: StrOrPromise) -> Callable:
-    return admin.display(description=label)(lambda self, task: at(getattr(task, field)))
+    return admin.display(description=label)(lambda self, task: at(getattr(task, field)) or NOTHING)
 
 
 def _task_link(task_id: str) -> str:
@@ -111,7 +114,7 @@ class KeyedTaskAdmin(admin.ModelAdmin):
             waits_since = task.due_at or task.enqueued_at
             if waits_since <= timezone.now():
                 return format_html("waiting for " + TICKING, epoch_ms(waits_since), took(timezone.now() - waits_since))
-        return took(task.waited)
+        return took(task.waited) or NOTHING
 
     @admin.display(description=_("ran"))
     def ran(self, task: KeyedTask) -> str | None:
@@ -119,17 +122,16 @@ class KeyedTaskAdmin(admin.ModelAdmin):
             return format_html(
                 "running for " + TICKING, epoch_ms(task.started_at), took(timezone.now() - task.started_at)
             )
-        return took(task.ran)
+        return took(task.ran) or NOTHING
 
     @admin.display(description=_("retried as"))
     def retried_as_link(self, task: KeyedTask) -> str:
-        return _task_link(task.retried_as) if task.retried_as else "—"
+        return _task_link(task.retried_as) if task.retried_as else NOTHING
 
     @admin.display(description=_("retry of"))
-    def retry_of(self, task: KeyedTask) -> str:
+    def retry_of_link(self, task: KeyedTask) -> str:
         """The failed task an operator retried as this one."""
-        first = KeyedTask.objects.filter(retried_as=task.task_id).only("task_id").first()
-        return _task_link(first.task_id) if first else "—"
+        return _task_link(task.retry_of) if task.retry_of else NOTHING
 
     enqueued = _at("enqueued_at", _("enqueued at"))
     due = _at("due_at", _("due at"))
@@ -383,6 +385,26 @@ class KeyedTaskAdmin(admin.ModelAdmin):
         return HttpResponseRedirect(
             reverse("admin:keyed_queue_keys") + (f"?{urlencode({'key': shown})}" if shown else "")
         )
+
+
+@admin.register(LiveKey)
+class LiveKeyAdmin(admin.ModelAdmin):
+    """The live keys page's entry on the admin's home page: its list is that page."""
+
+    def has_view_permission(self, request, obj=None) -> bool:
+        return request.user.has_perm(f"{KeyedTask._meta.app_label}.view_keyedtask")
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+    def changelist_view(self, request, extra_context=None):
+        return HttpResponseRedirect(reverse("admin:keyed_queue_keys"))
 
 
 @admin.register(IdempotencyKey)

@@ -367,6 +367,7 @@ def retry(task_id: str, *, by: str = "an operator", app=None) -> str:
             repoint(new_id, task_id)  # in case they live in another database
             raise
     submissions.write_key(get_gate(), row.key)  # the operator sees the retry at once
+    KeyedTask.objects.filter(task_id=new_id, key=row.key).update(retry_of=task_id)  # its page links the failure
     logger.info("keyed queue task %s key=%r retried as %s by %s", task_id, row.key, new_id, by)
     return new_id
 

@@ -83,7 +83,8 @@ def key_timeline(task: KeyedTask, *, around: int = 15) -> Timeline:
     after = list(rows.filter(id__gt=task.id).order_by("id")[:around])
     tasks = sorted(before + after, key=lambda t: (t.ticket is None, t.ticket or 0, t.id))
     now = timezone.now()
-    start = min(t.enqueued_at for t in tasks)
+    # A task's start may come before its row's submission time (a retry first on its key keeps its row).
+    start = min(min(t.enqueued_at, t.started_at or t.enqueued_at) for t in tasks)
     end = max(t.finished_at or now for t in tasks)
     span = max((end - start).total_seconds(), 0.001)
 

@@ -36,6 +36,8 @@ class KeyedTask(models.Model):
     error = models.TextField(_("error"), blank=True)
     #: The task an operator's retry of this failed task submitted (set in the step that submits it).
     retried_as = models.CharField(_("retried as"), max_length=TASK_ID_MAX_LENGTH, blank=True, default="")
+    #: The failed task an operator's retry submitted this one for (set once its row is written).
+    retry_of = models.CharField(_("retry of"), max_length=TASK_ID_MAX_LENGTH, blank=True, default="")
 
     objects = KeyedTaskManager()
 
@@ -81,6 +83,17 @@ class KeyedTask(models.Model):
         if self.started_at is None or self.finished_at is None:
             return None
         return self.finished_at - self.started_at
+
+
+class LiveKey(KeyedTask):
+    """No table of its own: the admin's live keys page, listed on the admin's home page beside the keyed
+    tasks, so that an operator finds it from there. Who may view keyed tasks may view it."""
+
+    class Meta:
+        proxy = True
+        verbose_name = _("live key")
+        verbose_name_plural = _("live keys")
+        default_permissions = ()
 
 
 class IdempotencyKey(models.Model):

@@ -38,6 +38,8 @@ DATA_DIR = Path(os.environ["TESTPROJECT_DATA_DIR"])
 GATE_URL = f"{os.environ['TESTPROJECT_REDIS_URL']}/{WORKERLESS_GATE_DB}"
 #: The server's reaper period: a holder is stuck 2 periods past its deadline, 0.5 s here instead of 10 s.
 SERVER_REAP_INTERVAL_SECONDS = 0.25
+#: Where pictures for the docs go, when a run is asked for them (``KEYED_QUEUE_DOCS_SCREENSHOTS=1``).
+DOCS_DIR = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 
 
 @pytest.fixture
@@ -157,3 +159,16 @@ def logged_in(page, superuser):
     page.click("input[type=submit]")
     page.wait_for_url("**/admin/")
     return page
+
+
+def save_for_docs(page, path: Path, height: int | None) -> None:
+    """The page down to the end of its content or to ``height``, in 256 colours: under 150 KB."""
+    from PIL import Image  # only here: a normal run does not need Pillow
+
+    bottom = page.evaluate("Math.ceil(document.querySelector('#content').getBoundingClientRect().bottom + scrollY)")
+    clip = {"x": 0, "y": 0, "width": page.viewport_size["width"], "height": min(bottom + 16, height or bottom + 16)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(path), full_page=True, clip=clip)
+    with Image.open(path) as image:
+        small = image.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
+    small.save(path, optimize=True)

@@ -55,7 +55,7 @@ def test_unblocking_keys_from_the_live_page(gate_redis, logged_in, screenshot):
 
     page.goto(LIST)
     with page.expect_navigation():
-        page.get_by_role("link", name="Live keys").click()
+        page.locator(".object-tools").get_by_role("link", name="Live keys").click()
     screenshot("1-live-keys")
     assert live_rows(page) == ["account:2", "account:1", "account:3"], "the paused key with a task waiting is stuck"
     assert page.locator('tr[data-key="account:2"] .errornote').inner_text() == "stuck"
@@ -113,7 +113,7 @@ def test_cancelling_and_retrying_tasks_from_the_list(gate_redis, logged_in, scre
     assert f"Retried by operator as {again.task_id}" in page.locator(".messagelist").inner_text()
     with page.expect_navigation():
         page.locator(".messagelist").get_by_role("link", name=again.task_id).click()
-    assert page.locator(".field-retry_of").inner_text().endswith(failed.task_id), "the retry names what it retries"
+    assert page.locator(".field-retry_of_link").inner_text().endswith(failed.task_id), "the retry names what it retries"
     assert again.status == "dispatched" and again.arguments == failed.arguments
 
 

@@ -12,7 +12,6 @@ import os
 import time
 import uuid
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from django.utils import timezone
@@ -23,7 +22,7 @@ from django_keyed_queue.records.statuses import Status
 from django_keyed_queue.testing import write_submission_rows
 from django_keyed_queue.worker.process import get_gate
 from testproject.demo.tasks import step
-from tests.browser.conftest import DATA_DIR, SERVER_REAP_INTERVAL_SECONDS
+from tests.browser.conftest import DATA_DIR, DOCS_DIR, SERVER_REAP_INTERVAL_SECONDS, save_for_docs
 
 pytestmark = pytest.mark.django_db(transaction=True)
 LIST = "/admin/keyed_queue/keyedtask/"
@@ -36,7 +35,6 @@ LONG_KEYS = (
 )
 #: The pages docs/ shows, each down to the end of its content or to a height (the task list: its first screen).
 DOCS_PAGES = {"task-list": 800, "task-page": None, "live-keys": None}
-DOCS_DIR = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 #: No worker reads this queue: what the server dispatches stays put.
 QUEUE = "keyed-queue-browser-unconsumed"
 
@@ -108,19 +106,6 @@ def shoot(page, name: str) -> None:
     page.screenshot(path=str(directory / f"{name}-{width}.png"), full_page=True)
     if os.environ.get("KEYED_QUEUE_DOCS_SCREENSHOTS") == "1" and width == 1280 and name in DOCS_PAGES:
         save_for_docs(page, DOCS_DIR / f"{name}.png", DOCS_PAGES[name])
-
-
-def save_for_docs(page, path: Path, height: int | None) -> None:
-    """The page down to the end of its content or to ``height``, in 256 colours: under 150 KB."""
-    from PIL import Image  # only here: a normal run does not need Pillow
-
-    bottom = page.evaluate("Math.ceil(document.querySelector('#content').getBoundingClientRect().bottom + scrollY)")
-    clip = {"x": 0, "y": 0, "width": page.viewport_size["width"], "height": min(bottom + 16, height or bottom + 16)}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(path), full_page=True, clip=clip)
-    with Image.open(path) as image:
-        small = image.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
-    small.save(path, optimize=True)
 
 
 # -- what the pages show -------------------------------------------------------------------------

@@ -4,6 +4,7 @@ import re
 from datetime import timedelta
 
 import pytest
+from django.contrib.auth.models import User
 from django.urls import reverse
 from django.utils import timezone
 
@@ -165,3 +166,13 @@ def test_the_idempotency_key_page_reads_as_read_only_with_its_task_linked(gate_r
     text = admin_client.get(reverse("admin:keyed_queue_idempotencykey_change", args=[key.pk])).content.decode()
     assert "<h1>View idempotency key</h1>" in text and 'name="_save"' not in text
     assert f'<a href="{page_of(task)}">{key.task_id}</a>' in text
+
+
+def test_the_admin_home_page_links_the_live_keys_page_for_who_may_view_keyed_tasks(gate_redis, as_user, client):
+    viewer = as_user("vic")
+    home = viewer.get(reverse("admin:index")).content.decode()
+    entry = reverse("admin:keyed_queue_livekey_changelist")
+    assert f'<a href="{entry}">Live keys</a>' in home
+    assert viewer.get(entry, follow=True).redirect_chain[-1][0] == reverse("admin:keyed_queue_keys")
+    client.force_login(User.objects.create_user("sam", password="pw", is_staff=True))
+    assert entry not in client.get(reverse("admin:index")).content.decode()
