@@ -122,6 +122,7 @@ def test_the_monthly_report_key_is_stuck_behind_a_long_run_release_it(gate_redis
     row = on_call.page.locator('#live-keys tr[data-key="report:monthly"]')
     assert "held for 42 min" in row.locator(".holder").inner_text()
     assert row.locator("td.depth").inner_text() == "1"
+    assert row.locator("td.depth a").get_attribute("href").endswith("?q=report%3Amonthly&status__exact=waiting")
     on_call.shoot("stuck-live-keys")
     on_call.click(row.get_by_role("link", name="Release #1…"))
     what = on_call.text("#what-it-does")
