@@ -111,3 +111,38 @@ def test_racing_resumes_dispatch_once(gate_redis, broker):
     assert sorted(refusals(outcomes)) == ["key 'k' is not paused"] * 2, outcomes
     assert published(broker) == [(tasks[0].id, 1, 1)]
     assert not get_gate().is_paused("k")
+
+
+def test_racing_confirmations_on_the_task_page_release_once_and_retry_once(gate_redis, broker, django_user_model):
+    """Four operators confirm the same release (the dispatch they were shown), then the same retry, at once."""
+    from django.contrib import messages as flash
+    from django.test import Client
+    from django.urls import reverse
+
+    admin = django_user_model.objects.create_superuser("admin", "admin@example.com", "pw")
+    held = step.apply_async(("k", 1), queue=QUEUE)
+    write_submission_rows()
+    task = KeyedTask.objects.get(task_id=held.id)
+    assert get_gate().start("k", task.ticket, 1, max_lost=3).ok
+
+    def confirm(action: str, form: dict) -> Callable[[], str]:
+        def post() -> str:
+            client = Client()
+            client.force_login(admin)
+            response = client.post(reverse("admin:keyed_queue_task_act", args=[task.pk, action]), form, follow=True)
+            return " ".join(str(m) for m in flash.get_messages(response.wsgi_request)) or response.content.decode()
+
+        return post
+
+    said = race(*[confirm("release", {"ticket": task.ticket, "dispatch": 1})] * 4)
+    assert sum("Released by admin (redispatch)" in s for s in said) == 1, said
+    assert sum("moved on from dispatch 1" in s for s in said) == 3, said
+    assert get_gate().inspect("k").holders[task.ticket].dispatch == 2, "released once"
+
+    started = get_gate().start("k", task.ticket, 2)
+    get_gate().finish("k", task.ticket, started.token)
+    KeyedTask.objects.filter(pk=task.pk).update(status="failed", error="boom")
+    said = race(*[confirm("retry", {})] * 4)
+    [again] = KeyedTask.objects.exclude(pk=task.pk)
+    assert sum("Retried by admin as <a href=" in s and f">{again.task_id}</a>" in s for s in said) == 1, said
+    assert sum(f"was retried already: it runs again as task {again.task_id}" in s for s in said) == 3, said
