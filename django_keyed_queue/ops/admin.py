@@ -313,8 +313,8 @@ class KeyedTaskAdmin(admin.ModelAdmin):
         page = reverse("admin:keyed_queue_keyedtask_change", args=[task.pk])
         # Where the operator came from (the live keys page, with its filter), to go back there after.
         back = request.POST.get("next") or request.GET.get("next") or ""
-        if not url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()}):
-            back = ""
+        if not back.startswith("/") or not url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()}):
+            back = ""  # a page of this site only, named from its root
         if request.method != "POST":
             try:
                 proposal = task_actions.propose(action, task)

@@ -7,7 +7,11 @@ import pytest
 from django.contrib.auth.models import User
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.encoding import iri_to_uri
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from django_keyed_queue import ActionRefused, explain
 from django_keyed_queue.records.models import IdempotencyKey, KeyedTask
 from django_keyed_queue.testing import write_submission_rows
 from django_keyed_queue.worker.process import get_gate
@@ -176,3 +180,35 @@ def test_the_admin_home_page_links_the_live_keys_page_for_who_may_view_keyed_tas
     assert viewer.get(entry, follow=True).redirect_chain[-1][0] == reverse("admin:keyed_queue_keys")
     client.force_login(User.objects.create_user("sam", password="pw", is_staff=True))
     assert entry not in client.get(reverse("admin:index")).content.decode()
+
+
+ODD_TEXT = st.one_of(
+    st.text(max_size=50),
+    st.sampled_from(["", "0", "-1", "1e3", "²", "9" * 40, "\x00", "%00", "../", "//elsewhere.example", "javascript:x"]),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ticket=ODD_TEXT, dispatch=ODD_TEXT, back=ODD_TEXT)
+def test_a_confirmation_posted_with_any_values_never_errs_and_frees_only_the_dispatch_shown(
+    gate_redis, admin_client, ticket, dispatch, back
+):
+    gate_redis.flushdb()
+    KeyedTask.objects.all().delete()
+    task = submitted("k", 1)
+    assert get_gate().start("k", task.ticket, 1, max_lost=3).ok
+    response = admin_client.post(act_url(task, "release"), {"ticket": ticket, "dispatch": dispatch, "next": back})
+    assert response.status_code == 302
+    assert response["Location"] in (page_of(task), iri_to_uri(back)), "the task's page, or a page of this site"
+    assert response["Location"].startswith("/") and not response["Location"].startswith("//")
+    released = get_gate().inspect("k").holders[task.ticket].dispatch == 2
+    assert released == (ticket == str(task.ticket) and dispatch == "1"), (ticket, dispatch)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(task_id=st.text(max_size=300))
+def test_explain_answers_any_task_id_or_refuses_it_by_name(gate_redis, task_id):
+    try:
+        explain(task_id)
+    except ActionRefused as refused:
+        assert "no keyed task has the id" in str(refused)
