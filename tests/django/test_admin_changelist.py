@@ -19,6 +19,8 @@ from django_keyed_queue.worker.task import KeyedSerialTask
 from testproject.celery import app
 from tests.admin_rows import TASK_NAMES, seed_tasks
 
+from .changelist_pages import open_page, url, walk
+
 
 def keyed_tasks() -> list[str]:
     """The registered keyed tasks (once the list imported the project's task modules)."""
@@ -34,35 +36,6 @@ def admin_client(client, monkeypatch):
     monkeypatch.setattr(admin.site._registry[KeyedTask], "list_per_page", PER_PAGE)
     client.force_login(get_user_model().objects.create_superuser("root", "root@example.com", "pw"))
     return client
-
-
-def url(query: str = "") -> str:
-    return reverse("admin:keyed_queue_keyedtask_changelist") + query
-
-
-def open_page(client, query: str = ""):
-    """The ids shown (in order), the cursor links by name, and the response."""
-    response = client.get(url(query))
-    assert response.status_code == 200, (query, response.status_code, response.get("Location"))
-    ids = [row.pk for row in response.context["cl"].result_list]
-    found = re.findall(r'<a href="([^"]*)" id="cursor-(\w+)"', str(response.content, "utf-8"))
-    links = {name: html.unescape(href) for href, name in found}
-    return ids, links, response
-
-
-def walk(client, query: str) -> tuple[list[list[int]], list[list[int]]]:
-    """Every page going older from ``query``, then every page going newer from the last."""
-    forward = []
-    ids, links, _ = open_page(client, query)
-    forward.append(ids)
-    while "older" in links:
-        ids, links, _ = open_page(client, links["older"])
-        forward.append(ids)
-    backward = [ids]
-    while "newer" in links:
-        ids, links, _ = open_page(client, links["newer"])
-        backward.append(ids)
-    return forward, backward[::-1]
 
 
 @pytest.mark.parametrize("count", [PER_PAGE * 3, 47])

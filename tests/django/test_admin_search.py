@@ -24,6 +24,8 @@ from hypothesis import strategies as st
 from django_keyed_queue.ops import changelist
 from django_keyed_queue.records.models import KeyedTask
 
+from .changelist_pages import open_page, walk
+
 pytestmark = pytest.mark.django_db
 PER_PAGE = 10
 #: The separators as docs/admin.md lists them: in a term each stands for any of them.
@@ -107,15 +109,6 @@ def admin_client(client, monkeypatch):
     return client
 
 
-def open_page(client, query: str):
-    """The ids shown, in order, the cursor links by name, and the response."""
-    response = client.get(reverse("admin:keyed_queue_keyedtask_changelist") + query)
-    assert response.status_code == 200, (query, response.status_code)
-    ids = [row.pk for row in response.context["cl"].result_list]
-    found = re.findall(r'<a href="([^"]*)" id="cursor-(\w+)"', response.content.decode())
-    return ids, {name: html.unescape(href) for href, name in found}, response
-
-
 def search(client, typed: str) -> list[int]:
     """The ids of every page a search of ``typed`` lists, newest first."""
     return every_page(client, f"?q={quote(typed)}")[0]
@@ -123,16 +116,8 @@ def search(client, typed: str) -> list[int]:
 
 def every_page(client, query: str) -> tuple[list[int], list[list[int]], list[list[int]]]:
     """The ids of every page going older from ``query``, the pages, and the pages back again by "Newer"."""
-    ids, links, _ = open_page(client, query)
-    forward = [ids]
-    while "older" in links:
-        ids, links, _ = open_page(client, links["older"])
-        forward.append(ids)
-    backward = [ids]
-    while "newer" in links:
-        ids, links, _ = open_page(client, links["newer"])
-        backward.append(ids)
-    return [pk for page in forward for pk in page], forward, backward[::-1]
+    forward, backward = walk(client, query)
+    return [pk for page in forward for pk in page], forward, backward
 
 
 def by_pk(rows: list[KeyedTask], ids: list[int]) -> list[KeyedTask]:
