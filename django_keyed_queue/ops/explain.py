@@ -127,7 +127,7 @@ def explain_row(task: KeyedTask) -> Explanation:
                                              f"{at(task.due_at or task.enqueued_at)})"])  # fmt: skip
     gate = get_gate()
     snapshot = gate.inspect(task.key, waiting_shown=0)
-    holdings = _holdings(snapshot, now)
+    holdings = _holdings(snapshot)
     own = next((h for h in holdings if h.ticket == task.ticket), None)
     others = [h for h in holdings if h.ticket != task.ticket]
     blocked_by = next((h for h in others if h.state == "blocked"), None)
@@ -147,8 +147,8 @@ def explain_row(task: KeyedTask) -> Explanation:
     if blocked_by is not None:
         reasons.append(blocked_by.describe())
     reasons += [h.describe() for h in others if h is not blocked_by]
-    limit = getattr(registered_task(None, task.task_name), "serial_limit", 1)
     if not others and not snapshot.paused:
+        limit = getattr(registered_task(None, task.task_name), "serial_limit", 1)
         reasons.append(f"no task holds its key (limit {limit}): it is granted at the key's next finish or reaper pass")
     reasons.append(f"{ahead} task{'s' if ahead != 1 else ''} of the key wait{'s' if ahead == 1 else ''} ahead of it"
                    if ahead else "it is next in its key's queue")  # fmt: skip
@@ -177,7 +177,7 @@ def _holding(key_state: Explanation, own: Holding, snapshot: KeySnapshot) -> Exp
     return replace(key_state, state="dispatched", reasons=reasons, next_slot_in=next_slot)
 
 
-def _holdings(snapshot: KeySnapshot, now: datetime) -> list[Holding]:
+def _holdings(snapshot: KeySnapshot) -> list[Holding]:
     tickets = sorted(snapshot.holders)
     rows = {
         t.ticket: t

@@ -8,7 +8,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from django_keyed_queue import ActionRefused, explain
+from django_keyed_queue import ActionRefused, explain, keyed_serial_task
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.testing import write_submission_rows
 from django_keyed_queue.worker.process import get_gate
@@ -17,6 +17,11 @@ from testproject.demo.tasks import step
 from .conftest import QUEUE
 
 pytestmark = pytest.mark.django_db
+
+
+@keyed_serial_task(key="{key}", rate="1/m", name="tests.explain_paced")
+def paced(key: str, n: int) -> int:
+    return n
 
 
 def status(*args) -> str:
@@ -120,3 +125,16 @@ def test_the_status_command_refuses_a_key_and_a_task_together(gate_redis):
         status("--task", "a", "--key", "k")
     with pytest.raises(CommandError, match="--json goes with --task"):
         status("--json")
+
+
+def test_a_granted_task_of_a_paced_key_says_when_its_rate_lets_it_start(gate_redis, broker):
+    first, second = (paced.apply_async(("r", n), queue=QUEUE).id for n in (1, 2))
+    write_submission_rows()
+    gate = get_gate()
+    started = gate.start("r", 1, 1, task_id=first, interval_ms=60_000)  # the key's last start: now
+    assert gate.finish("r", 1, started.token).granted, "the second is granted at once, to start when due"
+
+    why = explain(second)
+    assert why.state == "dispatched" and why.next_slot_in is not None and 55 < why.next_slot_in <= 60
+    assert why.reasons[1].startswith("its key's rate lets the next task start in ")
+    assert why.as_data()["next_slot_in"] == why.next_slot_in
