@@ -813,8 +813,8 @@ def _ms_since(value: bytes | None, now_ms: int) -> float | None:
 
 
 def _paused_since(value: bytes | None) -> float | None:
-    """When a key was paused (seconds since the epoch, server clock); None if not paused, or paused by a
-    release that kept no time (its value is 1)."""
+    """When a key was paused (seconds since the epoch, server clock); None if it is not, or if an earlier
+    version of the app paused it (it kept 1, no time)."""
     since = int(value) / 1000 if value and value.isdigit() else 0
     return since if since > 1 else None
 
