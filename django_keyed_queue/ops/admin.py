@@ -275,15 +275,14 @@ class KeyedTaskAdmin(admin.ModelAdmin):
         if task is not None:
             extra["timeline"] = key_timeline(task)
             try:
-                explanation = explain_row(task)
-                holder = task_actions.holder_of(task)
+                explanation = explain_row(task)  # one read of the key: why it waits, and what may be done
             except redis.RedisError as exc:
                 self.message_user(request, f"the keyed queue's Redis did not answer: {exc}", messages.ERROR)
             else:
                 extra["explanation"] = explanation
                 extra["task_actions"] = [
                     (action, task_actions.VERBS[action], reverse("admin:keyed_queue_task_act", args=[task.pk, action]))
-                    for action in task_actions.available(task, holder)
+                    for action in task_actions.available(task, explanation.own_slot)
                     if self._allowed(request, action)
                 ]
         return super().change_view(request, object_id, form_url, {**extra, **(extra_context or {})})

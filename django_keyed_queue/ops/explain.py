@@ -15,7 +15,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from ..gate import KeySnapshot
+from ..gate import Holder, KeySnapshot
 from ..records.models import KeyedTask
 from ..records.statuses import TERMINAL_STATUSES, Status
 from ..worker.process import get_gate
@@ -80,6 +80,8 @@ class Explanation:
     blocked_by: Holding | None = None
     next_slot_in: float | None = None  # seconds until the key's rate lets a task start
     due_at: datetime | None = None  # a countdown or eta still running
+    #: The slot the task's own ticket holds in the gate, if any: what the actions on it go by.
+    own_slot: Holder | None = None
 
     @property
     def waits(self) -> bool:
@@ -117,7 +119,8 @@ def explain(task_id: str) -> Explanation:
 
 def explain_row(task: KeyedTask) -> Explanation:
     """:func:`explain` for a record already read (the task page has it)."""
-    if task.status in TERMINAL_STATUSES:
+    # A failed task may still hold its key, blocking it (on_failure="block"): its actions need the gate's word.
+    if task.status in TERMINAL_STATUSES and (task.status != Status.FAILED or task.ticket is None):
         return _ended(task)
     now = timezone.now()
     if task.ticket is None:
@@ -134,8 +137,11 @@ def explain_row(task: KeyedTask) -> Explanation:
     paused_since = from_epoch(snapshot.paused_since)
     # What the key's state says, whatever the task's own: the template of every answer below.
     key_state = Explanation(
-        task, task.status, [], others, None, snapshot.paused, snapshot.paused_by, paused_since, blocked_by
-    )
+        task, task.status, [], others, None, snapshot.paused, snapshot.paused_by, paused_since, blocked_by,
+        own_slot=snapshot.holders.get(task.ticket),
+    )  # fmt: skip
+    if task.status in TERMINAL_STATUSES:  # its ticket's slot is its own only if it blocks the key
+        return replace(_ended(task), own_slot=key_state.own_slot if own and own.state == "blocked" else None)
     if own is not None:
         return _holding(key_state, own, snapshot)
     ahead = gate.waiting_ahead(task.key, task.ticket)

@@ -212,3 +212,13 @@ def test_explain_answers_any_task_id_or_refuses_it_by_name(gate_redis, task_id):
         explain(task_id)
     except ActionRefused as refused:
         assert "no keyed task has the id" in str(refused)
+
+
+def test_a_failed_task_that_blocks_its_key_offers_retry_and_cancel_on_its_page(gate_redis, broker, admin_client):
+    failed, waiting = submitted("k", 1), submitted("k", 2)
+    started = get_gate().start("k", failed.ticket, 1, block=True)
+    assert get_gate().finish("k", failed.ticket, started.token, block=True).code.name == "BLOCKED"
+    KeyedTask.objects.filter(pk=failed.pk).update(status="failed", error="boom")
+    page = admin_client.get(page_of(failed)).content.decode()
+    assert 'id="act-retry"' in page and 'id="act-cancel"' in page and 'id="act-release"' not in page
+    assert "(#1) failed and blocks the key" in admin_client.get(page_of(waiting)).content.decode()
