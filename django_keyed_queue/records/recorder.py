@@ -36,6 +36,9 @@ class Recorder:
     def __init__(self, on_written: Callable[[list[tuple[str, str]]], None] | None = None) -> None:
         self._on_written = on_written
         self._lock = threading.Lock()
+        # One flush at a time: a flush returns once all recorded before it was written or put back, also
+        # when the background thread took the batch a moment earlier (an operator's action reads rows next).
+        self._flushing = threading.Lock()
         self._pending: dict[tuple[str, str, int], Transition] = {}
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -61,6 +64,10 @@ class Recorder:
         (one INSERT, instead of this one and that one's UPDATE), for at most
         ``CREATE_MISSING_AFTER_SECONDS``; then it makes the row itself.
         """
+        with self._flushing:
+            self._flush(wait_for_rows)
+
+    def _flush(self, wait_for_rows: bool) -> None:
         with self._lock:
             batch, self._pending = self._pending, {}
         if not batch:

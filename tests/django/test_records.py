@@ -1,5 +1,6 @@
 """Worker-side record writes: merged, batched, never moving a record backwards."""
 
+import threading
 import time
 from datetime import timedelta
 
@@ -107,6 +108,35 @@ def test_recorder_flushes_in_the_background_within_the_interval():
         # the write is only visible once flushed here, so flush and check the merge.
         recorder.flush()
     assert KeyedTask.objects.get().status == "succeeded"
+
+
+def test_a_flush_waits_for_the_background_flush_that_took_its_batch(monkeypatch):
+    """The thread's connection cannot see this test's row and puts the transition back; the explicit
+    flush must not return before that, or what it was asked to write is still unwritten."""
+    make_row(status="dispatched")
+    recorder = Recorder()
+    taken, release = threading.Event(), threading.Event()
+    apply = KeyedTask.objects.apply_setting_aside
+
+    def slow_first_pass(transitions, **options):
+        if not taken.is_set():
+            taken.set()
+            release.wait(5)
+            return list(transitions)  # as the thread's connection: no row yet, buffered again
+        return apply(transitions, **options)
+
+    monkeypatch.setattr(KeyedTask.objects, "apply_setting_aside", slow_first_pass)
+    recorder.record(Transition("t1", "k", 1, "running", 1))
+    background = threading.Thread(target=recorder.flush)
+    background.start()
+    assert taken.wait(5)
+    threading.Timer(0.3, release.set).start()
+    began = time.monotonic()
+    recorder.flush()  # here, where this test's row is visible
+    assert time.monotonic() - began >= 0.25, "returned while the batch was in the other flush's hands"
+    background.join(5)
+    recorder.close()
+    assert KeyedTask.objects.get().status == "running"
 
 
 def test_a_record_the_database_refuses_is_dropped_and_the_rest_of_its_batch_written():
