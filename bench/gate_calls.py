@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cluster.start()
         from django_keyed_queue.gate import Outcome
-        from django_keyed_queue.worker.process import get_gate
+        from django_keyed_queue.process.state import get_gate
 
         gate = get_gate()
         server = {"gate redis": [cluster.servers[1].process.pid]}

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster.start()
         from django_keyed_queue.gate import Gate
         from django_keyed_queue.gate.keys import DEADLINE_INDEX, KeyNames
-        from django_keyed_queue.worker.process import get_gate
+        from django_keyed_queue.process.state import get_gate
 
         gate = get_gate()
         client = gate.client

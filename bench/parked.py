@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cluster.start()
         from django_keyed_queue.gate.keys import KeyNames
-        from django_keyed_queue.worker.process import get_gate
+        from django_keyed_queue.process.state import get_gate
         from testproject.demo.tasks import step
 
         gate = get_gate()

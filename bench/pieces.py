@@ -36,10 +36,10 @@ def main(argv: list[str] | None = None) -> int:
         from django.utils import timezone
 
         from django_keyed_queue.gate import Outcome
+        from django_keyed_queue.process.state import get_gate
         from django_keyed_queue.records import submissions
         from django_keyed_queue.records.models import KeyedTask
         from django_keyed_queue.records.transitions import Transition
-        from django_keyed_queue.worker.process import get_gate
 
         gate = get_gate()
         ids = [str(uuid.uuid4()) for _ in range(n)]

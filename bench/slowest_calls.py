@@ -522,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster = Cluster(workers=0, concurrency=1)
     try:
         cluster.start()
-        from django_keyed_queue.worker.process import get_gate
+        from django_keyed_queue.process.state import get_gate
 
         gate = get_gate()
         log = Slowlog(cluster.gate_url, gate)

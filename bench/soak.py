@@ -166,7 +166,7 @@ class Soak:
     def unreaped(self, key: str) -> str:
         """The stalled first attempt of ``key`` if the gate still has it running, and when the reaper will look."""
         from django_keyed_queue.gate.keys import DEADLINE_INDEX
-        from django_keyed_queue.worker.process import get_gate
+        from django_keyed_queue.process.state import get_gate
 
         gate = get_gate()
         holders = gate.inspect(key).holders.items()
@@ -206,7 +206,7 @@ class Soak:
         return plan
 
     def run_round(self, index: int, kind: str) -> RoundResult:
-        from django_keyed_queue.worker.process import get_gate
+        from django_keyed_queue.process.state import get_gate
         from testproject.demo.tasks import lingering_step
 
         began = time.monotonic()

@@ -90,10 +90,10 @@ class Bench:
         from django.db.transaction import Atomic
 
         from django_keyed_queue.gate import Gate
+        from django_keyed_queue.keyed_task.task import KeyedSerialTask
+        from django_keyed_queue.messaging.message import TaskMessage
+        from django_keyed_queue.producer import submit
         from django_keyed_queue.records.manager import KeyedTaskManager
-        from django_keyed_queue.worker import submit
-        from django_keyed_queue.worker.messages import TaskMessage
-        from django_keyed_queue.worker.task import KeyedSerialTask
 
         t = self.timers
         t.wrap(KeyedSerialTask, "apply_async", "keyed apply_async (total)")

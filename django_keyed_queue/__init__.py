@@ -1,7 +1,8 @@
 """Keyed serial execution for Celery tasks in Django projects.
 
 The public API: the decorator and the task base class, the exceptions, the
-operator's actions (the admin's and the commands' own code) and the health view.
+operator's actions (the admin's and the commands' own code), the health view and
+``get_gate()``, this process's gate client.
 """
 
 from importlib import import_module
@@ -19,11 +20,12 @@ from .exceptions import (
 )
 
 if TYPE_CHECKING:
+    from .keyed_task.decorators import keyed_serial_task
+    from .keyed_task.task import KeyedSerialTask
     from .ops.explain import explain
     from .ops.recovery import cancel, pause, reap, rebuild, release, resume, retry
     from .ops.views import health
-    from .worker.decorators import keyed_serial_task
-    from .worker.task import KeyedSerialTask
+    from .process.state import get_gate
 
 __all__ = [
     "ActionRefused",
@@ -37,6 +39,7 @@ __all__ = [
     "UnencodableArguments",
     "cancel",
     "explain",
+    "get_gate",
     "health",
     "keyed_serial_task",
     "pause",
@@ -49,9 +52,10 @@ __all__ = [
 
 #: Loaded on first use, after Django's apps: they import the models.
 _LAZY = {
-    "keyed_serial_task": ".worker.decorators",
-    "KeyedSerialTask": ".worker.task",
+    "keyed_serial_task": ".keyed_task.decorators",
+    "KeyedSerialTask": ".keyed_task.task",
     "health": ".ops.views",
+    "get_gate": ".process.state",
     "explain": ".ops.explain",
     **{name: ".ops.recovery" for name in ("cancel", "pause", "reap", "rebuild", "release", "resume", "retry")},
 }

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 
+from .process.state import get_gate
 from .records import submissions
 from .records.models import KeyedTask
 from .records.statuses import ACTIVE_STATUSES
-from .worker.process import get_gate
 
 
 def write_submission_rows() -> int:

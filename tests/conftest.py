@@ -42,8 +42,8 @@ def disconnect_clients(ports: set[int | None]) -> None:
 
 def pytest_unconfigure(config):
     """After every fixture (the test database too) is torn down: keep the logs, drop the temp dir."""
+    from django_keyed_queue.process.state import current
     from django_keyed_queue.records.recorder import Recorder
-    from django_keyed_queue.worker.process import current
     from tests.settings import stop_database_server
 
     current().recorder = Recorder()  # the database is gone: the exit-time flush of what was buffered would fail

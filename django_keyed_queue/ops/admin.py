@@ -246,7 +246,7 @@ class KeyedTaskAdmin(admin.ModelAdmin):
             elif action == "resume":
                 dispatched = recovery.resume(key, by=by)
                 text = f"Key {key!r} resumed by {by}; {dispatched}"
-                level = messages.WARNING if dispatched.failed or dispatched.refused else level
+                level = messages.WARNING if dispatched.broker_refused or dispatched.message_refused else level
             else:
                 assert ticket is not None
                 recovery.release(key, ticket, dispatch=dispatch, by=by)

@@ -16,9 +16,9 @@ from typing import Any
 from django.utils import timezone
 
 from ..gate import Holder, KeySnapshot
+from ..process.state import get_gate
 from ..records.models import KeyedTask
 from ..records.statuses import TERMINAL_STATUSES, Status
-from ..worker.process import get_gate
 from .display import at, from_epoch, since, took
 from .recovery import latest_row, registered_task
 

@@ -13,10 +13,10 @@ from django.utils import timezone
 
 from ..conf import settings
 from ..gate import Gate, HolderState, KeySnapshot
+from ..process.state import get_gate
 from ..records import submissions
 from ..records.models import KeyedTask
 from ..records.statuses import Status
-from ..worker.process import get_gate
 from .display import at, from_epoch, since, took
 
 

@@ -10,7 +10,7 @@ import time
 from django.db import close_old_connections
 
 from ..conf import settings
-from ..worker.outage import TRANSIENT
+from ..process.outage import TRANSIENT
 
 logger = logging.getLogger(__name__)
 

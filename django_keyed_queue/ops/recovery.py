@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
 
-from celery import current_app, signals, states
+from celery import Celery, current_app, signals, states
 from celery.app.task import Context
 from celery.utils import uuid
 from django.db import DatabaseError, close_old_connections, models, transaction
@@ -24,17 +24,17 @@ from django.utils import timezone
 
 from ..exceptions import ActionRefused, InvalidArguments, InvalidKey, MessageRefused
 from ..gate import MAX_KEY_LENGTH, Code, Recovery, RecoveryAction
+from ..keyed_task.task import KeyedSerialTask
+from ..messaging.dispatch import REPUBLISH_DELAY_SECONDS, Dispatched, Published, fail_ticket, publish, publish_grants
+from ..messaging.message import JOIN_HEADER, TaskMessage
+from ..process.state import current, get_gate
+from ..producer.submit import submit
 from ..records import submissions
 from ..records.columns import TASK_ID_MAX_LENGTH, shown, unstorable
 from ..records.idempotency import repoint
 from ..records.models import KeyedTask
 from ..records.statuses import Status
 from ..records.transitions import Transition
-from ..worker.dispatch import REPUBLISH_DELAY_SECONDS, Dispatched, Published, fail_ticket, publish, publish_grants
-from ..worker.messages import JOIN_HEADER, TaskMessage
-from ..worker.process import current, get_gate
-from ..worker.submit import submit
-from ..worker.task import KeyedSerialTask
 
 logger = logging.getLogger(__name__)
 
@@ -59,10 +59,15 @@ class ReapReport:
         return f"visited {self.visited} due keys: {counts}{failed}"
 
 
-def reap(*, dry_run: bool = False, batch: int = 500, max_batches: int = 100, app=None) -> ReapReport:
+def _celery(app: Celery | None) -> Celery:
+    """The app an action is given, else the current one (the project's, in its processes)."""
+    return app if app is not None else current_app
+
+
+def reap(*, dry_run: bool = False, batch: int = 500, max_batches: int = 100, app: Celery | None = None) -> ReapReport:
     """Write the rows of submissions kept in the gate, and recover every holder whose deadline passed;
     in a dry run, only report what would be recovered."""
-    app = app or current_app
+    app = _celery(app)
     report = ReapReport()
     if not dry_run:
         # A key's recovery never waits on the records' database.
@@ -80,14 +85,14 @@ def reap(*, dry_run: bool = False, batch: int = 500, max_batches: int = 100, app
     return report
 
 
-def republish_unstarted(lost_seconds: float, *, app=None) -> ReapReport:
+def republish_unstarted(lost_seconds: float, *, app: Celery | None = None) -> ReapReport:
     """Publish again what was granted before a broker connection was lost ``lost_seconds`` ago and not started.
 
     A worker calls it when its consumer reconnects (see ``reconnect``): what
     it had received and not started is stranded until kombu's visibility
     timeout, and a message in flight when Redis died is gone.
     """
-    app = app or current_app
+    app = _celery(app)
     found = get_gate().republish_unstarted(granted_seconds_ago=lost_seconds)
     report = ReapReport(visited=len({r.key for r in found}), recoveries=found)
     report.unpublished = [recovery for recovery in found if not _act(app, recovery)]
@@ -143,8 +148,8 @@ def _act(app, recovery: Recovery, reason: str = "") -> bool:
         again = {"dispatched_at": now, "error": f"{lost}; dispatched again"}
         settle(recovery.ticket, Status.DISPATCHED, **again)
     # A redispatch's record was settled above; any other publish records its dispatch.
-    record = recovery.action is not RecoveryAction.REDISPATCH
-    return publish(app, recovery, record=record) is not Published.BROKER_REFUSED
+    mark_dispatched = recovery.action is not RecoveryAction.REDISPATCH
+    return publish(app, recovery, mark_dispatched=mark_dispatched) is not Published.BROKER_REFUSED
 
 
 def _recorded(what: str, write: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
@@ -172,14 +177,14 @@ class RebuildReport:
         )
 
 
-def rebuild(*, dry_run: bool = False, app=None) -> RebuildReport:
+def rebuild(*, dry_run: bool = False, app: Celery | None = None) -> RebuildReport:
     """Restore the gate from the records after Redis lost it: every unfinished task runs, in ticket order.
 
     Keys that still have state in Redis are left alone. A task that was
     running when Redis was lost runs again (fence its writes with its token).
     Delayed tasks not yet due are on the broker and join when due.
     """
-    app = app or current_app
+    app = _celery(app)
     report = RebuildReport()
     gate = get_gate()
     submissions.write_due(gate)  # what this Redis still keeps (after a total loss, nothing)
@@ -209,7 +214,7 @@ def rebuild(*, dry_run: bool = False, app=None) -> RebuildReport:
         task_ids = {r.ticket: r.task_id for r in rows}
         for grant in rebuilt.granted:
             task_id = task_ids[grant.ticket]
-            published = publish(app, grant, record=False)
+            published = publish(app, grant, mark_dispatched=False)
             if published is Published.BROKER_REFUSED:
                 report.unpublished.append(task_id)
             elif published is Published.SENT:
@@ -228,7 +233,7 @@ def _restorable(row: KeyedTask, app) -> bool:
     return True
 
 
-def checked_key(key: str) -> str:
+def operator_key(key: str) -> str:
     """An operator's key as a submission's key is checked: 1 to ``MAX_KEY_LENGTH`` characters of text
     a database can store, else ActionRefused."""
     problem = "is empty" if key == "" else unstorable(key, MAX_KEY_LENGTH)
@@ -239,11 +244,11 @@ def checked_key(key: str) -> str:
 
 def pause(key: str, *, by: str = "an operator") -> None:
     """Pause a key: nothing new is dispatched; submissions still queue in order."""
-    get_gate().pause(checked_key(key), by=by)
+    get_gate().pause(operator_key(key), by=by)
     logger.info("keyed queue key %r paused by %s", key, by)
 
 
-def resume(key: str, *, by: str = "an operator", app=None) -> Dispatched:
+def resume(key: str, *, by: str = "an operator", app: Celery | None = None) -> Dispatched:
     """Resume a key and dispatch what it had waiting, up to its limit.
 
     A grant the broker refused is published again by the reaper. A key
@@ -252,10 +257,10 @@ def resume(key: str, *, by: str = "an operator", app=None) -> Dispatched:
     gate = get_gate()
     # Read first, so that a key never paused is refused with nothing written; the resume itself says
     # whether it resumed the key, so that of racing resumes one does and the others are refused.
-    granted = gate.resume(key) if gate.is_paused(checked_key(key)) else None
+    granted = gate.resume(key) if gate.is_paused(operator_key(key)) else None
     if granted is None:
         raise ActionRefused(f"key {key!r} is not paused")
-    done = publish_grants(app or current_app, granted)
+    done = publish_grants(_celery(app), granted)
     current().recorder.flush()
     logger.info("keyed queue key %r resumed by %s: %s", key, by, done)
     return done
@@ -264,7 +269,7 @@ def resume(key: str, *, by: str = "an operator", app=None) -> Dispatched:
 # -- the operator's actions ---------------------------------------------------
 
 
-def cancel(task_id: str, *, by: str = "an operator", app=None) -> KeyedTask:
+def cancel(task_id: str, *, by: str = "an operator", app: Celery | None = None) -> KeyedTask:
     """Cancel a task that has not started: it leaves its key's queue and never runs. A failed task
     that blocks its key (``on_failure="block"``) is cancelled too: its key's next task runs.
     Returns its row as it was."""
@@ -284,7 +289,7 @@ def cancel(task_id: str, *, by: str = "an operator", app=None) -> KeyedTask:
     if row.ticket is None:
         # Sent with a countdown or eta: it takes its ticket when due, unless refused now.
         due_in = (row.due_at - timezone.now()).total_seconds() if row.due_at else 0.0
-        if not gate.refuse_join(row.key, _join_id(row, app or current_app), due_in_seconds=due_in):
+        if not gate.refuse_join(row.key, _join_id(row, _celery(app)), due_in_seconds=due_in):
             raise ActionRefused(f"task {task_id} joined its key's queue just now; look again and retry")
     else:
         withdrawn = gate.cancel(row.key, row.ticket)  # the key's own limit, as its submissions set it
@@ -292,14 +297,14 @@ def cancel(task_id: str, *, by: str = "an operator", app=None) -> KeyedTask:
             raise ActionRefused(f"task {task_id} started meanwhile; release its holder instead")
         if withdrawn.code is not Code.OK:
             raise ActionRefused(f"the gate holds no ticket {row.ticket} of key {row.key!r}: it ended meanwhile")
-        publish_grants(app or current_app, withdrawn.granted)
+        publish_grants(_celery(app), withdrawn.granted)
         current().recorder.flush()  # the operator sees the next task dispatched on their next look
     KeyedTask.objects.settle_rows([row.pk], Status.CANCELLED, finished_at=timezone.now(), error=f"cancelled by {by}")
     logger.info("keyed queue task %s key=%r cancelled by %s", task_id, row.key, by)
     return row
 
 
-def withdraw_revoked(task_ids: Iterable[str], *, app=None) -> list[str]:
+def withdraw_revoked(task_ids: Iterable[str], *, app: Celery | None = None) -> list[str]:
     """Celery revoked ``task_ids`` (this worker got ``revoke``): withdraw the keyed ones that wait for their key.
 
     Celery's workers drop a revoked task when its message arrives, but a task that
@@ -308,7 +313,7 @@ def withdraw_revoked(task_ids: Iterable[str], *, app=None) -> list[str]:
     ticket here, and does what a worker does for a revoked message: the result says
     ``REVOKED`` and ``task_revoked`` is sent. The task ids withdrawn.
     """
-    app = app or current_app
+    app = _celery(app)
     close_old_connections()  # this runs in the worker's main process, between messages
     submissions.write_due(get_gate())  # a task submitted just now is revoked too
     unstarted = KeyedTask.objects.filter(task_id__in=set(task_ids), status__in=(Status.WAITING, Status.DISPATCHED))
@@ -329,7 +334,7 @@ def withdraw_revoked(task_ids: Iterable[str], *, app=None) -> list[str]:
     return withdrawn
 
 
-def retry(task_id: str, *, by: str = "an operator", app=None) -> str:
+def retry(task_id: str, *, by: str = "an operator", app: Celery | None = None) -> str:
     """Run a failed task again; the id of the task that runs.
 
     A task that blocks its key (``on_failure="block"``) runs again first, as itself (its id is
@@ -337,7 +342,7 @@ def retry(task_id: str, *, by: str = "an operator", app=None) -> str:
     as a new task. Once: the failed row is marked retried, naming the new task, in the transaction
     that submits it, so a second retry of it, repeated or racing, is refused naming the first's.
     """
-    app = app or current_app
+    app = _celery(app)
     row = latest_row(task_id)
     if _blocks_its_key(row):
         # Marked first: the run may start, and write its own progress, as soon as it is published.
@@ -447,7 +452,9 @@ def unknown_task(app, name: str, task_id: str, header: Any) -> None:
 RELEASE_GRACE_SECONDS = 10.0
 
 
-def release(key: str, ticket: int, *, dispatch: int | None = None, by: str = "an operator", app=None) -> list[Recovery]:
+def release(
+    key: str, ticket: int, *, dispatch: int | None = None, by: str = "an operator", app: Celery | None = None
+) -> list[Recovery]:
     """Release a key's stuck holder now, as the reaper does when a lease expires.
 
     Its run is fenced (its lease is gone: ``holds_key()`` is False, its
@@ -456,9 +463,9 @@ def release(key: str, ticket: int, *, dispatch: int | None = None, by: str = "an
     ``dispatch``: the holder's dispatch as the operator saw it (None: as it is now); a
     release of a dispatch released already, by a second click or another terminal, is refused.
     """
-    app = app or current_app
+    app = _celery(app)
     gate = get_gate()
-    state = gate.inspect(checked_key(key), waiting_shown=0)
+    state = gate.inspect(operator_key(key), waiting_shown=0)
     if state.blocks(ticket):
         raise ActionRefused(f"ticket {ticket} of key {key!r} failed and blocks its key: retry or cancel its task")
     holder = state.holders.get(ticket)
@@ -496,7 +503,7 @@ def _unblock(row: KeyedTask, *, retry: bool, app) -> None:
     done = get_gate().unblock(row.key, row.ticket, retry=retry)  # type: ignore[arg-type]  # checked by the caller
     if done.code is not Code.OK:
         raise ActionRefused(f"task {row.task_id} no longer blocks key {row.key!r}: look again")
-    publish_grants(app or current_app, done.granted)
+    publish_grants(_celery(app), done.granted)
     current().recorder.flush()  # the operator sees the next task dispatched on their next look
 
 
@@ -528,7 +535,7 @@ def registered_task(app, name: str):
     A ``manage.py`` or web process imports no task module until something
     needs one; Celery's worker imports them all (``autodiscover_tasks``) at start.
     """
-    app = app or current_app
+    app = _celery(app)
     if name not in app.tasks:
         app.loader.import_default_modules()
     return app.tasks.get(name)

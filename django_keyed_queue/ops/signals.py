@@ -26,15 +26,14 @@ from django.dispatch import receiver
 
 from ..conf import PREFIX, settings
 from ..exceptions import ActionRefused
+from ..keyed_task.task import KeyedSerialTask
+from ..messaging.message import HEADER
+from ..process.state import WorkerTraits, current, note_worker
 from ..records.statuses import Status
 from ..records.submissions import RecordWriter
-from ..worker import handoff_runs
-from ..worker.dispatch import run_kept
-from ..worker.messages import HEADER
-from ..worker.process import WorkerTraits, current, note_worker
+from ..worker import handoff, handoff_runs
 from ..worker.reconnect import republish_after_reconnect, tolerate_lost_brpop_on_close
 from ..worker.run import end_killed_run
-from ..worker.task import KeyedSerialTask
 from .reaper import WorkerReaper
 from .recovery import cancel, unknown_task, withdraw_revoked
 
@@ -85,7 +84,7 @@ def _withdraw_revoked_tasks() -> None:
 @task_postrun.connect
 def _run_kept_grant(sender=None, task_id: str = "", **_: object) -> None:
     """The finished task's result is stored: run the next task of its key here (local handoff)."""
-    run_kept(sender.app, task_id)
+    handoff.local().run_kept(sender.app, task_id)
 
 
 @task_revoked.connect

@@ -14,9 +14,9 @@ from celery import current_app
 
 from ..exceptions import ActionRefused
 from ..gate import Holder
+from ..process.state import get_gate
 from ..records.models import KeyedTask
 from ..records.statuses import Status
-from ..worker.process import get_gate
 from . import recovery
 from .display import since
 

@@ -8,9 +8,9 @@ from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 
 from ..conf import settings
+from ..process.state import get_gate
 from ..records import submissions
 from ..records.models import KeyedTask
-from ..worker.process import get_gate
 from .live import stuck_keys
 
 

@@ -130,7 +130,7 @@ def _differ(stored: str, given: tuple[str, ...]) -> bool:
     return bool(stored and given) and stored not in given
 
 
-def release(fingerprint: str, task_id: str) -> None:
+def unclaim(fingerprint: str, task_id: str) -> None:
     """Give back a claim whose submission failed: the key is not consumed."""
     IdempotencyKey.objects.filter(fingerprint=fingerprint, task_id=task_id).delete()
 

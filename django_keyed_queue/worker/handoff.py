@@ -1,8 +1,11 @@
 """Local handoff: a worker process runs the next task of the key it just finished.
 
-The dispatcher decides to keep a grant and when to run it (``dispatch.hand_over``,
-``dispatch.run_kept``); this module builds the request and runs the task as the
-worker would.
+``LocalHandoff`` owns it: its state (the grant kept, the chain running now, its
+deadline) and its decisions (keep a grant or publish it, run what was kept,
+publish a kept run that rejects itself with requeue). ``local()`` is this
+process's; the worker's wiring calls it from ``task_postrun`` (``ops.signals``),
+and ``handoff_runs`` tells the worker's main process which task each pool
+process runs this way.
 
 When a run finishes and the gate grants the key's next ticket, publishing that
 ticket's message costs a broker round trip, a wake-up of a worker's main
@@ -26,22 +29,33 @@ Everything else is published as usual.
 from __future__ import annotations
 
 import logging
+import os
+import threading
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import celery
-from celery import signals, states
+from celery import Celery, Task, signals, states
 from celery.app.task import Context
 from celery.app.trace import LOG_RECEIVED, trace_task
 from celery.utils.imports import symbol_by_name
+from django.utils import timezone
 from kombu import Message
 from kombu.utils.encoding import safe_repr, safe_str
 
+from ..conf import settings
+from ..exceptions import MessageRefused
 from ..gate import Grant
-from .messages import TaskMessage, ticket_header
-from .process import WorkerTraits
-from .sending import built
+from ..messaging.building import with_celery_message
+from ..messaging.dispatch import Dispatched, publish, publish_grants, record_dispatched
+from ..messaging.message import TaskMessage, ticket_header
+from ..process.state import WorkerTraits, current
+from . import handoff_runs
+
+logger = logging.getLogger(__name__)
 
 #: Stored apply_async options a locally run task can honour; any other sends it through the broker.
 HONOURED_OPTIONS = frozenset(
@@ -70,7 +84,97 @@ class Kept:
     after: str
 
 
-def local_request(app, message: TaskMessage, grant: Grant, hostname: str, worker: WorkerTraits) -> dict | None:
+class LocalHandoff(threading.local):
+    """This process's local handoff, per thread: the one owner of its state and its decisions."""
+
+    def __init__(self) -> None:
+        #: The grant kept to run here once the run that freed it is traced.
+        self.kept: Kept | None = None
+        #: A chain of kept runs is running; it hands off locally until ``deadline`` (monotonic).
+        self.running = False
+        self.deadline = 0.0
+        #: The kept grant running now: it came by no broker message.
+        self.tracing: Kept | None = None
+
+    def hand_over(self, app: Celery, finished_request: Any, grants: list[Grant]) -> Dispatched:
+        """Dispatch what a run's finish granted: the first grant may be kept to run here, next."""
+        return publish_grants(app, self._keep(app, finished_request, grants))
+
+    def _keep(self, app: Celery, finished_request: Any, grants: list[Grant]) -> list[Grant]:
+        """Keep the first grant to run in this process if it may; returns the grants left to publish."""
+        if not grants or settings.LOCAL_HANDOFF_SECONDS <= 0 or self.kept is not None:
+            return grants
+        if self.running and time.monotonic() >= self.deadline:
+            return grants
+        if any(finished_request.timelimit or ()):
+            return grants  # the pool's timer of the message being run would cover the kept run too
+        try:
+            message = TaskMessage.decode(grants[0].message, app.conf.accept_content)
+        except MessageRefused:
+            return grants  # publishing refuses it too, and fails its task
+        request = local_request(app, message, grants[0], finished_request.hostname, current().worker)
+        if request is None:
+            return grants
+        self.kept = Kept(grants[0], request, after=finished_request.id)
+        record_dispatched(grants[0], message.task_id, timezone.now())
+        return grants[1:]
+
+    def run_kept(self, app: Celery, task_id: str) -> None:
+        """After the run ``task_id`` is traced: run what it kept, and what those keep, within the budget.
+
+        A kept run's own ``task_postrun`` calls this again, nested, and returns at
+        once: the outermost call loops, so the stack does not grow with the chain.
+        """
+        kept = self.kept
+        if kept is None or kept.after != task_id or self.running:
+            return
+        self.running = True
+        self.deadline = time.monotonic() + settings.LOCAL_HANDOFF_SECONDS
+        try:
+            while self.kept is not None:
+                kept, self.kept = self.kept, None
+                logger.debug("running key=%r ticket=%s here (local handoff)", kept.grant.key, kept.grant.ticket)
+                self.tracing = kept
+                handoff_runs.note(task_id, kept.request)  # this job's own task finished: it hosts this run
+                trace(app, app.tasks[kept.request["task"]], kept.request, current().worker)
+                self.tracing = None
+        finally:
+            handoff_runs.clear()
+            self.running, self.tracing = False, None
+            left, self.kept = self.kept, None
+            if left is not None:  # the loop was interrupted: the grant goes out as usual
+                publish_grants(app, [left.grant])
+
+    def requeue_kept(self, app: Celery, task_id: str, key: str, ticket: int) -> None:
+        """``Reject(requeue=True)`` of a run: if it runs here by local handoff, there is no message for
+        the broker to deliver again, so its grant's message is published now, as that delivery."""
+        tracing = self.tracing
+        if tracing is None or (tracing.request["id"], tracing.grant.key, tracing.grant.ticket) != (
+            task_id,
+            key,
+            ticket,
+        ):
+            return
+        publish(app, tracing.grant, mark_dispatched=False)
+
+
+_local = LocalHandoff()
+
+
+def local() -> LocalHandoff:
+    """This process's local handoff (a forked pool process starts with none kept)."""
+    return _local
+
+
+def _after_fork_in_child() -> None:
+    global _local
+    _local = LocalHandoff()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def local_request(app: Celery, message: TaskMessage, grant: Grant, hostname: str, worker: WorkerTraits) -> dict | None:
     """The request a broker message of ``grant`` would give the task here; None if it must go by broker."""
     task = app.tasks.get(message.task_name)
     options = message.options
@@ -82,7 +186,7 @@ def local_request(app, message: TaskMessage, grant: Grant, hostname: str, worker
         return None
     if getattr(task, "serial_interval_ms", 0):
         return None  # its key's rate: it may start only later, which a broker message waits out
-    sent = built(app, message).sent
+    sent = with_celery_message(app, message).sent
     assert sent is not None
     if not set(sent["declare"]) & set(app.amqp.queues.consume_from):
         return None  # this worker does not read the queue the message would go to
@@ -109,7 +213,7 @@ def local_request(app, message: TaskMessage, grant: Grant, hostname: str, worker
     }
 
 
-def trace(app, task, request: dict, worker: WorkerTraits) -> None:
+def trace(app: Celery, task: Task, request: dict, worker: WorkerTraits) -> None:
     """Run the task as the worker would, sending the task events the worker would send for it."""
     run = partial(trace_task, task, request["id"], request["args"], request["kwargs"], request)
     run = partial(run, hostname=request["hostname"], loader=app.loader, app=app)
@@ -140,7 +244,7 @@ def trace(app, task, request: dict, worker: WorkerTraits) -> None:
             _rejected(task, request, info.retval, retval, send)
 
 
-def _receive(app, task, request: dict) -> None:
+def _receive(app: Celery, task: Task, request: dict) -> None:
     """What a worker's main process does first with a message it received: the log line, ``task_received``.
 
     The signal's request is the worker's own request class, made from the message the

@@ -24,7 +24,7 @@ from billiard.process import current_process
 from celery import signals
 from celery.app.task import Context
 
-from .messages import HEADER
+from ..messaging.message import HEADER
 
 logger = logging.getLogger(__name__)
 

@@ -29,10 +29,10 @@ from celery.worker.request import Request
 from celery.worker.state import task_ready
 
 from ..gate import Grant
+from ..messaging.message import HEADER, JOIN_HEADER, ticket_header
+from ..process.state import get_gate
 from ..records.statuses import Status
 from . import handoff_runs
-from .messages import HEADER, JOIN_HEADER, ticket_header
-from .process import get_gate
 from .run import end_killed_run, join, send_when_due
 
 logger = logging.getLogger(__name__)

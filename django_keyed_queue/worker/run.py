@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import sys
 import traceback
-from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -23,17 +22,25 @@ from django.utils import timezone
 
 from ..exceptions import InvalidArguments, InvalidKey
 from ..gate import Code, FinishResult, Grant, Lease, Outcome, SubmitResult
+from ..messaging.building import SendNow, delivered, send_to_gate
+from ..messaging.dispatch import publish, publish_grants
+from ..messaging.message import (
+    DELAY_OPTIONS,
+    HEADER,
+    JOIN_HEADER,
+    TaskMessage,
+    gate_message,
+    send_options,
+    ticket_header,
+)
+from ..process.outage import outlast_restart, take_ticket
+from ..process.state import current
 from ..records import submissions
 from ..records.columns import shown
 from ..records.statuses import Status
 from ..records.transitions import Transition
+from . import handoff
 from .attempt_errors import ERRORS_HEADER, carried, earlier_errors, with_earlier
-from .dispatch import hand_over, publish, publish_grants, requeue_kept
-from .messages import DELAY_OPTIONS, HEADER, JOIN_HEADER, TaskMessage, gate_message, send_options, ticket_header
-from .outage import outlast_restart
-from .process import current
-from .sending import delivered, send
-from .submit import take_ticket
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +109,7 @@ class Run:
 
     def let_go(self) -> None:
         """Stop renewing the lease without ending the run: a retry went out, or the process is going down."""
-        current().leases.release(self.lease)
+        current().leases.stop_renewing(self.lease)
 
     def succeed(self) -> bool:
         return self.finish(Status.SUCCEEDED)
@@ -142,7 +149,7 @@ class Run:
         gate = current().gate
         requeued, _ = outlast_restart(lambda: gate.requeue(lease.key, lease.ticket, lease.token))
         if requeued:
-            requeue_kept(task.app, task.request.id, lease.key, lease.ticket)
+            handoff.local().requeue_kept(task.app, task.request.id, lease.key, lease.ticket)
             error = "requeued by Reject(requeue=True): its message runs again"
             current().recorder.record(self._transition(Status.RETRYING, error=error))
 
@@ -210,7 +217,7 @@ class Run:
             )  # fmt: skip
             return False
         process.recorder.record(end)
-        hand_over(task.app, request, finished.granted)
+        handoff.local().hand_over(task.app, request, finished.granted)
         return True
 
     def retry_in_place(self, args: tuple, kwargs: dict, options: dict):
@@ -229,7 +236,7 @@ class Run:
         earlier = earlier_errors(task.request)
         options["headers"] = {**(options.get("headers") or {}), ERRORS_HEADER: carried(earlier, self.attempts, error)}
 
-        def to_gate(message: TaskMessage, send_now: Callable[[dict], None]) -> None:
+        def keep_slot_for_retry(message: TaskMessage, send_now: SendNow) -> None:
             gate, stored = current().gate, message.encode(task.serializer, blocks=task.blocks_on_failure)
             dispatch, _ = outlast_restart(
                 lambda: gate.retry(lease.key, lease.ticket, lease.token, stored, countdown_seconds=countdown)
@@ -242,7 +249,7 @@ class Run:
             current().recorder.record(self._transition(Status.RETRYING, error=retrying))
             send_now(ticket_header(lease.key, lease.ticket, dispatch))
 
-        return send(task.app, task, task_id, args, kwargs, options, to_gate)
+        return send_to_gate(task.app, task, task_id, args, kwargs, options, keep_slot_for_retry)
 
 
 def _start(task: Any, header: dict, args: tuple, kwargs: dict) -> tuple[Lease, int]:
@@ -301,7 +308,7 @@ def send_when_due(task: Any, grant: Grant, wait_seconds: float) -> None:
         wait_seconds,
         task.serial_rate,
     )
-    publish(task.app, grant, record=False, countdown=wait_seconds)
+    publish(task.app, grant, mark_dispatched=False, countdown=wait_seconds)
 
 
 def join(

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from django.urls import reverse
 
 from django_keyed_queue.ops.recovery import pause
+from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.records.statuses import Status
-from django_keyed_queue.worker.process import get_gate
 
 PAUSED_KEY = "account:6"
 SLOW_KEY = "report:monthly"

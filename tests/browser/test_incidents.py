@@ -14,9 +14,9 @@ import pytest
 from django.utils import timezone
 
 from django_keyed_queue.ops import recovery
+from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.testing import write_submission_rows
-from django_keyed_queue.worker.process import get_gate
 from testproject.demo.tasks import charge, step
 from tests.browser.conftest import DOCS_DIR, save_for_docs
 

@@ -6,9 +6,9 @@ import pytest
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
 
+from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.testing import write_submission_rows
-from django_keyed_queue.worker.process import get_gate
 from testproject.demo.tasks import step
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -17,10 +17,10 @@ import pytest
 from django.utils import timezone
 
 from django_keyed_queue.gate import Gate
+from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records.models import IdempotencyKey, KeyedTask
 from django_keyed_queue.records.statuses import Status
 from django_keyed_queue.testing import write_submission_rows
-from django_keyed_queue.worker.process import get_gate
 from testproject.demo.tasks import step
 from tests.browser.conftest import DATA_DIR, DOCS_DIR, SERVER_REAP_INTERVAL_SECONDS, save_for_docs
 

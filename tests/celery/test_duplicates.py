@@ -3,8 +3,8 @@
 import pytest
 from celery import Task
 
-from django_keyed_queue.worker.messages import TaskMessage, ticket_header
-from django_keyed_queue.worker.sending import publish_stored
+from django_keyed_queue.messaging.building import publish_stored
+from django_keyed_queue.messaging.message import TaskMessage, ticket_header
 from testproject.demo.tasks import step
 from tests.helpers import read_history, wait_for_records, wait_until
 

@@ -10,8 +10,8 @@ import pytest
 from celery import current_app
 from celery.states import FAILURE
 
+from django_keyed_queue.messaging.message import TaskMessage
 from django_keyed_queue.records.models import KeyedTask
-from django_keyed_queue.worker.messages import TaskMessage
 from testproject.demo.tasks import failing_step, flaky_step, plain_step, step, timed_step
 from testproject.servers import QUIET_WORKER_ARGS, Worker
 from tests.helpers import check_history, read_history, wait_for_records, wait_until

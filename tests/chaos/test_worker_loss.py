@@ -10,8 +10,8 @@ import pytest
 import redis
 from django.conf import settings
 
+from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.testing import write_submission_rows
-from django_keyed_queue.worker.process import get_gate
 from testproject.demo.tasks import lingering_step, returning_step
 from tests.helpers import check_history, read_history, wait_for_records, wait_until
 

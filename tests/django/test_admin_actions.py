@@ -9,10 +9,10 @@ from django.contrib.auth.models import User
 from django.urls import reverse
 
 from django_keyed_queue.gate import Lease
+from django_keyed_queue.messaging.message import HEADER, JOIN_HEADER, TaskMessage
+from django_keyed_queue.process.state import current, get_gate
 from django_keyed_queue.records.models import IdempotencyKey, KeyedTask
 from django_keyed_queue.testing import write_submission_rows
-from django_keyed_queue.worker.messages import HEADER, JOIN_HEADER, TaskMessage
-from django_keyed_queue.worker.process import current, get_gate
 from testproject.demo.tasks import charge, step
 
 from .conftest import QUEUE

@@ -14,8 +14,8 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils.timezone import localtime, now
 
+from django_keyed_queue.keyed_task.task import KeyedSerialTask
 from django_keyed_queue.records.models import KeyedTask
-from django_keyed_queue.worker.task import KeyedSerialTask
 from testproject.celery import app
 from tests.admin_rows import TASK_NAMES, seed_tasks
 

@@ -10,9 +10,9 @@ from django_keyed_queue import InvalidArguments, InvalidKey, KeyQueueFull
 from django_keyed_queue.gate import Gate
 from django_keyed_queue.gate.keys import KeyNames
 from django_keyed_queue.gate.transport import ClusterTransport, ServerTransport
+from django_keyed_queue.messaging.message import HEADER
 from django_keyed_queue.records.models import IdempotencyKey, KeyedTask
 from django_keyed_queue.testing import write_submission_rows
-from django_keyed_queue.worker.messages import HEADER
 from testproject.demo.tasks import charge, step
 
 from .conftest import QUEUE

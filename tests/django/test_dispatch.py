@@ -8,9 +8,9 @@ from celery import current_app
 from django_keyed_queue import keyed_serial_task
 from django_keyed_queue.gate import Grant
 from django_keyed_queue.gate.keys import KeyNames
-from django_keyed_queue.worker.dispatch import Published, publish
-from django_keyed_queue.worker.messages import HEADER, TaskMessage
-from django_keyed_queue.worker.process import get_gate
+from django_keyed_queue.messaging.dispatch import Published, publish
+from django_keyed_queue.messaging.message import HEADER, TaskMessage
+from django_keyed_queue.process.state import get_gate
 from testproject.demo.tasks import step
 
 from .conftest import QUEUE

@@ -9,9 +9,9 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from django_keyed_queue import ActionRefused, explain, keyed_serial_task
+from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.testing import write_submission_rows
-from django_keyed_queue.worker.process import get_gate
 from testproject.demo.tasks import step
 
 from .conftest import QUEUE

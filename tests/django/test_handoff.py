@@ -4,9 +4,9 @@ import pytest
 from celery import current_app
 
 from django_keyed_queue.gate import Grant
+from django_keyed_queue.messaging.message import HEADER, TaskMessage
+from django_keyed_queue.process.state import WorkerTraits
 from django_keyed_queue.worker.handoff import local_request
-from django_keyed_queue.worker.messages import HEADER, TaskMessage
-from django_keyed_queue.worker.process import WorkerTraits
 from testproject.demo.tasks import step, timed_step
 
 

@@ -8,10 +8,10 @@ from django.test import override_settings
 from django.urls import reverse
 
 from django_keyed_queue.gate.keys import KeyNames
+from django_keyed_queue.process.state import current, get_gate
 from django_keyed_queue.records import submissions
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.testing import write_submission_rows
-from django_keyed_queue.worker.process import current, get_gate
 from testproject.demo.tasks import step
 from tests.gate._support import DEADLINES, UNWRITTEN, index_scores
 

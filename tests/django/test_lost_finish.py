@@ -5,9 +5,9 @@ import json
 import pytest
 
 from django_keyed_queue.gate import Lease
+from django_keyed_queue.messaging.message import HEADER
+from django_keyed_queue.process.state import current
 from django_keyed_queue.testing import write_submission_rows
-from django_keyed_queue.worker.messages import HEADER
-from django_keyed_queue.worker.process import current
 from django_keyed_queue.worker.run import Run
 from testproject.demo.tasks import step
 

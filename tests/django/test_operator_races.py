@@ -10,11 +10,11 @@ from django.db import connections
 
 from django_keyed_queue.exceptions import ActionRefused
 from django_keyed_queue.gate import Lease
+from django_keyed_queue.messaging.message import HEADER
 from django_keyed_queue.ops import recovery
+from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.testing import write_submission_rows
-from django_keyed_queue.worker.messages import HEADER
-from django_keyed_queue.worker.process import get_gate
 from testproject.demo.tasks import step
 
 from .conftest import QUEUE

@@ -7,10 +7,10 @@ import pytest
 from django.db import connection
 
 from django_keyed_queue.exceptions import ActionRefused
+from django_keyed_queue.messaging.message import TaskMessage, gate_message
 from django_keyed_queue.ops import recovery
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.testing import write_submission_rows
-from django_keyed_queue.worker.messages import TaskMessage, gate_message
 from testproject.demo.tasks import charge, step
 
 from .conftest import QUEUE

@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from django_keyed_queue.gate import Gate, NotSent
-from django_keyed_queue.worker.submit import take_ticket
+from django_keyed_queue.producer.submit import take_ticket
 from testproject.servers import RedisServer, free_port
 
 

@@ -10,10 +10,10 @@ import pytest
 from django.utils import timezone
 
 from django_keyed_queue.gate import Lease
+from django_keyed_queue.process import state as process
+from django_keyed_queue.process.leases import LeaseKeeper
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.records.recorder import Recorder
-from django_keyed_queue.worker import process
-from django_keyed_queue.worker.leases import LeaseKeeper
 
 
 def _wait_for_child(pid: int, timeout: float) -> int | None:

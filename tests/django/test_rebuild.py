@@ -7,10 +7,10 @@ import pytest
 from django.core.management import call_command
 
 from django_keyed_queue.gate.keys import KeyNames
+from django_keyed_queue.messaging.message import HEADER
+from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.testing import write_submission_rows
-from django_keyed_queue.worker.messages import HEADER
-from django_keyed_queue.worker.process import get_gate
 from testproject.demo.tasks import step
 
 from .conftest import QUEUE

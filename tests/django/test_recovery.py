@@ -11,9 +11,9 @@ from django.core.management import call_command
 
 from django_keyed_queue.gate import Gate
 from django_keyed_queue.gate.keys import KeyNames
+from django_keyed_queue.messaging.message import HEADER
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.testing import write_submission_rows
-from django_keyed_queue.worker.messages import HEADER
 from django_keyed_queue.worker.run import end_killed_run
 from testproject.demo.tasks import step
 from tests.helpers import wait_until

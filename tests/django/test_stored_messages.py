@@ -9,11 +9,11 @@ from celery import current_app
 
 from django_keyed_queue.exceptions import ActionRefused, MessageRefused
 from django_keyed_queue.gate.keys import KeyNames
+from django_keyed_queue.messaging.message import TaskMessage
 from django_keyed_queue.ops import recovery
+from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.testing import write_submission_rows
-from django_keyed_queue.worker.messages import TaskMessage
-from django_keyed_queue.worker.process import get_gate
 from testproject.demo.tasks import step
 
 from .conftest import QUEUE
@@ -62,7 +62,7 @@ def test_a_parked_message_rewritten_as_pickle_fails_its_task_and_the_key_moves_o
     gate_redis.hset(KeyNames("k").messages, 1, pickled_envelope(first.id, tmp_path / "ran"))
 
     done = recovery.resume("k")
-    assert (done.published, done.failed, done.refused) == (1, 0, 1)
+    assert (done.published, done.broker_refused, done.message_refused) == (1, 0, 1)
     assert not (tmp_path / "ran").exists(), "the payload was never unpickled"
     row = KeyedTask.objects.get(task_id=first.id)
     assert row.status == "failed" and "not in accept_content" in row.error
@@ -88,7 +88,7 @@ def test_a_parked_message_that_is_not_even_json_fails_its_task_by_its_ticket(gat
     gate_redis.hset(KeyNames("k").messages, 1, b"\x00not json")
 
     done = recovery.resume("k")
-    assert (done.published, done.refused) == (1, 1)
+    assert (done.published, done.message_refused) == (1, 1)
     row = KeyedTask.objects.get(task_id=first.id)
     assert row.status == "failed" and "its envelope is malformed" in row.error
     assert [json.loads(m)["headers"]["id"] for m in broker.lrange(QUEUE, 0, -1)] == [second.id]

@@ -13,10 +13,10 @@ from django_keyed_queue import GateUnavailable, InvalidArguments, InvalidKey, Ke
 from django_keyed_queue.gate import MAX_KEY_LENGTH
 from django_keyed_queue.gate.keys import KeyNames
 from django_keyed_queue.gate.transport import ClusterTransport, ServerTransport
+from django_keyed_queue.messaging.message import HEADER, JOIN_HEADER, TaskMessage
+from django_keyed_queue.process.state import current
 from django_keyed_queue.records.models import IdempotencyKey, KeyedTask
 from django_keyed_queue.testing import write_submission_rows
-from django_keyed_queue.worker.messages import HEADER, JOIN_HEADER, TaskMessage
-from django_keyed_queue.worker.process import current
 from django_keyed_queue.worker.run import join
 from testproject.demo.tasks import step, write_file
 from tests.gate._support import redis_names
@@ -152,7 +152,7 @@ def test_a_submission_whose_reply_was_lost_keeps_the_one_ticket_it_took(gate_red
 def test_a_submission_that_never_gets_a_reply_says_it_may_still_run(gate_redis, broker, monkeypatch):
     current().gate.submit("another", b"m")  # its script loaded: the lost calls run
     lose_replies(monkeypatch, 1_000)
-    monkeypatch.setattr("django_keyed_queue.worker.submit.SUBMIT_RETRY_SECONDS", 0.3)
+    monkeypatch.setattr("django_keyed_queue.process.outage.SUBMIT_RETRY_SECONDS", 0.3)
     with pytest.raises(GateUnavailable, match="may have been queued and may still run"):
         step.apply_async(("a", 1), queue=QUEUE)
     assert KeyedTask.objects.count() == 0 and broker.llen(QUEUE) == 0

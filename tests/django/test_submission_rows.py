@@ -6,12 +6,12 @@ import pytest
 from django.utils import timezone
 
 from django_keyed_queue.gate.keys import KeyNames
+from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records import submissions
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.records.statuses import Status
 from django_keyed_queue.records.transitions import Transition
 from django_keyed_queue.testing import write_submission_rows
-from django_keyed_queue.worker.process import get_gate
 from django_keyed_queue.worker.run import end_killed_run
 from testproject.demo.tasks import step
 from tests.gate._support import UNWRITTEN, index_scores

@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from django_keyed_queue import ActionRefused, explain
+from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records.models import IdempotencyKey, KeyedTask
 from django_keyed_queue.testing import write_submission_rows
-from django_keyed_queue.worker.process import get_gate
 from testproject.demo.tasks import charge, step
 
 from .conftest import QUEUE

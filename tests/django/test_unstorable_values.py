@@ -12,14 +12,14 @@ from django.utils import timezone
 
 from django_keyed_queue import InvalidArguments, InvalidKey, keyed_serial_task
 from django_keyed_queue.gate.keys import KeyNames
+from django_keyed_queue.messaging.message import HEADER
+from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records import submissions
 from django_keyed_queue.records.models import IdempotencyKey, KeyedTask
 from django_keyed_queue.records.recorder import Recorder
 from django_keyed_queue.records.statuses import Status
 from django_keyed_queue.records.transitions import Transition
 from django_keyed_queue.testing import write_submission_rows
-from django_keyed_queue.worker.messages import HEADER
-from django_keyed_queue.worker.process import get_gate
 from testproject.demo.tasks import step
 from tests.gate._support import UNWRITTEN, index_scores
 

@@ -10,7 +10,7 @@ import redis
 from django.core.management.base import BaseCommand, CommandError
 
 from django_keyed_queue.exceptions import ActionRefused
-from django_keyed_queue.ops.recovery import checked_key
+from django_keyed_queue.ops.recovery import operator_key
 
 #: Where the operator's actions are logged (at INFO) for the audit trail.
 AUDIT_LOGGER = "django_keyed_queue.ops.recovery"
@@ -68,7 +68,7 @@ class KeyCommand(BaseCommand):
 
     def handle(self, *args, key: str, **options):
         with gate_reachable():
-            self.stdout.write(self.act(checked_key(key)))
+            self.stdout.write(self.act(operator_key(key)))
 
     def act(self, key: str) -> str:
         raise NotImplementedError

@@ -1,7 +1,7 @@
 from django.core.management.base import CommandError
 
-from django_keyed_queue.ops.recovery import checked_key, release
-from django_keyed_queue.worker.process import get_gate
+from django_keyed_queue.ops.recovery import operator_key, release
+from django_keyed_queue.process.state import get_gate
 
 from ._key import KeyCommand, gate_reachable, operator
 
@@ -18,7 +18,7 @@ class Command(KeyCommand):
 
     def handle(self, *args, key: str, ticket: int | None = None, **options):
         with gate_reachable():
-            self.stdout.write(self.release(checked_key(key), ticket))
+            self.stdout.write(self.release(operator_key(key), ticket))
 
     def release(self, key: str, ticket: int | None) -> str:
         if ticket is None:

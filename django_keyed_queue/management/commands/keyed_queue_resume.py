@@ -10,6 +10,6 @@ class Command(KeyCommand):
 
     def act(self, key: str) -> str:
         dispatched = resume(key, by=operator("keyed_queue_resume"))
-        if dispatched.failed or dispatched.refused:
+        if dispatched.broker_refused or dispatched.message_refused:
             raise CommandError(f"resumed {key!r}: {dispatched}")
         return f"resumed {key!r}: {dispatched}"

@@ -7,10 +7,10 @@ from django.db.models import Count, Min
 from django.utils import timezone
 
 from django_keyed_queue.ops.explain import explain
-from django_keyed_queue.ops.recovery import checked_key
+from django_keyed_queue.ops.recovery import operator_key
+from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records import submissions
 from django_keyed_queue.records.models import KeyedTask
-from django_keyed_queue.worker.process import get_gate
 
 from ._key import gate_reachable
 
@@ -42,7 +42,7 @@ class Command(BaseCommand):
             raise CommandError("--json goes with --task")
         if key is not None:
             with gate_reachable():
-                checked_key(key)
+                operator_key(key)
         with contextlib.suppress(redis.RedisError):  # an unreachable Redis is reported below
             submissions.write_due(get_gate())  # every submission counts, also while no worker runs
         rows = KeyedTask.objects.active() if key is None else KeyedTask.objects.for_key(key).active()

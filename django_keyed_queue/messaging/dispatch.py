@@ -1,34 +1,37 @@
-"""The dispatcher: the only code that turns a granted ticket into a broker message or a local run.
+"""The dispatcher: publishes the tickets the gate grants after their submission, and records them dispatched.
 
 A granted ticket's message goes out as Celery built it in the process that
-sent it (``sending``), with the ticket's header added. So any process of the
-project can publish a grant, whether or not it imported the task's module: a
-worker finishing a task, the reaper, a management command, the admin. A worker that finished a
-task may instead run its key's next grant itself (``hand_over``, see
-``handoff``). Either way the task's record says it was dispatched.
+sent it (``building.publish_stored``), with the ticket's header added. So any
+process of the project can publish a grant, whether or not it imported the
+task's module: a worker finishing a task, the reaper, a management command,
+the admin. Two grants go out elsewhere: a submission granted at once is
+published by its producer (``producer.submit``, through ``publish_stored``
+too), and a worker that finished a task may run its key's next grant itself
+(``worker.handoff``). Either way the task's record says it was dispatched.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from django.utils import timezone
 
-from ..conf import settings
 from ..exceptions import MessageRefused
 from ..gate import Code, Grant, Recovery
+from ..process.state import current
 from ..records import submissions
 from ..records.statuses import Status
 from ..records.transitions import Transition
-from . import handoff, handoff_runs
-from .messages import TaskMessage, ticket_header
-from .process import current
-from .sending import publish_stored
+from .building import publish_stored
+from .message import TaskMessage, ticket_header
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 logger = logging.getLogger(__name__)
 
@@ -50,27 +53,27 @@ class Dispatched:
 
     published: int = 0
     #: Refused by the broker: the reaper publishes them again.
-    failed: int = 0
+    broker_refused: int = 0
     #: Stored messages the app does not accept: those tasks failed.
-    refused: int = 0
+    message_refused: int = 0
 
     def add(self, outcome: Published) -> None:
         if outcome is Published.SENT:
             self.published += 1
         elif outcome is Published.BROKER_REFUSED:
-            self.failed += 1
+            self.broker_refused += 1
         else:
-            self.refused += 1
+            self.message_refused += 1
 
     def __str__(self) -> str:
         text = f"{self.published} dispatched"
-        if self.failed:
+        if self.broker_refused:
             text = (
-                f"{self.published} of {self.published + self.failed} dispatched; the broker refused {self.failed} "
-                f"(see the log), which the reaper publishes again within seconds"
+                f"{self.published} of {self.published + self.broker_refused} dispatched; the broker refused "
+                f"{self.broker_refused} (see the log), which the reaper publishes again within seconds"
             )
-        if self.refused:
-            text += f"; {self.refused} failed: their stored message is not one the app accepts (see the log)"
+        if self.message_refused:
+            text += f"; {self.message_refused} failed: their stored message is not one the app accepts (see the log)"
         return text
 
 
@@ -81,14 +84,14 @@ def record_dispatched(grant: Grant | Recovery, task_id: str, at: datetime) -> No
 
 
 def publish(
-    app,
+    app: Celery,
     grant: Grant | Recovery,
     *,
-    record: bool = True,
+    mark_dispatched: bool = True,
     then: list[Grant | Recovery] | None = None,
     countdown: float = 0.0,
 ) -> Published:
-    """Publish a granted ticket's stored message and, with ``record``, record its task dispatched;
+    """Publish a granted ticket's stored message and, with ``mark_dispatched``, record its task dispatched;
     with ``countdown``, for then (Celery's ``eta``: a worker holds it until then, in no pool process).
 
     A message the broker refuses is published again by the reaper within
@@ -128,12 +131,12 @@ def publish(
         except Exception:
             logger.warning("could not bring the republish of key=%r ticket=%s forward", grant.key, grant.ticket)
         return Published.BROKER_REFUSED
-    if record:
+    if mark_dispatched:
         record_dispatched(grant, message.task_id, dispatched_at)
     return Published.SENT
 
 
-def publish_grants(app, grants: Iterable[Grant | Recovery]) -> Dispatched:
+def publish_grants(app: Celery, grants: Iterable[Grant | Recovery]) -> Dispatched:
     """Publish the messages of tickets the gate just granted and record them dispatched."""
     done = Dispatched()
     pending = list(grants)
@@ -165,71 +168,3 @@ def fail_ticket(key: str, ticket: int, task_id: str | None, error: str, *, dispa
     failed = {"finished_at": timezone.now(), "error": error}
     submissions.settle(current().gate, task_id, key, ticket, Status.FAILED, **failed)
     return withdrawn.granted
-
-
-# -- local handoff -------------------------------------------------------------
-
-
-def hand_over(app, finished_request, grants: list[Grant]) -> Dispatched:
-    """Dispatch what a run's finish granted: the first grant may run here, next (see ``handoff``)."""
-    return publish_grants(app, _keep(app, finished_request, grants))
-
-
-def _keep(app, finished_request, grants: list[Grant]) -> list[Grant]:
-    """Keep the first grant to run in this process if it may; returns the grants left to publish."""
-    process = current()
-    state, seconds = process.handoff, settings.LOCAL_HANDOFF_SECONDS
-    if not grants or seconds <= 0 or state.kept is not None:
-        return grants
-    if state.running and time.monotonic() >= state.deadline:
-        return grants
-    if any(finished_request.timelimit or ()):
-        return grants  # the pool's timer of the message being run would cover the kept run too
-    try:
-        message = TaskMessage.decode(grants[0].message, app.conf.accept_content)
-    except MessageRefused:
-        return grants  # publishing refuses it too, and fails its task
-    request = handoff.local_request(app, message, grants[0], finished_request.hostname, process.worker)
-    if request is None:
-        return grants
-    state.kept = handoff.Kept(grants[0], request, after=finished_request.id)
-    record_dispatched(grants[0], message.task_id, timezone.now())
-    return grants[1:]
-
-
-def run_kept(app, task_id: str) -> None:
-    """After the run ``task_id`` is traced: run what it kept, and what those keep, within the budget.
-
-    A kept run's own ``task_postrun`` calls this again, nested, and returns at
-    once: the outermost call loops, so the stack does not grow with the chain.
-    """
-    process = current()
-    state = process.handoff
-    kept = state.kept
-    if kept is None or kept.after != task_id or state.running:
-        return
-    state.running = True
-    state.deadline = time.monotonic() + settings.LOCAL_HANDOFF_SECONDS
-    try:
-        while state.kept is not None:
-            kept, state.kept = state.kept, None
-            logger.debug("running key=%r ticket=%s here (local handoff)", kept.grant.key, kept.grant.ticket)
-            state.tracing = kept
-            handoff_runs.note(task_id, kept.request)  # this job's own task finished: it hosts this run
-            handoff.trace(app, app.tasks[kept.request["task"]], kept.request, process.worker)
-            state.tracing = None
-    finally:
-        handoff_runs.clear()
-        state.running, state.tracing = False, None
-        left, state.kept = state.kept, None
-        if left is not None:  # the loop was interrupted: the grant goes out as usual
-            publish_grants(app, [left.grant])
-
-
-def requeue_kept(app, task_id: str, key: str, ticket: int) -> None:
-    """``Reject(requeue=True)`` of a run: if this process runs it by local handoff, there is no message
-    for the broker to deliver again, so its grant's message is published now, as that delivery."""
-    tracing = current().handoff.tracing
-    if tracing is None or (tracing.request["id"], tracing.grant.key, tracing.grant.ticket) != (task_id, key, ticket):
-        return
-    publish(app, tracing.grant, record=False)

@@ -48,7 +48,7 @@ class LeaseKeeper:
                 self._thread = threading.Thread(target=self._run, name="keyed-queue-leases", daemon=True)
                 self._thread.start()
 
-    def release(self, lease: Lease) -> None:
+    def stop_renewing(self, lease: Lease) -> None:
         with self._lock:
             self._held.pop(lease, None)
             self._lost.discard(lease)

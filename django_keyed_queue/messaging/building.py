@@ -14,13 +14,17 @@ fires no publish signal: the message was sent, to the gate, by its caller.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
 from kombu import Queue
 from kombu.serialization import registry  # type: ignore[attr-defined]  # kombu exports it; its stubs do not
 
-from .messages import TaskMessage, gate_message
+from .message import TaskMessage, gate_message
+
+if TYPE_CHECKING:
+    from celery import Celery, Task
+    from celery.result import AsyncResult
 
 #: What Celery passes to ``Producer.publish`` that says how to publish, not what; the rest but the
 #: message's destination, headers and per-call timeouts are its properties.
@@ -31,8 +35,10 @@ LOCAL_PUBLISH_OPTIONS = ("timeout", "confirm_timeout")
 #: Properties of a delivered message that Celery set when it published it (the rest are the transport's).
 DELIVERED_PROPERTIES = ("correlation_id", "reply_to", "priority")
 
+#: Sends the message Celery built to the broker now, with a ticket's header added.
+SendNow = Callable[[dict], None]
 #: What the gate does with a message Celery built: stores it, and may send it now with a ticket's header.
-ToGate = Callable[[TaskMessage, Callable[[dict], None]], None]
+ToGate = Callable[[TaskMessage, SendNow], None]
 
 
 class GateProducer:
@@ -42,7 +48,7 @@ class GateProducer:
     result backend's set-up) goes to the real one.
     """
 
-    def __init__(self, producer: Any, app: Any, task_id: str, options: dict, to_gate: ToGate) -> None:
+    def __init__(self, producer: Any, app: Celery, task_id: str, options: dict, to_gate: ToGate) -> None:
         self._producer, self._app, self._task_id = producer, app, task_id
         self._options, self._to_gate = options, to_gate
 
@@ -72,10 +78,14 @@ class GateProducer:
         self._to_gate(stored, lambda header: publish_stored(self._app, stored, header, self._producer))
 
 
-def send(app, task: Any, task_id: str, args: tuple, kwargs: dict, options: dict, to_gate: ToGate):
+def send_to_gate(
+    app: Celery, task: Task | str, task_id: str, args: tuple, kwargs: dict, options: dict, to_gate: ToGate
+) -> AsyncResult:
     """Celery's ``send_task`` of ``task`` (a task, or its name), its message given to ``to_gate``; its AsyncResult.
 
-    ``options`` as ``messages.send_options`` gives them, or as a stored message holds them.
+    ``to_gate`` runs where Celery would publish: what it raises, Celery's ``send_task``
+    raises, before ``after_task_publish`` fires. ``options`` as ``message.send_options``
+    gives them, or as a stored message holds them.
     """
     options = dict(options)
     producer = options.pop("producer", None) or options.pop("publisher", None)
@@ -83,9 +93,10 @@ def send(app, task: Any, task_id: str, args: tuple, kwargs: dict, options: dict,
     if connection is not None:
         producer = app.amqp.Producer(connection, auto_declare=False)
     name = task if isinstance(task, str) else task.name
-    typed = {} if isinstance(task, str) else {"result_cls": task.AsyncResult, "task_type": task}
+    typed: dict[str, Any] = {} if isinstance(task, str) else {"result_cls": task.AsyncResult, "task_type": task}
     with app.producer_or_acquire(producer) as real:
-        gated = GateProducer(real, app, task_id, options, to_gate)
+        # Celery takes any object with a producer's methods; its stubs say a kombu Producer.
+        gated: Any = GateProducer(real, app, task_id, options, to_gate)
         return app.send_task(name, args, kwargs, task_id=task_id, producer=gated, **typed, **options)
 
 
@@ -117,7 +128,16 @@ def delivered(message: Any, headers: dict) -> dict:
     }
 
 
-def built(app, message: TaskMessage) -> TaskMessage:
+def build(
+    app: Celery, task: Task | str, task_id: str, args: tuple, kwargs: dict, options: dict
+) -> tuple[TaskMessage, AsyncResult]:
+    """The message Celery builds for a call, sent nowhere (the publish signals fire), and its AsyncResult."""
+    captured: list[TaskMessage] = []
+    result = send_to_gate(app, task, task_id, args, kwargs, options, lambda message, send_now: captured.append(message))
+    return captured[0], result
+
+
+def with_celery_message(app: Celery, message: TaskMessage) -> TaskMessage:
     """``message`` with the message Celery builds for it (``sent``), built now if it was stored without it.
 
     Only a delayed task that joined its key's queue from its run (its worker's
@@ -126,19 +146,17 @@ def built(app, message: TaskMessage) -> TaskMessage:
     """
     if message.sent is not None:
         return message
-    captured: list[TaskMessage] = []
-
-    def keep(built: TaskMessage, send_now: Callable[[dict], None]) -> None:
-        captured.append(built)
-
     options = {**message.options, "add_to_parent": False}  # on the gate's behalf, not a child of this process's task
-    send(app, message.task_name, message.task_id, message.args, message.kwargs, options, keep)
-    return captured[0]
+    return build(app, message.task_name, message.task_id, message.args, message.kwargs, options)[0]
 
 
-def publish_stored(app, message: TaskMessage, header: dict, producer: Any = None) -> None:
-    """Publish a stored message as Celery built it, with ``header`` (a ticket's) added; no signal fires."""
-    message = built(app, message)
+def publish_stored(app: Celery, message: TaskMessage, header: dict, producer: Any = None) -> None:
+    """Publish a stored message as Celery built it, with ``header`` (a ticket's) added; no signal fires.
+
+    Every broker message of a keyed task that the gate granted goes out here: the producer's
+    own submission granted at once, and every grant the dispatcher publishes later.
+    """
+    message = with_celery_message(app, message)
     sent = message.sent
     assert sent is not None
     publish = {**sent["properties"], **{name: value for name, value in sent["publish"].items() if value is not None}}
@@ -153,7 +171,7 @@ def publish_stored(app, message: TaskMessage, header: dict, producer: Any = None
         )
 
 
-def _queues(app, names: list[str]) -> list[Queue]:
+def _queues(app: Celery, names: list[str]) -> list[Queue]:
     """The queues a message declares where it is published, as the app knows them (or would make them)."""
     queues = app.amqp.queues
     known = []

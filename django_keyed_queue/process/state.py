@@ -1,8 +1,8 @@
 """Everything one OS process keeps for the keyed queue, in one object: ``current()``.
 
 A web process, a management command, a worker's main process and each of its
-pool processes has its own: the gate's Redis client, the record buffer, the
-lease keeper and the local handoff's state. It is made on first use in each
+pool processes has its own: the gate's Redis client, the record buffer and the
+lease keeper. It is made on first use in each
 process, never shared across a fork (a forked child makes its own and never
 touches its parent's sockets or threads), and closed at exit: what is
 buffered is written.
@@ -15,16 +15,12 @@ import logging
 import os
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ..conf import settings
 from ..gate import Gate
 from ..gate.clients import close, connect
 from ..records.recorder import Recorder
 from .leases import LeaseKeeper
-
-if TYPE_CHECKING:
-    from .handoff import Kept
 
 logger = logging.getLogger(__name__)
 
@@ -38,16 +34,6 @@ class WorkerTraits:
     sends_task_events: bool = False
 
 
-class Handoff(threading.local):
-    """The local handoff's state, per thread (see ``handoff``)."""
-
-    running = False
-    deadline = 0.0
-    kept: Kept | None = None
-    #: The kept grant running now: it came by no broker message.
-    tracing: Kept | None = None
-
-
 class Process:
     def __init__(self, worker: WorkerTraits) -> None:
         self.pid = os.getpid()
@@ -57,7 +43,6 @@ class Process:
         self._gate: Gate | None = None
         self.recorder = Recorder(on_written=self._forget_outcomes)
         self.leases = LeaseKeeper(lambda: self.gate, self.recorder)
-        self.handoff = Handoff()
 
     @property
     def gate(self) -> Gate:

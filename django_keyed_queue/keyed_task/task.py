@@ -1,7 +1,8 @@
 """The Celery task base class of keyed serial tasks: hooks only.
 
-The gate decides who may run. This class hands a submission to ``submit`` and
-a run to ``run.Run``, which call the gate, dispatch what it grants and record it.
+The gate decides who may run. This class hands a submission to the producer's side
+(``producer.submit``, ``producer.bulk``) and a run to the worker's (``worker.run.Run``),
+which call the gate, dispatch what it grants and record it.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from celery.utils.functional import chunks as chunked
 from ..conf import settings
 from ..exceptions import InvalidArguments, InvalidKey
 from ..gate import MAX_KEY_LENGTH, Lease
+from ..producer.bulk import submit_many
+from ..producer.checks import keyed_arguments
+from ..producer.submit import in_transaction, submit, submit_on_commit
 from ..records.columns import shown, unstorable
 from ..records.statuses import Status
-from .run import Run
-from .submit import checked_key, in_transaction, submit, submit_many, submit_on_commit
+from ..worker.run import Run
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +76,7 @@ class KeyedSerialTask(Task):
         args, kwargs = tuple(args or ()), dict(kwargs or {})
         if self.app.conf.task_always_eager:
             # Celery's eager run: self.apply(). Checked first, as Celery checks the arguments first.
-            checked_key(self, args, kwargs, options.get("serializer") or self.serializer)
+            keyed_arguments(self, args, kwargs, options.get("serializer") or self.serializer)
             return super().apply_async(args, kwargs, **options)
         run: Run | None = getattr(self.request, "keyed_run", None)
         replacing = getattr(self.request, "keyed_replaced", False)
@@ -114,7 +117,7 @@ class KeyedSerialTask(Task):
         """Celery's eager run (``task_always_eager``, ``Task.apply()``), inline and without the gate, after
         the checks a queued submission makes: bad input raises ``InvalidKey`` or ``InvalidArguments``."""
         args, kwargs = tuple(args or ()), dict(kwargs or {})
-        checked_key(self, args, kwargs, options.get("serializer") or self.serializer)
+        keyed_arguments(self, args, kwargs, options.get("serializer") or self.serializer)
         return super().apply(args, kwargs, **options)
 
     def replace(self, sig: Any) -> Any:
@@ -190,7 +193,8 @@ class KeyedSerialTask(Task):
             return super().__call__(*args, **kwargs)  # Celery's: pushes a request with the arguments
         if request.is_eager:
             # Celery's tracer pushed the request. Inline, nothing else runs: the run holds its key.
-            request.keyed_lease = Lease(checked_key(self, args, kwargs, self.serializer)[3], 0, 0)  # type: ignore[attr-defined]
+            key = keyed_arguments(self, args, kwargs, self.serializer).key
+            request.keyed_lease = Lease(key, 0, 0)  # type: ignore[attr-defined]
             return self.run(*args, **kwargs)
         run = Run.begin(self, args, kwargs)
         # Celery's request Context takes any attribute; celery-types lists only Celery's own.

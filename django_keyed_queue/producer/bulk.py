@@ -1,0 +1,149 @@
+"""A bulk submission (``apply_async_many``): every call checked and built first, then one gate round trip
+per batch for their tickets; what a failed step had not published is withdrawn."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from celery.result import AsyncResult
+
+from ..conf import settings
+from ..exceptions import GateUnavailable, InvalidArguments
+from ..gate import NotSent, QueueFull, Submission, SubmitResult
+from ..messaging.building import build, publish_stored
+from ..messaging.message import TaskMessage, is_delayed, ticket_header
+from ..process.outage import asked_again
+from ..process.state import current
+from ..records import idempotency
+from .checks import Checked, check
+from .submit import gate_submission, in_transaction, queue_full, submit, withdraw
+
+if TYPE_CHECKING:
+    from ..keyed_task.task import KeyedSerialTask
+
+
+def submit_many(
+    task: KeyedSerialTask,
+    calls: Iterable[Any],
+    options: dict[str, Any],
+    idempotency_keys: Iterable[str | None] | None,
+    batch_size: int,
+) -> list[AsyncResult]:
+    """``apply_async`` of each call, with one gate round trip per ``batch_size`` calls; their AsyncResults.
+
+    A call is a tuple of positional arguments or a dict of keyword arguments.
+    Every call is checked and its message built before anything is written; a
+    key's tasks take their tickets in the order of ``calls``.
+    """
+    calls = list(calls)
+    keys = [None] * len(calls) if idempotency_keys is None else list(idempotency_keys)
+    if len(keys) != len(calls):
+        raise InvalidArguments(f"{task.name}: {len(keys)} idempotency keys for {len(calls)} calls")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"{task.name}: batch_size must be an int >= 1, got {batch_size!r}")
+    if options.get("task_id") is not None:
+        raise InvalidArguments(f"{task.name}: task_id names one task; each call of a bulk submission gets its own")
+    arguments = [_call_arguments(task, call) for call in calls]
+    checked = [check(task, *call, options, key) for call, key in zip(arguments, keys, strict=True)]
+    if task.app.conf.task_always_eager or (settings.SUBMIT_ON_COMMIT and in_transaction()):
+        # Celery's eager runs, or submissions at the commit: one by one, as apply_async makes them.
+        return [
+            task.apply_async(*call, idempotency_key=key, task_id=c.task_id, **options)
+            for call, c, key in zip(arguments, checked, keys, strict=True)
+        ]
+    if is_delayed(options):  # each joins its key's queue when due, as one submission does
+        return [
+            submit(task, *call, {**options, "task_id": c.task_id}, key)
+            for call, c, key in zip(arguments, checked, keys, strict=True)
+        ]
+    prepared = [_prepared(task, c) for c in checked]
+    results: list[AsyncResult] = []
+    with task.app.producer_or_acquire(options.get("producer")) as producer:
+        for start in range(0, len(prepared), batch_size):
+            results += _submit_batch(task, prepared[start : start + batch_size], producer, submitted=len(results))
+    return results
+
+
+def _call_arguments(task: KeyedSerialTask, call: Any) -> tuple[tuple, dict]:
+    if isinstance(call, dict):
+        return (), call
+    if isinstance(call, (tuple, list)):
+        return tuple(call), {}
+    raise InvalidArguments(
+        f"{task.name}: a call of a bulk submission is a tuple of positional arguments or a dict of "
+        f"keyword arguments, got {type(call).__name__}"
+    )
+
+
+@dataclass
+class _Prepared:
+    checked: Checked
+    message: TaskMessage
+    submission: Submission
+    result: AsyncResult
+    claimed: bool = False
+
+
+def _prepared(task: KeyedSerialTask, checked: Checked) -> _Prepared:
+    """A checked call with the message Celery builds for it (the publish signals fire now), stored form checked."""
+    message, result = build(task.app, task, checked.task_id, checked.args, checked.kwargs, checked.options)
+    return _Prepared(checked, message, gate_submission(task, checked.key, message, checked.options), result)
+
+
+def _submit_batch(task: KeyedSerialTask, batch: list[_Prepared], producer: Any, *, submitted: int) -> list[AsyncResult]:
+    """Claim idempotency keys, take the batch's tickets in one round trip, publish the granted; the results.
+
+    If a step fails, what it had not yet published is withdrawn, and the error
+    says how many of the calls (``submitted`` before this batch) went in.
+    """
+    results, sending = [], []
+    for item in batch:
+        c = item.checked
+        original = c.fingerprint and idempotency.claim(c.fingerprint, task.name, c.task_id, **c.claimed_with)
+        if original:
+            results.append(task.AsyncResult(original))
+            continue
+        item.claimed = c.fingerprint is not None
+        results.append(item.result)
+        sending.append(item)
+    try:
+        outcomes = _take_tickets(task, [item.submission for item in sending])
+    except BaseException:
+        _unclaim(sending)
+        raise
+    for i, (item, outcome) in enumerate(zip(sending, outcomes, strict=True)):
+        key = item.submission.key
+        try:
+            if isinstance(outcome, QueueFull):
+                raise queue_full(task, outcome, item.submission)
+            if outcome.granted:
+                publish_stored(task.app, item.message, ticket_header(key, outcome.ticket, 1), producer)
+        except BaseException as exc:
+            later = list(zip(sending[i:], outcomes[i:], strict=True))
+            # The last first: none is granted in another's place, and unseen tickets give their numbers back.
+            for unsent, taken in reversed(later):
+                if not isinstance(taken, QueueFull):
+                    withdraw(task, unsent.submission.key, taken.ticket, forget=unsent is not item)
+            _unclaim([unsent for unsent, _ in later])
+            went_in = submitted + results.index(item.result)
+            exc.add_note(f"the first {went_in} calls of the bulk submission were submitted, the rest were not")
+            raise
+    return results
+
+
+def _take_tickets(task: KeyedSerialTask, batch: list[Submission]) -> list[SubmitResult | QueueFull]:
+    """``Gate.submit_many``, asked again when a lost reply may hide tickets taken."""
+    call = partial(current().gate.submit_many, batch)
+    try:
+        return asked_again(call, f"{task.name}: a bulk submission of {len(batch)} calls")
+    except NotSent as exc:
+        raise GateUnavailable(f"{task.name}: the keyed queue's Redis is unreachable: {exc}") from exc
+
+
+def _unclaim(items: list[_Prepared]) -> None:
+    for item in items:
+        if item.claimed and item.checked.fingerprint is not None:
+            idempotency.unclaim(item.checked.fingerprint, item.checked.task_id)
