@@ -31,8 +31,9 @@ class Gate(TicketCalls, OperatorCalls, UnwrittenCalls, ReaperCalls, InspectCalls
 
     Every method is one script call (one round trip) unless it says otherwise.
     Durations are seconds at this API and milliseconds inside Redis. Made with
-    a Redis client (one server, or a :class:`~redis.cluster.RedisCluster`) and
-    the durations of :class:`~.base.GateBase`.
+    a Redis client (of one server, or of a Redis Cluster) and the durations
+    ``GateBase.__init__`` takes: lease, dispatch timeout, idle horizon, outcome
+    grace, and the replicas each write waits for.
     """
 
 

@@ -26,6 +26,7 @@
   ARGV[11] generation_ms: generation length, ms: a task id is remembered for one to two generations
   ARGV[12] record: the submission's record (opaque bytes; '' = none), kept with the ticket as
           "<d (granted) or w (waiting)>|<server ms>|<record>" until its row is written
+          (read back by unwritten.lua, parsed by gate/unwritten.py)
   ARGV[13] block: 1 = the task blocks its key when it fails for good (used when started at once)
 
   Returns {code, ticket, token, deadline_ms}
