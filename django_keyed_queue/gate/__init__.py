@@ -1,6 +1,7 @@
 """The per-key FIFO permission gate. Pure Redis: never imports Django or Celery.
 
-``Gate`` is its one client; ``keys`` names every Redis key it uses.
+``Gate`` is its one client (gate.py says which module holds which of its concerns);
+``keys`` names every Redis key it uses; ``calls`` builds every script's arguments.
 """
 
 from .gate import Gate, NotSent, ReplicasBehind

@@ -8,7 +8,7 @@ from importlib import resources
 
 _INCLUDE = re.compile(r'^--- @include "([a-z_]+)"$', re.MULTILINE)
 SCRIPT_NAMES = (
-    *("submit", "start", "finish", "retry", "renew"),
+    *("submit", "start", "finish", "retry", "requeue", "renew"),
     *("cancel", "refuse_join", "reap", "reindex", "rebuild", "stage_rebuild", "pause", "give_up", "republish_soon"),
     *("claim_unwritten", "unwritten", "unblock", "wait_to_start"),
 )

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
 import re
 
 import pytest
 
-from django_keyed_queue.gate import Code, Lease
+from django_keyed_queue.gate import Code, Lease, calls
 from django_keyed_queue.gate.scripts import SCRIPT_NAMES, _read, ms_to_seconds, seconds_to_ms, source
 
 
@@ -75,3 +76,14 @@ def test_the_gate_survives_a_flushed_script_cache(gate, gate_redis):
     assert gate.finish("k", first.ticket, restarted.token).granted[0].ticket == 2
     gate_redis.script_flush()
     assert gate.cancel("k", 2).ok
+
+
+@pytest.mark.parametrize("name", SCRIPT_NAMES)
+def test_each_script_s_builder_takes_its_header_s_arguments_in_order(name):
+    """``calls.<script>``'s keyword arguments are the names its header gives ARGV, in the header's order."""
+    header, _ = _header_and_body(name)
+    # "ARGV[3] dispatch_timeout_ms", or the repeated tail: "ARGV[2], ARGV[3], ...  leases: ticket, token pairs".
+    documented = re.findall(r"^\s*ARGV\[\d+\](?:, ARGV\[\d+\])*(?:, \.\.\.)?\s+(\w+)", header, re.MULTILINE)
+    builder = getattr(calls, name)
+    taken = [p.name for p in inspect.signature(builder).parameters.values() if p.kind is p.KEYWORD_ONLY]
+    assert taken == documented, f"calls.{name} takes {taken}; {name}.lua documents {documented}"

@@ -195,7 +195,7 @@ def test_a_retried_submit_finds_its_ticket_by_task_id_not_by_scanning(gate, gate
 
 
 def test_task_ids_are_remembered_for_two_generations_only(gate, gate_redis, monkeypatch):
-    monkeypatch.setattr("django_keyed_queue.gate.gate.RECENT_SUBMISSION_SECONDS", 0.2)
+    monkeypatch.setattr("django_keyed_queue.gate.tickets.RECENT_SUBMISSION_SECONDS", 0.2)
     names = KeyNames("k")
     gate.pause("k")
     gate.submit("k", b"m1", task_id="t1")

@@ -6,15 +6,15 @@
   KEYS[5] recent    KEYS[6] recent, older generation (the task ids submit remembers)
   KEYS[7] unwritten (submission records whose rows are not written yet)
   ARGV[1] ticket
-  ARGV[2] limit (slots per key); '' = the key's own, kept at submission
-  ARGV[3] dispatch timeout, ms
-  ARGV[4] idle horizon, ms
-  ARGV[5] forget (1 = the submission of this ticket failed before anyone saw it: give
+  ARGV[2] limit: slots per key; '' = the key's own, kept at submission
+  ARGV[3] dispatch_timeout_ms
+  ARGV[4] idle_horizon_ms
+  ARGV[5] forget: (1 = the submission of this ticket failed before anyone saw it: give
           the ticket number back, and drop the key entirely if it was all there was)
-  ARGV[6] 1 = the submission failed: drop its record if its row is not written yet
+  ARGV[6] failed: 1 = the submission failed: drop its record if its row is not written yet
   ARGV[7] dispatch: withdraw the ticket only if it is granted with this dispatch ('' = in any state)
-  ARGV[8] task id: withdraw the ticket only if its stored message is this task's ('' = any)
-  ARGV[9] 1 = its task failed for good without starting (no worker knows it): a granted ticket
+  ARGV[8] task_id: withdraw the ticket only if its stored message is this task's ('' = any)
+  ARGV[9] failed_for_good: 1 = its task failed for good without starting (no worker knows it): a granted ticket
           whose stored message says its task blocks its key on failure ("on_failure": "block")
           is blocked instead of withdrawn
 

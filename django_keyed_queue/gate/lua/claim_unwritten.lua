@@ -5,8 +5,8 @@
   scores its key 0 again, and releasing the claim (reindex) then keeps it.
 
   KEYS[1] the unwritten index (ZSET logical key -> 0, or ms when its claim lapses)
-  ARGV[1] claim, ms
-  ARGV[2] most keys to claim
+  ARGV[1] claim_ms: how long the claim lasts
+  ARGV[2] most_keys: most keys to claim
 
   Returns {key1, claim1, key2, claim2, ...}
 ]]

@@ -9,13 +9,13 @@
   KEYS[1] meta      KEYS[2] queue      KEYS[3] messages      KEYS[4] holders
   KEYS[5] outcomes  HASH task id -> "<finished ms>|<record of the run's end>"
   ARGV[1] ticket
-  ARGV[2] fencing token of the finishing attempt
-  ARGV[3] limit (slots per key)
-  ARGV[4] dispatch timeout, ms
-  ARGV[5] idle horizon, ms
-  ARGV[6] task id of the run ('' = keep no outcome)
-  ARGV[7] the record of the run's end (opaque)
-  ARGV[8] '1' = the run failed for good and its task blocks its key on failure: block it
+  ARGV[2] token: fencing token of the finishing attempt
+  ARGV[3] limit: slots per key
+  ARGV[4] dispatch_timeout_ms
+  ARGV[5] idle_horizon_ms
+  ARGV[6] task_id: task id of the run ('' = keep no outcome)
+  ARGV[7] record: the record of the run's end (opaque)
+  ARGV[8] block: '1' = the run failed for good and its task blocks its key on failure: block it
 
   Returns {code, ticket1, dispatch1, message1, ticket2, ...}
     code 0 OK           finished; the listed tickets are now granted and must be published

@@ -7,8 +7,8 @@
 
   KEYS[1] meta      KEYS[2] holders
   ARGV[1] ticket
-  ARGV[2] grace, ms
-  ARGV[3] dispatch generation of the killed run: only that attempt is given up
+  ARGV[2] grace_ms: grace
+  ARGV[3] dispatch: dispatch generation of the killed run: only that attempt is given up
 
   Returns {code, deadline_ms}
     code 0 OK           fenced; the reaper fails the ticket at deadline_ms

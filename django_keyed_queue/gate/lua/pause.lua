@@ -4,10 +4,10 @@
   key's limit.
 
   KEYS[1] meta      KEYS[2] queue      KEYS[3] messages      KEYS[4] holders
-  ARGV[1] 1 = pause, 0 = resume
-  ARGV[2] dispatch timeout, ms
-  ARGV[3] idle horizon, ms
-  ARGV[4] on pause: who paused it (shown to operators; '' = not said)
+  ARGV[1] pause: 1 = pause, 0 = resume
+  ARGV[2] dispatch_timeout_ms
+  ARGV[3] idle_horizon_ms
+  ARGV[4] paused_by: on pause: who paused it (shown to operators; '' = not said)
 
   Returns {code, ticket1, dispatch1, message1, ...}
     code 0 OK          done; on resume, the listed tickets are now granted and must be published

@@ -12,18 +12,18 @@
 
   KEYS[1] meta      KEYS[2] queue      KEYS[3] messages      KEYS[4] holders
   KEYS[5] outcomes  KEYS[6] scan cursors
-  ARGV[1] dispatch timeout, ms
-  ARGV[2] idle horizon, ms
-  ARGV[3] dry run (1 = report what would be done, change nothing)
-  ARGV[4] grace of an outcome before the reaper writes it, ms
-  ARGV[5] ticket to recover now whatever its deadline ('' = none): an operator
+  ARGV[1] dispatch_timeout_ms
+  ARGV[2] idle_horizon_ms
+  ARGV[3] dry_run: dry run (1 = report what would be done, change nothing)
+  ARGV[4] outcome_grace_ms: grace of an outcome before the reaper writes it, ms
+  ARGV[5] release: ticket to recover now whatever its deadline ('' = none): an operator
           releasing a stuck holder; a granted one is published with its next dispatch,
           so that a second release of the same dispatch is told apart
-  ARGV[7] with ARGV[5]: the dispatch of the ticket the operator released ('' = any):
-          a ticket that moved on since (released already, started again) is left alone
-  ARGV[6] server ms: also publish again every granted ticket whose dispatch
+  ARGV[6] republish_before: server ms: also publish again every granted ticket whose dispatch
           deadline is at or before it ('' = none): grants whose message a
           broker connection lost may have stranded
+  ARGV[7] released_dispatch: with ARGV[5]: the dispatch of the ticket the operator released ('' = any):
+          a ticket that moved on since (released already, started again) is left alone
 
   Returns {next_deadline_ms, action1, ticket1, dispatch1, attempts1, message1, action2, ...}
     next_deadline_ms  earliest deadline left among the key's holders, -1 if none

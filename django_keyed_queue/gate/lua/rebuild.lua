@@ -8,9 +8,9 @@
 
   KEYS[1] meta      KEYS[2] queue      KEYS[3] messages      KEYS[4] holders
   KEYS[5] staged queue      KEYS[6] staged messages
-  ARGV[1] last ticket ever taken for the key (new tickets continue after it)
-  ARGV[2] limit (slots per key)
-  ARGV[3] dispatch timeout, ms
+  ARGV[1] last_ticket: last ticket ever taken for the key (new tickets continue after it)
+  ARGV[2] limit: slots per key
+  ARGV[3] dispatch_timeout_ms
 
   Returns {code, ticket1, dispatch1, message1, ...}
     code 0 OK      restored; the listed tickets are granted and must be published

@@ -4,10 +4,10 @@
   so its submit with that id will be a duplicate and change nothing.
 
   KEYS[1] joined    ZSET of join ids, scored by time (see submit)
-  ARGV[1] join id (the task id)
-  ARGV[2] when the task is due, server-clock ms (0 = now): the mark is kept
-          until then plus the idle horizon
-  ARGV[3] idle horizon, ms
+  ARGV[1] join_id: the task id
+  ARGV[2] due_in_ms: how soon the task is due (0 = now): the mark is kept until then
+          plus the idle horizon
+  ARGV[3] idle_horizon_ms
 
   Returns {code}
     code 0 OK      refused: the task will not join
@@ -18,7 +18,7 @@
 local joined_key, join_id = KEYS[1], ARGV[1]
 local horizon = tonumber(ARGV[3])
 local now = now_ms()
-local due = math.max(tonumber(ARGV[2]), now)
+local due = now + math.max(tonumber(ARGV[2]), 0)
 
 if redis.call('ZADD', joined_key, 'NX', due, join_id) == 0 then
   return {8}

@@ -5,7 +5,7 @@
   scored the key again.
 
   KEYS[1] the index (ZSET logical key -> ms when it may need the reaper; or the unwritten index)
-  ARGV[1], ARGV[2], ARGV[3], ...  key, score read, next score (-1 = remove), repeated
+  ARGV[1], ARGV[2], ARGV[3], ...  moves: key, score read, next score (-1 = remove), repeated
 
   Returns the number of keys moved or removed.
 ]]

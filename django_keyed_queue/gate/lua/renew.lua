@@ -2,8 +2,8 @@
   Extend the leases one worker process holds on one key, in one call.
 
   KEYS[1] holders
-  ARGV[1] lease, ms
-  ARGV[2], ARGV[3], ...  ticket, token pairs
+  ARGV[1] lease_ms: lease
+  ARGV[2], ARGV[3], ...  leases: ticket, token pairs
 
   Returns {renewed1, renewed2, ...}  1 = extended, 0 = lost (fenced or finished)
 ]]

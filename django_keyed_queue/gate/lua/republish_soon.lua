@@ -7,9 +7,9 @@
   KEYS[1] holders
   KEYS[2] undelivered (optional: count the drop, per ticket, in this HASH)
   ARGV[1] ticket
-  ARGV[2] dispatch generation of the message that failed
-  ARGV[3] delay before the reaper publishes it again, ms
-  ARGV[4] with KEYS[2]: how long the counts are kept, ms (the idle horizon)
+  ARGV[2] dispatch: dispatch generation of the message that failed
+  ARGV[3] delay_ms: delay before the reaper publishes it again, ms
+  ARGV[4] undelivered_keep_ms: with KEYS[2]: how long the counts are kept, ms (the idle horizon)
 
   Returns {code, drops}
     code 0 OK            its deadline is at most the delay away; drops: the ticket's count (0 uncounted)

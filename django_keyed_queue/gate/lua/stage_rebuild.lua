@@ -4,8 +4,8 @@
   that each call's work is bounded however deep the key.
 
   KEYS[1] staged queue      KEYS[2] staged messages
-  ARGV[1] how long the staging is kept if the rebuild never ends, ms
-  ARGV[2], ARGV[3], ...  ticket, message, repeated, oldest first
+  ARGV[1] keep_ms: how long the staging is kept if the rebuild never ends, ms
+  ARGV[2], ARGV[3], ...  waiting: ticket, message, repeated, oldest first
 
   Returns {code}
     code 0 OK      staged

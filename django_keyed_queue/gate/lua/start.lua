@@ -4,14 +4,14 @@
 
   KEYS[1] meta      KEYS[2] holders      KEYS[3] messages
   ARGV[1] ticket
-  ARGV[2] dispatch generation carried by the message
-  ARGV[3] lease, ms
-  ARGV[4] lost leases to re-dispatch before failing the ticket (the task's policy)
-  ARGV[5] task id of the message ('' = not checked): it must be the id of the
+  ARGV[2] dispatch: dispatch generation carried by the message
+  ARGV[3] lease_ms: lease
+  ARGV[4] max_lost: lost leases to re-dispatch before failing the ticket (the task's policy)
+  ARGV[5] task_id: task id of the message ('' = not checked): it must be the id of the
           message stored with the ticket, so a message that copied another's
           header cannot take its ticket
-  ARGV[6] 1 = the task blocks its key when it fails for good (its policy), else 0
-  ARGV[7] least ms between two starts of the key (the task's rate; 0 = none): a start
+  ARGV[6] block: 1 = the task blocks its key when it fails for good (its policy), else 0
+  ARGV[7] interval_ms: least ms between two starts of the key (the task's rate; 0 = none): a start
           sooner than that after the key's last one is refused, and the holder's dispatch
           deadline moved past the time it may start, so the reaper publishes it again if
           the message that waits for that time is lost

@@ -11,22 +11,23 @@
   KEYS[6] recent    HASH task id -> ticket of this generation's submissions
   KEYS[7] older     the previous generation (see ARGV[11])
   KEYS[8] unwritten HASH ticket -> submission record, until its row is written
-  ARGV[1] message (opaque bytes)
-  ARGV[2] limit (slots per key)
-  ARGV[3] dispatch timeout, ms
-  ARGV[4] lease, ms (0 = grant only, do not start)
-  ARGV[5] join id ('' = none): a second submit with the same id within the horizon is refused
-  ARGV[6] idle horizon, ms
-  ARGV[7] lost leases to re-dispatch before failing the ticket (used when started at once)
-  ARGV[8] '1' = a retry after a lost reply: if the ticket this task id took still holds
+  ARGV[1] message: the task message (opaque bytes)
+  ARGV[2] limit: slots per key
+  ARGV[3] dispatch_timeout_ms
+  ARGV[4] lease_ms: lease (0 = grant only, do not start)
+  ARGV[5] join_id: join id ('' = none): a second submit with the same id within the horizon is refused
+  ARGV[6] idle_horizon_ms
+  ARGV[7] max_lost: lost leases to re-dispatch before failing the ticket (used when started at once)
+  ARGV[8] retried: '1' = a retry after a lost reply: if the ticket this task id took still holds
           exactly this message, return it as it stands instead of taking another ('' = no)
-  ARGV[9] task id, remembered for ARGV[8] ('' = not remembered)
-  ARGV[10] most tickets that may wait in the queue (0 = no limit); a submit that would
+  ARGV[9] task_id: task id, remembered for ARGV[8] ('' = not remembered)
+  ARGV[10] max_waiting: most tickets that may wait in the queue (0 = no limit); a submit that would
           wait behind that many is refused
-  ARGV[11] generation length, ms: a task id is remembered for one to two generations
-  ARGV[12] the submission's record (opaque bytes; '' = none), kept with the ticket as
+  ARGV[11] generation_ms: generation length, ms: a task id is remembered for one to two generations
+  ARGV[12] record: the submission's record (opaque bytes; '' = none), kept with the ticket as
           "<d (granted) or w (waiting)>|<server ms>|<record>" until its row is written
-  ARGV[13] 1 = the task blocks its key when it fails for good (used when started at once)
+          (read back by unwritten.lua, parsed by gate/unwritten.py)
+  ARGV[13] block: 1 = the task blocks its key when it fails for good (used when started at once)
 
   Returns {code, ticket, token, deadline_ms}
     code 0 OK          granted (token > 0 when started, deadline = lease end)

@@ -5,9 +5,9 @@
 
   KEYS[1] meta      KEYS[2] queue      KEYS[3] messages      KEYS[4] holders
   ARGV[1] ticket
-  ARGV[2] 1 = run it again (its stored message, with the next dispatch); 0 = withdraw it
-  ARGV[3] dispatch timeout, ms
-  ARGV[4] idle horizon, ms
+  ARGV[2] retry: 1 = run it again (its stored message, with the next dispatch); 0 = withdraw it
+  ARGV[3] dispatch_timeout_ms
+  ARGV[4] idle_horizon_ms
 
   Returns {code, ticket1, dispatch1, message1, ...}: the tickets to publish, the
   retried one itself, or those granted in the withdrawn one's place

@@ -6,8 +6,8 @@
   it wrote, and asks again for the rest.
 
   KEYS[1] unwritten      KEYS[2] messages      KEYS[3] scan cursors
-  ARGV[1] about how many records to read (HSCAN's COUNT)
-  ARGV[2] how long a scan's cursor is kept, ms
+  ARGV[1] count: about how many records to read (HSCAN's COUNT)
+  ARGV[2] keep_ms: how long a scan's cursor is kept, ms
 
   Returns {more, ticket1, record1, message1, ticket2, ...}; more is 1 if the key may keep
   records not returned, else 0; a record is "<d or w>|<server ms>|<record>" as submit keeps it.

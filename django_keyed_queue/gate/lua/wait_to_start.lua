@@ -5,9 +5,9 @@
 
   KEYS[1] meta      KEYS[2] holders      KEYS[3] messages
   ARGV[1] ticket
-  ARGV[2] dispatch generation carried by the message
-  ARGV[3] least ms between two starts of the key (the task's rate)
-  ARGV[4] lease, ms
+  ARGV[2] dispatch: dispatch generation carried by the message
+  ARGV[3] interval_ms: least ms between two starts of the key (the task's rate)
+  ARGV[4] lease_ms: lease
 
   Returns {wait_ms, message}: wait_ms 0 (and no message) when it may start now, or
   when the message may not start the ticket at all (the start says why)

@@ -13,6 +13,10 @@
   max_lost  how many lost leases are re-dispatched; the next one fails the ticket
   block     1 = its task's policy on failure is "block" (set when it starts); absent = 0
 
+  encode_holder and decode_holder below are the format's one home in Lua; in Python,
+  gate/inspection.py's decode_holder reads it (snapshots read holders without a script).
+  Change them together.
+
   A blocked key has "blocked" = a blocked ticket in meta, and grants nothing
   until an operator retries or cancels every ticket that blocks it (unblock.lua).
 ]]

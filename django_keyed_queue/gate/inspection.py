@@ -1,0 +1,121 @@
+"""Reading a key's state without changing it: snapshots for the admin, the live pages and recovery.
+
+Reads only, pipelined, no script: a snapshot must not take the key's slot for longer than its
+reads. The holder record is therefore parsed here, in Python: :func:`decode_holder` is its one
+home on this side, ``decode_holder`` in ``lua/includes/common.lua`` the one on the Lua side
+(which also describes the format). Change both together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from redis.cluster import RedisCluster
+
+from .base import GateBase, text
+from .keys import KeyNames
+from .results import Holder, HolderState, KeySnapshot, Lease
+from .scripts import ms_to_seconds
+
+
+class InspectCalls(GateBase):
+    """Snapshots of keys, a ticket's place in its queue, whether a lease still holds."""
+
+    def inspect(self, key: str, *, waiting_shown: int | None = None) -> KeySnapshot:
+        """A read-only snapshot of one key, a ``KeySnapshot`` (several reads in one pipelined round trip)."""
+        return self.inspect_many([key], waiting_shown=waiting_shown)[0]
+
+    def waiting_ahead(self, key: str, ticket: int) -> int | None:
+        """How many tickets wait ahead of ``ticket`` in ``key``'s queue; None if it does not wait there.
+        One ``LPOS``: it reads the queue up to the ticket."""
+        position = self.client.lpos(KeyNames(key).queue, str(ticket))
+        return None if position is None else int(position)  # type: ignore[arg-type]  # redis-py types it loosely
+
+    def inspect_many(self, keys: Sequence[str], *, waiting_shown: int | None = None) -> list[KeySnapshot]:
+        """Snapshots of many keys, one ``KeySnapshot`` per key in order, in one pipelined round trip.
+
+        ``waiting`` lists the oldest ``waiting_shown`` waiting tickets (all with None);
+        ``depth`` counts them all. ``holders`` maps each ticket holding a slot (at most the
+        key's limit) to its ``Holder``: its state, ``running`` or ``granted``, its dispatch,
+        token, attempts and lost leases, and the seconds left before its deadline.
+        """
+        # LRANGE's end is inclusive and -1 is the last element: (1, 0) is the empty range.
+        shown = (0, -1) if waiting_shown is None else (0, waiting_shown - 1) if waiting_shown else (1, 0)
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
+            names = KeyNames(key)
+            pipe.hgetall(names.meta)
+            pipe.lrange(names.queue, *shown)
+            pipe.llen(names.queue)
+            pipe.hgetall(names.holders)
+            pipe.hlen(names.messages)
+            pipe.pttl(names.meta)
+        # A cluster's pipeline sends no keyless command: its clock is read apart (any master's will do).
+        timed = not isinstance(self.client, RedisCluster)
+        if timed:
+            pipe.time()
+        replies = pipe.execute()
+        secs, micros = replies.pop() if timed else self.client.time()
+        now_ms = secs * 1000 + micros // 1000
+        snapshots = []
+        for i, key in enumerate(keys):
+            meta, queue, depth, holders, messages, ttl_ms = replies[6 * i : 6 * i + 6]
+            snapshots.append(
+                KeySnapshot(
+                    key=key,
+                    last_ticket=int(meta.get(b"seq", 0)),
+                    last_token=int(meta.get(b"fence", 0)),
+                    paused=b"paused" in meta,
+                    paused_since=_paused_since(meta.get(b"paused")),
+                    paused_by=meta.get(b"paused_by", b"").decode(errors="replace"),
+                    since_last_start=_ms_since(meta.get(b"last_start"), now_ms),
+                    blocked=int(meta[b"blocked"]) if b"blocked" in meta else None,
+                    waiting=[int(t) for t in queue],
+                    depth=depth,
+                    holders={int(t): decode_holder(raw, now_ms) for t, raw in holders.items()},
+                    messages=messages,
+                    idle_expires_in=ms_to_seconds(ttl_ms) if ttl_ms >= 0 else None,
+                )
+            )
+        return snapshots
+
+    def holds(self, lease: Lease) -> bool:
+        """True while ``lease`` is the running holder of its ticket (not fenced)."""
+        raw = self.client.hget(KeyNames(lease.key).holders, lease.ticket)
+        if raw is None:
+            return False
+        holder = decode_holder(raw, now_ms=0)  # its deadline is not read
+        return holder.state == "running" and holder.token == lease.token
+
+
+def decode_holder(raw: bytes | str, now_ms: int) -> Holder:
+    """A holder record, "<state>|<dispatch>|<token>|<deadline_ms>|<attempts>|<lost>|<max_lost>|<block>"
+    as ``encode_holder`` in ``lua/includes/common.lua`` writes it (which says what each field means);
+    its deadline made relative to ``now_ms``. A record written before ``block`` existed ends at ``max_lost``.
+    """
+    state, dispatch, token, deadline, attempts, lost, max_lost, *block = text(raw).split("|")
+    return Holder(
+        state=_HOLDER_STATES[state],
+        dispatch=int(dispatch),
+        token=int(token),
+        attempts=int(attempts),
+        lost=int(lost),
+        max_lost=int(max_lost),
+        blocks_on_failure=block == ["1"],
+        deadline_in=ms_to_seconds(int(deadline) - now_ms),
+    )
+
+
+_HOLDER_STATES: dict[str, HolderState] = {"r": "running", "g": "granted", "b": "blocked"}
+
+
+def _ms_since(value: bytes | None, now_ms: int) -> float | None:
+    """Seconds from a server-clock ms value to ``now_ms``; None if there is none (or it is not a number)."""
+    return ms_to_seconds(now_ms - int(value)) if value and value.isdigit() else None
+
+
+def _paused_since(value: bytes | None) -> float | None:
+    """When a key was paused (seconds since the epoch, server clock); None if it is not, or if an earlier
+    version of the app paused it (it kept 1, no time)."""
+    since = int(value) / 1000 if value and value.isdigit() else 0
+    return since if since > 1 else None

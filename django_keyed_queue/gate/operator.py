@@ -1,0 +1,105 @@
+"""An operator's hold on keys: pause and resume, the lists of paused and blocked keys, refused joins.
+
+The paused and blocked keys are each listed in one SET of its own (``keys.PAUSED_KEYS``,
+``keys.BLOCKED_KEYS``), so that the live keys page finds them without reading every key. A
+SET of its own is in no key's slot, so no script of a key can write it on a Redis Cluster:
+a list is kept by a command of its own, in the order that errs on the safe side (each method
+says which).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from . import calls
+from .base import grants, text
+from .inspection import InspectCalls
+from .keys import BLOCKED_KEYS, PAUSED_KEYS
+from .results import Grant
+from .scripts import Code, seconds_to_ms
+
+logger = logging.getLogger(__name__)
+
+#: Who paused a key is kept to this many characters (an operator's name; a command's own words).
+PAUSED_BY_MAX = 200
+
+
+class OperatorCalls(InspectCalls):
+    """Pause, resume, list paused and blocked keys, refuse a delayed task's join.
+
+    Derives from :class:`~.inspection.InspectCalls`: :meth:`blocked_keys` checks its list against
+    the keys' snapshots.
+    """
+
+    def pause(self, key: str, *, by: str = "") -> None:
+        """Grant nothing more on ``key``: running tasks finish, submissions queue in order. ``by`` (who
+        paused it) and the time are kept for the operator who finds the key paused."""
+        # Listed first, in a call of its own, so that every paused key is listed (a listed key may
+        # have failed to pause).
+        self.client.sadd(PAUSED_KEYS, key)
+        self._call(
+            calls.pause(
+                key,
+                pause=True,
+                dispatch_timeout_ms=self.dispatch_timeout_ms,
+                idle_horizon_ms=self.idle_horizon_ms,
+                paused_by=by[:PAUSED_BY_MAX],
+            )  # fmt: skip
+        )
+        logger.debug("pause key=%r", key)
+
+    def resume(self, key: str) -> list[Grant] | None:
+        """Let ``key`` grant again; returns the tickets granted at once, to be published, or None if the key
+        was not paused (two racing resumes: one resumes it, the other is told so)."""
+        call = calls.pause(
+            key, pause=False, dispatch_timeout_ms=self.dispatch_timeout_ms, idle_horizon_ms=self.idle_horizon_ms,
+            paused_by="",
+        )  # fmt: skip
+        reply = self._call_and_index(call, key)
+        # Unlisted after, in a call of its own, so that a key is never unlisted while it is still paused.
+        self.client.srem(PAUSED_KEYS, key)
+        logger.debug("resume key=%r code=%s", key, Code(reply[0]).name)
+        return None if reply[0] == Code.NOT_PAUSED else grants(key, reply[1:])
+
+    def is_paused(self, key: str) -> bool:
+        """Whether :meth:`pause` paused ``key`` and :meth:`resume` did not resume it since."""
+        return bool(self.client.sismember(PAUSED_KEYS, key))
+
+    def paused_keys(self, *, limit: int | None = None) -> list[str]:
+        """The keys paused by :meth:`pause` and not resumed since; at most ``limit`` of them, read in steps."""
+        return self._listed(PAUSED_KEYS, limit)
+
+    def blocked_keys(self, *, limit: int | None = None) -> list[str]:
+        """The keys a failed ticket blocks (see :meth:`finish`); at most ``limit`` of them.
+
+        Listed when a ticket that may block failed, and checked here: a key listed but not
+        blocked (its finish was fenced, or it was unblocked meanwhile) is taken off the list.
+        """
+        listed = self._listed(BLOCKED_KEYS, limit)
+        blocked = [s.key for s in self.inspect_many(listed, waiting_shown=0) if s.blocked is not None]
+        if stale := set(listed) - set(blocked):
+            self.client.srem(BLOCKED_KEYS, *stale)
+        return blocked
+
+    def _listed(self, name: str, limit: int | None) -> list[str]:
+        """The members of the SET ``name``, sorted; at most ``limit`` of them, read in steps."""
+        if limit is None:
+            return sorted(text(member) for member in self.client.smembers(name))
+        found: list[str] = []
+        for member in self.client.sscan_iter(name, count=min(limit, 1000)):
+            found.append(text(member))
+            if len(found) == limit:
+                break
+        return sorted(found)
+
+    def refuse_join(self, key: str, task_id: str, *, due_in_seconds: float = 0.0) -> bool:
+        """Make sure the delayed task ``task_id`` never joins ``key``'s queue.
+
+        False if it already joined (it has a ticket: cancel that instead).
+        """
+        call = calls.refuse_join(
+            key, join_id=task_id, due_in_ms=seconds_to_ms(due_in_seconds), idle_horizon_ms=self.idle_horizon_ms
+        )
+        [code] = self._call(call)
+        logger.debug("refuse join key=%r task_id=%s code=%s", key, task_id, Code(code).name)
+        return Code(code) is Code.OK

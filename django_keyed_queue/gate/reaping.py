@@ -1,0 +1,201 @@
+"""Recovery's side of the gate: the deadline index, the reaper's visits, releases and rebuilds.
+
+A holder whose deadline passed (its worker died, its message was lost) is found through the
+deadline index (see :class:`~.base.GateBase`) and recovered by ``reap.lua``, one key per call.
+The decisions are the scripts'; ``ops/recovery.py`` acts on them (publishes, writes rows).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+from . import calls
+from .base import GateBase, grants, text
+from .keys import BLOCKED_KEYS, KeyNames
+from .results import FinishResult, Recovery, RecoveryAction
+from .scripts import Code, seconds_to_ms
+
+logger = logging.getLogger(__name__)
+
+#: How many tickets one call of a rebuild stages: each call's work stays bounded however deep the key
+#: (one call for 100,000 tickets held Redis 1.3 s).
+REBUILD_CHUNK = 200
+#: How long a rebuild's staging is kept if the rebuild never ends (its process died).
+STAGING_SECONDS = 3600.0
+
+
+class ReaperCalls(GateBase):
+    """Find the keys due, recover their holders, publish stranded grants again, rebuild a lost key."""
+
+    def overdue_keys(self, seconds: float, *, limit: int = 1000) -> list[str]:
+        """Keys that have needed the reaper for longer than ``seconds`` (none, while it runs); at most ``limit``.
+
+        Two round trips: the server's clock, then the index (a read; no script)."""
+        due = self._server_time_ms() - seconds_to_ms(seconds)
+        return [text(m) for m in self._index_range(due, num=limit)]
+
+    def reap(self, *, batch: int = 500, dry_run: bool = False) -> tuple[int, list[Recovery]]:
+        """Recover the holders whose deadline passed, over up to ``batch`` due keys.
+
+        Two round trips for the whole batch (one pipelined script per due key,
+        then one index update), plus one to read the due keys. Safe to run
+        from several processes at once: each recovery is one atomic script.
+        Returns how many due keys were visited, and the recoveries.
+        """
+        now_ms = self._server_time_ms()
+        due = self._index_range_with_scores(now_ms, num=batch)
+        return len(due), self._visit(due, now_ms, dry_run=dry_run)
+
+    def republish_unstarted(self, *, granted_seconds_ago: float, batch: int = 500) -> list[Recovery]:
+        """Publish again every ticket granted at least ``granted_seconds_ago`` (server clock) and not started.
+
+        For grants whose message a lost broker connection may have stranded. A
+        copy that does arrive is harmless: the first to start the ticket runs,
+        the gate drops the others. Due holders are recovered as by :meth:`reap`.
+        Visits every key that may hold such a ticket, ``batch`` per round trip.
+        """
+        now_ms = self._server_time_ms()
+        # A granted ticket's dispatch deadline is its grant's time plus the dispatch timeout.
+        before = now_ms - seconds_to_ms(granted_seconds_ago) + self.dispatch_timeout_ms
+        candidates = self._index_range_with_scores(before)
+        recoveries: list[Recovery] = []
+        for start in range(0, len(candidates), batch):
+            recoveries += self._visit(candidates[start : start + batch], now_ms, republish_before=before)
+        return recoveries
+
+    def _visit(
+        self,
+        due: list[tuple[bytes | str, float]],
+        now_ms: int,
+        *,
+        dry_run: bool = False,
+        republish_before: int | None = None,
+    ) -> list[Recovery]:
+        """Run the reap script on each (key, index score) and move each key to its next deadline."""
+        if not due:
+            return []
+        replies = self._pipelined(
+            [self._reap_call(text(m), dry_run=dry_run, republish_before=republish_before) for m, _ in due]
+        )
+        recoveries: list[Recovery] = []
+        moves: list[tuple[str, float, int]] = []
+        longest_gap = min(self.lease_ms, self.dispatch_timeout_ms)
+        for (member, seen), reply in zip(due, replies, strict=True):
+            next_deadline = int(reply[0])
+            recoveries += _recoveries(text(member), reply)
+            # Look again at the key's next deadline, and at least that often while it has holders.
+            moves.append((text(member), seen, -1 if next_deadline < 0 else min(next_deadline, now_ms + longest_gap)))
+        if not dry_run:
+            # The blocked keys' list is a SET of its own slot, which reap.lua cannot write (see operator.py).
+            if blocked := {r.key for r in recoveries if r.action is RecoveryAction.BLOCK}:
+                self.client.sadd(BLOCKED_KEYS, *blocked)
+            self._pipelined(calls.reindex(self.deadlines, moves=moves))
+        for r in recoveries:
+            logger.debug("reap key=%r ticket=%s action=%s dry_run=%s", r.key, r.ticket, r.action, dry_run)
+        return recoveries
+
+    def republish_soon(self, key: str, ticket: int, dispatch: int, *, delay_seconds: float) -> bool:
+        """The message of a granted ticket failed to publish: the reaper publishes it after ``delay_seconds``.
+
+        False if the ticket is no longer granted with that dispatch (it started, ended, or moved on).
+        """
+        return self._republish_soon(key, ticket, dispatch, delay_seconds, count=False) is not None
+
+    def undelivered(self, key: str, ticket: int, dispatch: int, *, delay_seconds: float) -> int | None:
+        """A worker dropped the message of a granted ticket undelivered (it knows no such task): the reaper
+        publishes it after ``delay_seconds``. How many times the ticket was dropped so, or None if it is no
+        longer granted with that dispatch."""
+        return self._republish_soon(key, ticket, dispatch, delay_seconds, count=True)
+
+    def _republish_soon(self, key: str, ticket: int, dispatch: int, delay_seconds: float, *, count: bool) -> int | None:
+        delay_ms = seconds_to_ms(delay_seconds)
+        call = calls.republish_soon(
+            key, ticket=ticket, dispatch=dispatch, delay_ms=delay_ms,
+            undelivered_keep_ms=self.idle_horizon_ms if count else None,
+        )  # fmt: skip
+        [(code, *drops)] = self._pipelined([call], index=key, index_within_ms=delay_ms)
+        logger.debug("republish_soon key=%r ticket=%s code=%s", key, ticket, Code(code).name)
+        return int(drops[0]) if Code(code) is Code.OK else None
+
+    def release(self, key: str, ticket: int, *, dispatch: int | None = None) -> list[Recovery]:
+        """Recover ``ticket``'s holder now, as the reaper does when its deadline passes.
+
+        A running holder is fenced and re-dispatched (or failed, past its
+        recoveries); a granted one is published again, with its next dispatch. Any
+        other due holder of the key is recovered too. With ``dispatch``, only that
+        dispatch of the ticket is released: a second release of it finds it moved on.
+        The ticket is among the recoveries only if it was released.
+        """
+        [reply] = self._pipelined([self._reap_call(key, release=ticket, released_dispatch=dispatch)], index=key)
+        return _recoveries(key, reply)
+
+    def _reap_call(
+        self,
+        key: str,
+        *,
+        dry_run: bool = False,
+        release: int | None = None,
+        republish_before: int | None = None,
+        released_dispatch: int | None = None,
+    ) -> calls.ScriptCall:
+        """``reap.lua``'s call with this gate's durations filled in."""
+        return calls.reap(
+            key, dispatch_timeout_ms=self.dispatch_timeout_ms, idle_horizon_ms=self.idle_horizon_ms, dry_run=dry_run,
+            outcome_grace_ms=self.outcome_grace_ms, release=release, republish_before=republish_before,
+            released_dispatch=released_dispatch,
+        )  # fmt: skip
+
+    def rebuild(self, key: str, *, last_ticket: int, waiting: list[tuple[int, bytes]], limit: int = 1) -> FinishResult:
+        """Restore a key lost with Redis: ``waiting`` (ticket, message) pairs, oldest first.
+
+        Returns the tickets granted at once; ``Code.EXISTS`` if the key has
+        any state in Redis (nothing is changed then). One call per ``REBUILD_CHUNK``
+        tickets stages them, then one call makes them the key's.
+        """
+        staged = KeyNames(key).staged(uuid.uuid4().hex)  # this rebuild's own: two racing rebuilds never mix
+        for start in range(0, len(waiting), REBUILD_CHUNK):
+            chunk = waiting[start : start + REBUILD_CHUNK]
+            self._call(calls.stage_rebuild(staged, keep_ms=seconds_to_ms(STAGING_SECONDS), waiting=chunk))
+        call = calls.rebuild(
+            key, staged, last_ticket=last_ticket, limit=limit, dispatch_timeout_ms=self.dispatch_timeout_ms
+        )
+        reply = self._call_and_index(call, key)
+        return FinishResult(Code(reply[0]), grants(key, reply[1:]))
+
+    def _index_range(self, max_score: int, *, num: int) -> list[bytes | str]:
+        """The keys of the deadline index scored at most ``max_score``, earliest first; at most ``num``."""
+        return [member for member, _ in self._index_range_with_scores(max_score, num=num)]
+
+    def _index_range_with_scores(self, max_score: int, *, num: int | None = None) -> list[tuple[bytes | str, float]]:
+        """(key, score) pairs of the deadline index scored at most ``max_score``, earliest first; all with None.
+
+        One round trip: ``num`` from each shard, then the earliest ``num`` of them all.
+        """
+        limit = () if num is None else ("LIMIT", 0, num)
+        replies = self._run(
+            [("ZRANGEBYSCORE", shard, "-inf", max_score, "WITHSCORES", *limit) for shard in self.deadlines.names]
+        )
+        due = [pair for reply in replies for pair in _scored(reply)]
+        if len(replies) > 1:
+            due.sort(key=lambda pair: pair[1])
+        return due if num is None else due[:num]
+
+
+def _recoveries(key: str, reply: list[Any]) -> list[Recovery]:
+    """``reap.lua``'s reply after its next deadline: action, ticket, dispatch, attempts, message, repeated."""
+    flat = reply[1:]
+    return [
+        Recovery(
+            key, RecoveryAction(flat[i].decode()), int(flat[i + 1]), int(flat[i + 2]), int(flat[i + 3]), flat[i + 4]
+        )
+        for i in range(0, len(flat), 5)
+    ]
+
+
+def _scored(reply: list[Any]) -> list[tuple[bytes | str, float]]:
+    """A ``WITHSCORES`` reply as (member, score) pairs: RESP3 sends pairs, RESP2 one flat list."""
+    if reply and isinstance(reply[0], list):
+        return [(member, float(score)) for member, score in reply]
+    return [(reply[i], float(reply[i + 1])) for i in range(0, len(reply), 2)]

@@ -1,0 +1,309 @@
+"""A ticket's life: taken, granted, started, renewed, retried, finished or withdrawn.
+
+These are the calls of producers and workers, on the hot path: each is one script call in one
+round trip (``unblock``, an operator's, says why it is not). Their arguments are built in
+``calls.py``, one builder per script.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from . import calls
+from .base import GateBase, grants
+from .keys import BLOCKED_KEYS
+from .results import FinishResult, Lease, Outcome, QueueFull, StartResult, Submission, SubmitResult
+from .scripts import Code, ms_to_seconds, seconds_to_ms
+from .transport import Command
+
+logger = logging.getLogger(__name__)
+
+#: A submission retried after its reply was lost finds its ticket for at least this long.
+RECENT_SUBMISSION_SECONDS = 30.0
+
+
+class TicketCalls(GateBase):
+    """Submit, start, renew, retry, requeue, finish, cancel, unblock and give up tickets."""
+
+    def submit(
+        self,
+        key: str,
+        message: bytes,
+        *,
+        limit: int = 1,
+        start: bool = False,
+        join_id: str = "",
+        max_lost: int = 0,
+        block: bool = False,
+        task_id: str = "",
+        retried: bool = False,
+        max_waiting: int = 0,
+        record: bytes = b"",
+    ) -> SubmitResult | None:
+        """Take the next ticket of ``key`` and store ``message`` with it.
+
+        With ``start=True`` a granted ticket is also started (its lease begins;
+        ``max_lost`` and ``block`` as for :meth:`start`).
+        A non-empty ``join_id`` seen before within the idle horizon makes this a
+        duplicate: nothing changes and None is returned.
+        ``retried=True`` after a call whose reply was lost: the ticket ``task_id``
+        took, if it still holds exactly ``message``, is returned as it stands and
+        none is taken (found for at least ``RECENT_SUBMISSION_SECONDS``).
+        ``max_waiting`` > 0: raises QueueFull, taking nothing, when this ticket
+        would wait behind that many others.
+        A non-empty ``record`` is kept with the ticket until :meth:`forget_unwritten`
+        (see :meth:`claim_unwritten`).
+        """
+        call = self._submit_call(
+            key, message, limit=limit, lease_ms=self.lease_ms if start else 0, join_id=join_id, max_lost=max_lost,
+            block=block, task_id=task_id, retried=retried, max_waiting=max_waiting, record=record,
+        )  # fmt: skip
+        [reply] = self._pipelined([call], index=key, also=self._index_unwritten([key] if record else []))
+        if reply[0] == Code.DUPLICATE:
+            logger.debug("submit key=%r join_id=%s duplicate", key, join_id)
+            return None
+        result = _submit_result(key, reply)
+        if isinstance(result, QueueFull):
+            raise result
+        return result
+
+    def submit_many(
+        self, submissions: Sequence[Submission], *, retried: bool = False
+    ) -> list[SubmitResult | QueueFull]:
+        """Submit each of ``submissions`` as :meth:`submit` does, in order, in one round trip.
+
+        A key at its ``max_waiting`` gets its ``QueueFull`` in the list, and no ticket.
+        """
+        batch = [
+            self._submit_call(
+                s.key,
+                s.message,
+                limit=s.limit,
+                task_id=s.task_id,
+                retried=retried,
+                max_waiting=s.max_waiting,
+                record=s.record,
+            )  # fmt: skip
+            for s in submissions
+        ]
+        if not batch:
+            return []
+        recorded = [s.key for s in submissions if s.record]
+        replies = self._pipelined(batch, index=[s.key for s in submissions], also=self._index_unwritten(recorded))
+        return [_submit_result(s.key, reply) for s, reply in zip(submissions, replies, strict=True)]
+
+    def _submit_call(
+        self,
+        key: str,
+        message: bytes,
+        *,
+        limit: int,
+        lease_ms: int = 0,
+        join_id: str = "",
+        max_lost: int = 0,
+        block: bool = False,
+        task_id: str,
+        retried: bool,
+        max_waiting: int,
+        record: bytes,
+    ) -> calls.ScriptCall:
+        """``submit.lua``'s call with this gate's durations filled in."""
+        return calls.submit(
+            key, message=message, limit=limit, dispatch_timeout_ms=self.dispatch_timeout_ms, lease_ms=lease_ms,
+            join_id=join_id, idle_horizon_ms=self.idle_horizon_ms, max_lost=max_lost, retried=retried,
+            task_id=task_id, max_waiting=max_waiting, generation_ms=seconds_to_ms(RECENT_SUBMISSION_SECONDS),
+            record=record, block=block,
+        )  # fmt: skip
+
+    def start(
+        self,
+        key: str,
+        ticket: int,
+        dispatch: int,
+        *,
+        max_lost: int = 0,
+        block: bool = False,
+        task_id: str = "",
+        interval_ms: int = 0,
+    ) -> StartResult:
+        """Check the message of dispatch ``dispatch`` may run ``ticket`` and start its lease.
+
+        With ``task_id``, the message must also be the ticket's own: the one
+        stored with it has that task id (``Code.FOREIGN_MESSAGE`` if not).
+        If the lease expires, the reaper re-dispatches the ticket ``max_lost``
+        times; the next time it fails the ticket and frees its slot. With
+        ``block``, a failure for good (that one, or :meth:`finish` with
+        ``block``) keeps the slot instead, and the key grants nothing until
+        :meth:`unblock`. With ``interval_ms``, the key's starts are at least that far apart:
+        a start sooner after the last one is ``Code.TOO_EARLY``, with the wait and the ticket's
+        stored message (to send again for then).
+        """
+        call = calls.start(
+            key, ticket=ticket, dispatch=dispatch, lease_ms=self.lease_ms, max_lost=max_lost, task_id=task_id,
+            block=block, interval_ms=interval_ms,
+        )  # fmt: skip
+        # Indexed too: this process's lease may be shorter than the one the granting process assumed.
+        code, token, attempts, deadline, *message = self._call_and_index(call, key)
+        if code == Code.TOO_EARLY:
+            return StartResult(
+                Code(code), attempts=int(attempts), wait_seconds=ms_to_seconds(deadline), message=message[0]
+            )
+        result = StartResult(Code(code), int(token), int(attempts), int(deadline))
+        logger.debug("start key=%r ticket=%s code=%s", key, ticket, result.code.name)
+        return result
+
+    def wait_to_start(self, key: str, ticket: int, dispatch: int, *, interval_ms: int) -> tuple[float, bytes | None]:
+        """Seconds before the message of ``dispatch`` may start ``ticket`` under a rate of one start per
+        ``interval_ms`` on ``key``, and the ticket's stored message if it must wait; (0.0, None) when it
+        may start now, or may not start at all (:meth:`start` says why). A check, not a claim."""
+        wait, *message = self._call(
+            calls.wait_to_start(key, ticket=ticket, dispatch=dispatch, interval_ms=interval_ms, lease_ms=self.lease_ms)
+        )
+        return (ms_to_seconds(int(wait)), message[0]) if wait else (0.0, None)
+
+    def finish(
+        self,
+        key: str,
+        ticket: int,
+        token: int,
+        *,
+        limit: int = 1,
+        outcome: Outcome | None = None,
+        block: bool = False,
+    ) -> FinishResult:
+        """End a running ticket and grant the next ones; their messages are returned.
+
+        ``outcome`` is kept with the key until
+        :meth:`forget_outcomes`; the reaper hands back outcomes left too long.
+        ``block``: the run failed for good and its task blocks its key on failure:
+        the ticket keeps its slot and the key is blocked (``Code.BLOCKED``) until
+        :meth:`unblock`; it is listed among :meth:`blocked_keys` in the same round trip.
+        """
+        call = calls.finish(
+            key, ticket=ticket, token=token, limit=limit, dispatch_timeout_ms=self.dispatch_timeout_ms,
+            idle_horizon_ms=self.idle_horizon_ms, task_id=outcome.task_id if outcome else "",
+            record=outcome.record if outcome else b"", block=block,
+        )  # fmt: skip
+        [reply] = self._pipelined([call], index=key, also=[("SADD", BLOCKED_KEYS, key)] if block else ())
+        result = FinishResult(Code(reply[0]), grants(key, reply[1:]))
+        granted = [g.ticket for g in result.granted]
+        logger.debug("finish key=%r ticket=%s code=%s granted=%s", key, ticket, result.code.name, granted)
+        return result
+
+    def retry(self, key: str, ticket: int, token: int, message: bytes, *, countdown_seconds: float) -> int | None:
+        """Keep ``ticket``'s slot through a retry; returns the retry's dispatch, None if fenced."""
+        code, dispatch = self._call(
+            calls.retry(
+                key,
+                ticket=ticket,
+                token=token,
+                countdown_ms=seconds_to_ms(countdown_seconds),
+                dispatch_timeout_ms=self.dispatch_timeout_ms,
+                message=message,
+            )  # fmt: skip
+        )
+        logger.debug("retry key=%r ticket=%s code=%s dispatch=%s", key, ticket, Code(code).name, dispatch)
+        return int(dispatch) if code == Code.OK else None
+
+    def requeue(self, key: str, ticket: int, token: int) -> bool:
+        """A running ticket's message goes back to the broker (``Reject(requeue=True)``): the same
+        message may start the ticket again, which keeps its slot meanwhile. False if fenced.
+
+        If that delivery never comes, the dispatch timeout publishes the stored message again.
+        """
+        [code] = self._call(
+            calls.requeue(key, ticket=ticket, token=token, dispatch_timeout_ms=self.dispatch_timeout_ms)
+        )
+        logger.debug("requeue key=%r ticket=%s code=%s", key, ticket, Code(code).name)
+        return bool(code == Code.OK)
+
+    def cancel(
+        self,
+        key: str,
+        ticket: int,
+        *,
+        limit: int | None = None,
+        forget: bool = False,
+        failed: bool = False,
+        dispatch: int | None = None,
+        task_id: str | None = None,
+        failed_for_good: bool = False,
+    ) -> FinishResult:
+        """Withdraw a ticket that has not started; returns tickets granted in its place.
+
+        ``limit`` None: the key's own, as its submissions set it. ``dispatch`` and ``task_id``
+        name the attempt withdrawn: a ticket not granted with that dispatch, or whose stored
+        message is another task's, is left as it is (``Code.NOT_GRANTED``). ``failed_for_good``:
+        its task failed without starting; a granted ticket whose stored message says its task
+        blocks its key on failure is blocked instead (``Code.BLOCKED``).
+
+        ``failed=True`` is for a submission that failed: its record is dropped if
+        its row is not written yet. ``forget=True`` (implies ``failed``) when it failed
+        before anyone saw its ticket: the ticket number is given back when it was the last one taken.
+        """
+        call = calls.cancel(
+            key, ticket=ticket, limit=limit, dispatch_timeout_ms=self.dispatch_timeout_ms,
+            idle_horizon_ms=self.idle_horizon_ms, forget=forget, failed=failed or forget, dispatch=dispatch,
+            task_id=task_id or "", failed_for_good=failed_for_good,
+        )  # fmt: skip
+        # A ticket blocked now is listed among blocked_keys() in the same round trip, as finish's.
+        listed: list[Command] = [("SADD", BLOCKED_KEYS, key)] if failed_for_good else []
+        [reply] = self._pipelined([call], index=key, also=listed)
+        result = FinishResult(Code(reply[0]), grants(key, reply[1:]))
+        logger.debug("cancel key=%r ticket=%s code=%s", key, ticket, result.code.name)
+        return result
+
+    def unblock(self, key: str, ticket: int, *, retry: bool) -> FinishResult:
+        """Act on the ticket that blocks ``key``: run it again at the head of the queue (``retry``: the
+        ticket itself is returned, with its next dispatch), or withdraw it (the tickets granted in its
+        place are returned). ``Code.NOT_GRANTED`` if it does not block the key.
+
+        Two round trips: the script, then, if it acted, the key is taken off :meth:`blocked_keys`.
+        That list is one SET of its own (its own slot on a cluster), which no script of a key may
+        touch, and it is taken off only if the script acted. Should the second call fail, the list
+        keeps a key no longer blocked, which :meth:`blocked_keys` drops when it next reads it.
+        """
+        call = calls.unblock(
+            key, ticket=ticket, retry=retry, dispatch_timeout_ms=self.dispatch_timeout_ms,
+            idle_horizon_ms=self.idle_horizon_ms,
+        )  # fmt: skip
+        reply = self._call_and_index(call, key)
+        result = FinishResult(Code(reply[0]), grants(key, reply[1:]))
+        if result.code is Code.OK:
+            self.client.srem(BLOCKED_KEYS, key)
+        logger.debug("unblock key=%r ticket=%s retry=%s code=%s", key, ticket, retry, result.code.name)
+        return result
+
+    def give_up(self, key: str, ticket: int, dispatch: int, *, grace_seconds: float) -> bool:
+        """Give up the attempt of ``ticket`` started by the message of ``dispatch``, whose process is
+        being killed: fenced now, failed by the reaper without a recovery once ``grace_seconds`` have
+        passed. False if that attempt does not run (it ended, or another dispatch replaced it)."""
+        grace_ms = seconds_to_ms(grace_seconds)
+        call = calls.give_up(key, ticket=ticket, grace_ms=grace_ms, dispatch=dispatch)
+        [(code, _)] = self._pipelined([call], index=key, index_within_ms=grace_ms)
+        logger.debug("give_up key=%r ticket=%s code=%s", key, ticket, Code(code).name)
+        return Code(code) is Code.OK
+
+    def renew(self, leases: Iterable[Lease]) -> dict[Lease, bool]:
+        """Extend many leases in one round trip (one script call per key, pipelined)."""
+        by_key: dict[str, list[Lease]] = {}
+        for lease in leases:
+            by_key.setdefault(lease.key, []).append(lease)
+        if not by_key:
+            return {}
+        batch = [calls.renew(key, lease_ms=self.lease_ms, leases=held) for key, held in by_key.items()]
+        outcome: dict[Lease, bool] = {}
+        for held, reply in zip(by_key.values(), self._pipelined(batch), strict=True):
+            outcome.update({lease: bool(ok) for lease, ok in zip(held, reply, strict=True)})
+        return outcome
+
+
+def _submit_result(key: str, reply: list[Any]) -> SubmitResult | QueueFull:
+    code, ticket, token, _ = reply
+    if code == Code.QUEUE_FULL:
+        return QueueFull(key, int(ticket))
+    result = SubmitResult(ticket=int(ticket), granted=code == Code.OK, token=int(token))
+    logger.debug("submit key=%r ticket=%s granted=%s", key, result.ticket, result.granted)
+    return result

@@ -1,0 +1,82 @@
+"""Records the gate keeps until the database has them: submissions' records and finished runs' outcomes.
+
+A producer writes no row: ``submit`` keeps the submission's record with its ticket, and the
+workers' writers (``records/submissions.py``) claim keys of the unwritten index, read their
+records, write the rows and forget them here. ``finish`` keeps a run's outcome the same way
+until the worker's recorder wrote it (the reaper hands back those left too long).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from . import calls
+from .base import GateBase, text
+from .keys import KeyNames
+from .results import Unwritten, UnwrittenRecords
+from .scripts import seconds_to_ms
+from .transport import Command
+
+#: About how many of one key's kept submission records one ``unwritten`` call reads: Redis' work per
+#: call stays bounded however deep the key (100,000 parked once took one call 484 ms).
+UNWRITTEN_PER_KEY = 500
+
+
+class UnwrittenCalls(GateBase):
+    """Claim keys holding unwritten records, read the records, forget those written."""
+
+    def claim_unwritten(self, *, claim_seconds: float, batch: int = 500) -> list[tuple[str, int]]:
+        """Claim up to ``batch`` keys holding submission records not yet written, for ``claim_seconds``;
+        on a cluster, up to ``batch / shards`` (rounded up) of each shard of the unwritten index.
+
+        Returns (key, claim) pairs; other callers pass a claimed key by until
+        :meth:`forget_unwritten` releases it or the claim lapses.
+        """
+        shards = self.unwritten_index.names
+        share = -(-batch // len(shards))  # a share of each shard's
+        batch_calls = [
+            calls.claim_unwritten(shard, claim_ms=seconds_to_ms(claim_seconds), most_keys=share) for shard in shards
+        ]
+        replies = self._pipelined(batch_calls)
+        return [(text(flat[i]), int(flat[i + 1])) for flat in replies for i in range(0, len(flat), 2)]
+
+    def unwritten(self, keys: Sequence[str], *, per_key: int = UNWRITTEN_PER_KEY) -> UnwrittenRecords:
+        """The submission records kept for ``keys``, with their tickets' messages, in one round trip: about
+        ``per_key`` of each key (a bounded step of Redis' work); ``more`` names the keys that keep others."""
+        batch = [calls.unwritten(key, count=per_key, keep_ms=self.idle_horizon_ms) for key in keys]
+        found, more = [], set()
+        for key, (left, *flat) in zip(keys, self._pipelined(batch), strict=True):
+            if left:
+                more.add(key)
+            for ticket, kept, message in zip(flat[0::3], flat[1::3], flat[2::3], strict=True):
+                # "<d (granted) or w (waiting)>|<server ms>|<record>", as submit.lua keeps it.
+                parts = kept.split(b"|", 2)
+                # Not as submit keeps it (someone else wrote it): handed on whole, for the caller to refuse.
+                state, at_ms, record = parts if len(parts) == 3 and parts[1].isdigit() else (b"", b"0", kept)
+                found.append(Unwritten(key, int(ticket), state == b"d", int(at_ms), record, message or None))
+        return UnwrittenRecords(found, frozenset(more))
+
+    def unclaim_unwritten(self, claims: Iterable[tuple[str, int]]) -> None:
+        """Give back ``claims`` (from :meth:`claim_unwritten`) whose records were not written: due again at once."""
+        if batch := calls.reindex(self.unwritten_index, moves=((key, claim, 0) for key, claim in claims)):
+            self._pipelined(batch)
+
+    def forget_unwritten(self, written: Iterable[Unwritten], claims: Iterable[tuple[str, int]] = ()) -> None:
+        """Delete records whose rows are written, and release ``claims`` (from :meth:`claim_unwritten`)
+        of keys no submission was kept for since; one round trip."""
+        # Deleted first (on one server; a cluster's masters each take theirs): a claim released before
+        # its records were deleted would leave them unindexed, until the key's next submission.
+        deleted: list[Command] = [("HDEL", KeyNames(w.key).unwritten, w.ticket) for w in written]
+        released = calls.reindex(self.unwritten_index, moves=((key, claim, -1) for key, claim in claims))  # -1: removed
+        if released:
+            self._pipelined(released, before=deleted)
+        elif deleted:
+            self._run(deleted)
+
+    def forget_outcomes(self, written: Iterable[tuple[str, str]]) -> None:
+        """Delete the outcomes of runs whose records are written: (key, task id) pairs, one round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        for key, task_id in written:
+            pipe.hdel(KeyNames(key).outcomes, task_id)
+        if len(pipe):
+            pipe.execute()
