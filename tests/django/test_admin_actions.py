@@ -14,8 +14,7 @@ from django_keyed_queue.testing import write_submission_rows
 from django_keyed_queue.worker.messages import HEADER, JOIN_HEADER, TaskMessage
 from django_keyed_queue.worker.process import current, get_gate
 from testproject.demo.tasks import charge, step
-
-from .conftest import QUEUE
+from tests.django.queues import QUEUE
 
 pytestmark = pytest.mark.django_db
 

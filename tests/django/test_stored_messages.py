@@ -15,8 +15,7 @@ from django_keyed_queue.testing import write_submission_rows
 from django_keyed_queue.worker.messages import TaskMessage
 from django_keyed_queue.worker.process import get_gate
 from testproject.demo.tasks import step
-
-from .conftest import QUEUE
+from tests.django.queues import QUEUE
 
 pytestmark = pytest.mark.django_db
 
