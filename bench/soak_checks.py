@@ -32,8 +32,8 @@ DEFAULT_FAULTS = FAULTS[:4]
 #: dispatch timeout (plus the reaper period); 0.5 s of slack for the publish and the start on a loaded machine.
 _CRASH_BOUND = TIMINGS["LEASE_SECONDS"] + 1.2 * TIMINGS["REAP_INTERVAL_SECONDS"] + 0.5
 _LOST_BOUND = TIMINGS["DISPATCH_TIMEOUT_SECONDS"] + 1.2 * TIMINGS["REAP_INTERVAL_SECONDS"] + 0.5
-#: Redis restart, from Redis answering again: the formula of tests/userproject/test_redis_restart.py (lease +
-#: reaper period + 4 s for the workers to reconnect).
+#: Redis restart, from Redis answering again: the formula of tests/userproject/test_broker_and_gate_redis_restart.py
+#: (lease + reaper period + 4 s for the workers to reconnect).
 _RESUME_BOUND = TIMINGS["LEASE_SECONDS"] + TIMINGS["REAP_INTERVAL_SECONDS"] + 4
 BOUNDS = {
     "kill-pool": _CRASH_BOUND,
