@@ -3,8 +3,8 @@
     python -m bench.redis_restart [--rounds 2 --settings defaults|recommended --keep]
 
 Each round runs ``plain_step`` then ``step`` (the other way round in even rounds), each in a fresh project
-made as a user makes one (tests/userproject/project.py: ``django-admin startproject``, Celery's documented
-layout, the default SQLite) with a fresh redis-server for both broker and gate, persistent as a broker should
+made as a user makes one (testproject/userproject/project.py: ``django-admin startproject``, Celery's
+documented layout, the default SQLite) with a fresh redis-server for both broker and gate, persistent as a broker should
 be (``--appendonly yes --appendfsync always``), ``KEYED_QUEUE_LEASE_SECONDS = 3`` and two workers (prefork,
 concurrency 2). A producer submits 144 tasks of 0.12 s over 12 keys, one every 0.02 s, and submits again
 what Redis refused. After 30 starts the redis-server is SIGKILLed, and started again 1 s later on the same
@@ -23,12 +23,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from testproject.history_checks import start_counts
 from testproject.servers import AOF_ALWAYS, RedisServer
-from tests.userproject.project import UserProject
+from testproject.userproject.project import UserProject
 
 from .harness import free_port
 from .stats import median
@@ -101,7 +101,7 @@ def run(kind: str, settings: dict, directory: Path) -> Result:
         until = back + WINDOW_SECONDS
         wait_for(lambda: accepted <= ended(project.history(), until), until - time.time())
         history = project.history()
-        starts = Counter(e["id"] for e in history if e["event"] == "start" and e["id"] in accepted)
+        starts = start_counts(history, accepted)
         result = Result(kind, len(accepted), len(accepted & ended(history, until)), sum(n > 1 for n in starts.values()))
         result.workers = len(project.workers)
         result.workers_alive = sum(w.process.poll() is None for w in project.workers)

@@ -4,7 +4,8 @@ and the gate) and its report.
 The history is the testproject's Redis list of ``start``/``end`` events (RPUSH order is the order events
 happened). A *run* is one start of a task paired with its end (same key, n, attempt and pid). A run is
 *fenced* when the gate took its key away: its end says ``holds=False``, or it never ended because its
-process died. Exclusion ignores fenced runs; order and the other checks do not.
+process died. Exclusion (G1) ignores fenced runs, so it is checked here over the runs; the first starts
+that order (G2) compares come from testproject/history_checks.py, the checks the tests share.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from testproject.history_checks import check_serial
 
 from .stats import median
 
@@ -29,8 +32,8 @@ DEFAULT_FAULTS = FAULTS[:4]
 #: dispatch timeout (plus the reaper period); 0.5 s of slack for the publish and the start on a loaded machine.
 _CRASH_BOUND = TIMINGS["LEASE_SECONDS"] + 1.2 * TIMINGS["REAP_INTERVAL_SECONDS"] + 0.5
 _LOST_BOUND = TIMINGS["DISPATCH_TIMEOUT_SECONDS"] + 1.2 * TIMINGS["REAP_INTERVAL_SECONDS"] + 0.5
-#: Redis restart, from Redis answering again: the formula of tests/userproject/test_redis_restart.py (lease +
-#: reaper period + 4 s for the workers to reconnect).
+#: Redis restart, from Redis answering again: the formula of tests/userproject/test_broker_and_gate_redis_restart.py
+#: (lease + reaper period + 4 s for the workers to reconnect).
 _RESUME_BOUND = TIMINGS["LEASE_SECONDS"] + TIMINGS["REAP_INTERVAL_SECONDS"] + 4
 BOUNDS = {
     "kill-pool": _CRASH_BOUND,
@@ -191,7 +194,9 @@ def check_round(
         if (run.key, run.n) not in by_task:
             bad("G4 unknown run", f"a run of a task this round did not submit: {run.label}")
 
-    # Order: first starts per key in ticket order.
+    # Order: first starts per key in ticket order. (Exclusion is G1's above, not the shared check's: a fenced
+    # run may overlap the next by design.)
+    first_starts = check_serial(e for e in events[start:] if e["key"] in keys).first_starts
     for key in keys:
         mine = [t for t in tasks if t.key == key]
         tickets = {t.n: (records[t.task_id].ticket if t.task_id in records else None) for t in mine}
@@ -199,10 +204,7 @@ def check_round(
             bad("G2 order", f"{key} has records without a ticket: {tickets}")
             continue
         expected = sorted(tickets, key=tickets.get)
-        firsts: list[int] = []
-        for run in runs:
-            if run.key == key and run.n not in firsts:
-                firsts.append(run.n)
+        firsts = first_starts.get(key, [])
         if firsts != [n for n in expected if n in firsts]:
             bad("G2 order", f"{key} first starts {firsts}, ticket order {[(n, tickets[n]) for n in expected]}")
 

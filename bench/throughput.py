@@ -27,9 +27,13 @@ import os
 import random
 import sys
 import time
-from collections import Counter, defaultdict
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from testproject.history_checks import check_serial, never_ended, start_counts
 
 from .harness import DATABASES, Cluster, CommandStats, Timers, cpu_seconds
 from .report import print_ending, print_profile, print_rounds, print_summary, summarize
@@ -188,32 +192,23 @@ class Bench:
 
 
 def check_events(events: list[dict], plan: list[tuple[str, int]], serial: bool) -> list[str]:
-    """Every planned task started and ended once; keyed tasks ran one at a time per key, in order."""
+    """Every planned task started and ended once; keyed tasks ran one at a time per key, in order
+    (testproject/history_checks.py)."""
     problems = []
-    starts = Counter((e["key"], e["n"]) for e in events if e["event"] == "start")
-    ends = Counter((e["key"], e["n"]) for e in events if e["event"] == "end")
     planned = set(plan)
-    missing = planned - set(ends)
-    twice = [k for k, c in (starts + ends).items() if c > 2]
+    missing = never_ended(events, planned, ident=key_and_n)
+    twice = [task for task, count in start_counts(events, planned, ident=key_and_n).items() if count > 1]
     if missing:
-        problems.append(f"{len(missing)} tasks never finished (lost?), e.g. {sorted(missing)[:3]}")
+        problems.append(f"{len(missing)} tasks never finished (lost?), e.g. {missing[:3]}")
     if twice:
         problems.append(f"{len(twice)} tasks ran more than once, e.g. {sorted(twice)[:3]}")
     if serial:
-        running: dict[str, int] = defaultdict(int)
-        last: dict[str, int] = {}
-        for e in events:
-            key = e["key"]
-            if e["event"] == "start":
-                running[key] += 1
-                if running[key] > 1:
-                    problems.append(f"key {key}: two tasks ran at once (n={e['n']})")
-                if last.get(key, -1) > e["n"]:
-                    problems.append(f"key {key}: {e['n']} started after {last[key]}")
-                last[key] = e["n"]
-            else:
-                running[key] -= 1
+        problems += check_serial(events).problems
     return problems[:10]
+
+
+def key_and_n(event: Mapping[str, Any]) -> tuple[str, int]:
+    return event["key"], event["n"]
 
 
 def handoffs_ms(events: list[dict]) -> list[float]:

@@ -3,8 +3,8 @@
     python -m bench.userproject [--tasks 2000 --keys 500 --hot-tasks 400 --rounds 3]
                                 [--database sqlite|sqlite-wal|postgresql] [--json PATH] [--keep]
 
-The project is tests/userproject/project.py's: ``django-admin startproject mysite``, ``startapp shop``, the
-README's install blocks (Celery's documented Django layout, Celery's default settings, ONE redis-server for
+The project is testproject/userproject/project.py's: ``django-admin startproject mysite``, ``startapp shop``,
+the README's install blocks (Celery's documented Django layout, Celery's default settings, ONE redis-server for
 the broker and the gate), plus ``DEBUG = False``. Its records' database is SQLite as ``startproject`` makes
 it (``--database sqlite``, the default), the same file in WAL mode with ``synchronous=NORMAL`` (an
 ``init_command``), or a PostgreSQL server with durable commits. One worker runs as Celery's docs say,
@@ -47,7 +47,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from testproject.servers import PostgresServer, RedisServer, free_port
-from tests.userproject.project import UserProject
+from testproject.userproject.project import UserProject
 
 from .harness import DATABASES, cpu_seconds
 from .report import print_ending, print_ratios, print_targets, summarize

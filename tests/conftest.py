@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import gc
 import os
 import shutil
 from pathlib import Path
@@ -8,11 +7,13 @@ from urllib.parse import urlsplit
 
 import pytest
 import redis
-from celery.backends.redis import ResultConsumer
 
 from django_keyed_queue.gate.clients import close
-from testproject.servers import RedisServer, Worker
-from tests.gate._support import ON_CLUSTER, connect_to
+from testproject.servers import RedisServer, Worker, persistent_redis
+from testproject.userproject.project import UserProject
+from tests.gate_redis import ON_CLUSTER, connect_to
+from tests.redis_connections import disconnect_clients
+from tests.userproject.timings import LEASE_SECONDS
 
 
 @pytest.fixture(scope="session")
@@ -22,22 +23,6 @@ def redis_server():
     yield server
     disconnect_clients({urlsplit(server.url).port})
     server.stop()
-
-
-def disconnect_clients(ports: set[int | None]) -> None:
-    """Close every client connection to the test Redis servers on ``ports`` while they still answer.
-
-    Celery's result backends (one per thread that submitted) subscribe per result,
-    and an AsyncResult unsubscribes when collected; kombu's channels and the
-    tests' clients keep sockets open. Collected after the server stopped, they
-    would write to it or warn of open sockets, failing the run at random.
-    """
-    for obj in gc.get_objects():
-        if isinstance(obj, ResultConsumer):
-            obj.subscribed_to.clear()
-        elif isinstance(obj, redis.ConnectionPool) and obj.connection_kwargs.get("port") in ports:
-            obj.disconnect()
-    gc.collect()
 
 
 def pytest_unconfigure(config):
@@ -74,11 +59,6 @@ def _postgresql_test_database_can_be_dropped(request):
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
             " WHERE datname = current_database() AND pid <> pg_backend_pid()"
         )
-
-
-#: The gate database of the tiers without workers. The session's workers, once a test started them,
-#: reap database 0 every few seconds; on these tiers' keys they would act before the test does.
-WORKERLESS_GATE_DB = 4
 
 
 @pytest.fixture
@@ -134,3 +114,42 @@ def workers(redis_server, django_db_setup, django_db_blocker):
     finally:
         for worker in started:
             worker.kill()
+
+
+# The user's project, made as a user makes one (testproject/userproject): the userproject and topologies tiers.
+
+
+@pytest.fixture
+def workdir(request) -> Path:
+    """Kept with the run's artifacts: the project's worker logs and the Redis log."""
+    return Path(os.environ["TESTPROJECT_DATA_DIR"]) / "userproject" / request.node.name[:80]
+
+
+@pytest.fixture
+def user_redis(workdir):
+    with persistent_redis(workdir / "redis") as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def project_template(tmp_path_factory) -> Path:
+    """The tier's project made once; each test copies it (making one takes seconds)."""
+    directory = tmp_path_factory.mktemp("userproject") / "mysite"
+    UserProject(directory, redis_url="").make()
+    return directory
+
+
+@pytest.fixture
+def make_project(workdir, user_redis, project_template):
+    """Builds the project with the install section's settings, plus ``settings`` a test adds."""
+    made: list[UserProject] = []
+
+    def make(**settings) -> UserProject:
+        settings = {"KEYED_QUEUE_LEASE_SECONDS": LEASE_SECONDS, **settings}
+        project = UserProject(workdir / "mysite", user_redis.url, settings)
+        made.append(project.build(project_template))
+        return project
+
+    yield make
+    for project in made:
+        project.kill()

@@ -6,8 +6,10 @@ from collections import defaultdict
 
 import pytest
 
+from testproject.demo.history import read as read_history
 from testproject.demo.tasks import step
-from tests.helpers import check_history, read_history, wait_for_records
+from testproject.history_checks import assert_serial
+from tests.waiting import wait_for_records
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.workers]
 
@@ -31,7 +33,7 @@ def test_many_keys_random_durations(workers, gate_redis):
     records = wait_for_records(r.id for r in submitted)
     assert {r.status for r in records.values()} == {"succeeded"}
     events = read_history()
-    starts = check_history(events)
+    starts = assert_serial(events)
     assert {k: len(v) for k, v in starts.items()} == dict(counters)
     assert len(events) == 600, "every task ran exactly once"
     assert most_running_at_once(events) >= 3, "tasks of different keys must run concurrently"
@@ -63,5 +65,5 @@ def test_concurrent_producers_keep_the_gates_order(workers, gate_redis):
     accepted = defaultdict(list)
     for (key, n), _ in sorted(ids.items(), key=lambda item: records[item[1]].ticket):
         accepted[key].append(n)
-    starts = check_history(read_history(), accepted=accepted)
+    starts = assert_serial(read_history(), accepted=accepted)
     assert starts == accepted

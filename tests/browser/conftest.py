@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from testproject.servers import ROOT, free_port
-from tests.conftest import WORKERLESS_GATE_DB
+from tests.browser.server import DATA_DIR, GATE_URL, SERVER_REAP_INTERVAL_SECONDS
+from tests.gate_redis import WORKERLESS_GATE_DB
 
 CHROMIUM_ARGS = [
     "--headless",
@@ -32,14 +33,6 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 USERNAME, PASSWORD = "operator", "a-long-test-password"
-DATA_DIR = Path(os.environ["TESTPROJECT_DATA_DIR"])
-#: The gate of the tests and of the server: a database the session's workers (if an earlier tier
-#: started them) do not reap, so a holder a test leaves overdue stays as the test left it.
-GATE_URL = f"{os.environ['TESTPROJECT_REDIS_URL']}/{WORKERLESS_GATE_DB}"
-#: The server's reaper period: a holder is stuck 2 periods past its deadline, 0.5 s here instead of 10 s.
-SERVER_REAP_INTERVAL_SECONDS = 0.25
-#: Where pictures for the docs go, when a run is asked for them (``KEYED_QUEUE_DOCS_SCREENSHOTS=1``).
-DOCS_DIR = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 
 
 @pytest.fixture
@@ -159,16 +152,3 @@ def logged_in(page, superuser):
     page.click("input[type=submit]")
     page.wait_for_url("**/admin/")
     return page
-
-
-def save_for_docs(page, path: Path, height: int | None) -> None:
-    """The page down to the end of its content or to ``height``, in 256 colours: under 150 KB."""
-    from PIL import Image  # only here: a normal run does not need Pillow
-
-    bottom = page.evaluate("Math.ceil(document.querySelector('#content').getBoundingClientRect().bottom + scrollY)")
-    clip = {"x": 0, "y": 0, "width": page.viewport_size["width"], "height": min(bottom + 16, height or bottom + 16)}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(path), full_page=True, clip=clip)
-    with Image.open(path) as image:
-        small = image.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
-    small.save(path, optimize=True)

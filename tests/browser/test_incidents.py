@@ -18,7 +18,7 @@ from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.testing import write_submission_rows
 from testproject.demo.tasks import charge, step
-from tests.browser.conftest import DOCS_DIR, save_for_docs
+from tests.browser.screenshots import DOCS_DIR, save_for_docs
 
 pytestmark = pytest.mark.django_db(transaction=True)
 #: No worker reads this queue: what the operator dispatches stays put for the test to see.

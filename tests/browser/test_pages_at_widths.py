@@ -22,7 +22,8 @@ from django_keyed_queue.records.models import IdempotencyKey, KeyedTask
 from django_keyed_queue.records.statuses import Status
 from django_keyed_queue.testing import write_submission_rows
 from testproject.demo.tasks import step
-from tests.browser.conftest import DATA_DIR, DOCS_DIR, SERVER_REAP_INTERVAL_SECONDS, save_for_docs
+from tests.browser.screenshots import DOCS_DIR, save_for_docs
+from tests.browser.server import DATA_DIR, SERVER_REAP_INTERVAL_SECONDS
 
 pytestmark = pytest.mark.django_db(transaction=True)
 LIST = "/admin/keyed_queue/keyedtask/"

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from testproject.servers import ROOT
-from tests.helpers import wait_until
+from tests.waiting import wait_until
 
 
 def test_beat_sends_the_reaper_on_its_own(redis_server, tmp_path):

@@ -5,8 +5,9 @@ from celery import Task
 
 from django_keyed_queue.messaging.building import publish_stored
 from django_keyed_queue.messaging.message import TaskMessage, ticket_header
+from testproject.demo.history import read as read_history
 from testproject.demo.tasks import step
-from tests.helpers import read_history, wait_for_records, wait_until
+from tests.waiting import wait_for_records, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.workers]
 

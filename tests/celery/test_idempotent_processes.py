@@ -7,8 +7,9 @@ import time
 
 import pytest
 
+from testproject.demo.history import read as read_history
 from testproject.servers import ROOT
-from tests.helpers import read_history, wait_for_records
+from tests.waiting import wait_for_records
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.workers]
 

@@ -7,8 +7,9 @@ lease of a killed run would miss these tests' deadlines.
 import pytest
 
 from django_keyed_queue.records.models import KeyedTask
+from testproject.demo.history import read as read_history
 from testproject.demo.tasks import hard_limited_step, lingering_step, step
-from tests.helpers import read_history, wait_for_records, wait_until
+from tests.waiting import wait_for_records, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.workers]
 

@@ -12,9 +12,11 @@ from celery.states import FAILURE
 
 from django_keyed_queue.messaging.message import TaskMessage
 from django_keyed_queue.records.models import KeyedTask
+from testproject.demo.history import read as read_history
 from testproject.demo.tasks import failing_step, flaky_step, plain_step, step, timed_step
+from testproject.history_checks import assert_serial
 from testproject.servers import QUIET_WORKER_ARGS, Worker
-from tests.helpers import check_history, read_history, wait_for_records, wait_until
+from tests.waiting import wait_for_records, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.workers]
 
@@ -36,7 +38,7 @@ def test_parked_tasks_run_in_the_process_that_frees_the_key(workers, gate_redis)
     first = step.delay("lh", 0, 0.5)
     parked = [step.delay("lh", n) for n in range(1, 21)]
     records = wait_for_records([first.id, *(r.id for r in parked)])
-    assert check_history(read_history())["lh"] == list(range(21))
+    assert assert_serial(read_history())["lh"] == list(range(21))
     pids = pids_of_starts("lh")
     assert {pids[n] for n in range(1, 21)} == {pids[0]}, "the parked tasks should run where the first ran"
     assert received_by_broker(workers, [first, *parked]) == {first.id}
@@ -51,7 +53,7 @@ def test_parked_tasks_run_in_the_process_that_frees_the_key(workers, gate_redis)
 def test_a_task_with_a_time_limit_goes_through_the_broker(workers, gate_redis):
     results = [timed_step.delay("tl", 0, 0.3), *(timed_step.delay("tl", n) for n in range(1, 6))]
     wait_for_records(r.id for r in results)
-    assert check_history(read_history())["tl"] == list(range(6))
+    assert assert_serial(read_history())["tl"] == list(range(6))
     assert received_by_broker(workers, results) == {r.id for r in results}
 
 
@@ -78,7 +80,7 @@ def test_a_worker_with_a_time_limit_of_its_own_hands_off_through_the_broker(own_
     results = [step.apply_async(("wl", 0, 0.3), queue=queue)]
     results += [step.apply_async(("wl", n), queue=queue) for n in range(1, 6)]
     wait_for_records(r.id for r in results)
-    assert check_history(read_history())["wl"] == list(range(6))
+    assert assert_serial(read_history())["wl"] == list(range(6))
     assert received_by_broker([worker], results) == {r.id for r in results}
 
 
@@ -132,7 +134,7 @@ def test_a_long_run_of_handoffs_goes_back_to_the_broker_after_the_budget(workers
     # 0.15 s each: 15 of them outlast the test workers' 2 s budget, so the key goes through the broker.
     results = [step.delay("budget", 0, 0.3), *(step.delay("budget", n, 0.15) for n in range(1, 16))]
     wait_for_records((r.id for r in results), timeout=60)
-    assert check_history(read_history())["budget"] == list(range(16))
+    assert assert_serial(read_history())["budget"] == list(range(16))
     by_broker = received_by_broker(workers, results[1:])
     assert by_broker, "the budget should send some of the key's tasks through the broker"
     assert len(by_broker) < 15, "the tasks within the budget should be handed off locally"

@@ -7,8 +7,9 @@ import redis
 from django.conf import settings
 
 from django_keyed_queue.gate.keys import KeyNames
+from testproject.demo.history import read as read_history
 from testproject.demo.tasks import step
-from tests.helpers import read_history, wait_for_records
+from tests.waiting import wait_for_records
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.workers]
 

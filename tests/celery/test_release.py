@@ -5,8 +5,9 @@ import pytest
 from django_keyed_queue.gate import RecoveryAction
 from django_keyed_queue.ops import recovery
 from django_keyed_queue.records.models import KeyedTask
+from testproject.demo.history import read as read_history
 from testproject.demo.tasks import lingering_step, step
-from tests.helpers import read_history, wait_for_records, wait_until
+from tests.waiting import wait_for_records, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.workers]
 

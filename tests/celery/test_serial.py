@@ -3,8 +3,10 @@
 import pytest
 
 from django_keyed_queue.records.models import KeyedTask
+from testproject.demo.history import read as read_history
 from testproject.demo.tasks import failing_step, flaky_step, step, step_pair
-from tests.helpers import check_history, read_history, wait_for_records
+from testproject.history_checks import assert_serial
+from tests.waiting import wait_for_records
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.workers]
 
@@ -12,7 +14,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.workers]
 def test_one_key_runs_in_submission_order_without_overlap(workers, gate_redis):
     results = [step.delay("k1", n, 0.02) for n in range(15)]
     records = wait_for_records(r.id for r in results)
-    starts = check_history(read_history())
+    starts = assert_serial(read_history())
     assert starts["k1"] == list(range(15))
     assert [records[r.id].ticket for r in results] == list(range(1, 16))
     assert {records[r.id].status for r in results} == {"succeeded"}
@@ -23,7 +25,7 @@ def test_limit_allows_that_many_at_once(workers, gate_redis):
     results = [step_pair.delay("pair", n, 0.3) for n in range(8)]
     wait_for_records(r.id for r in results)
     events = read_history()
-    check_history(events, limit=2)
+    assert_serial(events, limit=2)
     running, most = 0, 0
     for e in events:
         running += 1 if e["event"] == "start" else -1
@@ -40,7 +42,7 @@ def test_failure_passes_the_key_on(workers, gate_redis):
     assert error.splitlines()[0] == "RuntimeError: step 0 of f fails on purpose", error
     assert "Traceback (most recent call last):" in error and "failing_step" in error, "the admin shows where"
     assert records[after.id].status == "succeeded"
-    assert check_history(read_history())["f"] == [0, 1]
+    assert assert_serial(read_history())["f"] == [0, 1]
     assert after.get(timeout=10) == 1
 
 
@@ -67,7 +69,7 @@ def test_retry_records_pass_through_retrying(workers, gate_redis):
         row = KeyedTask.objects.filter(task_id=flaky.id).first()
         return row is not None and row.status == "retrying"
 
-    from tests.helpers import wait_until
+    from tests.waiting import wait_until
 
     wait_until(retrying, timeout=10, message="the record to show retrying")
     error = KeyedTask.objects.get(task_id=flaky.id).error
@@ -80,7 +82,7 @@ def test_delayed_task_joins_its_queue_when_due(workers, gate_redis):
     ready = step.delay("d", 1)
     records = wait_for_records([delayed.id, ready.id])
     # The delayed task did not block the ready one submitted after it.
-    assert check_history(read_history(), accepted={"d": [1, 0]})["d"] == [1, 0]
+    assert assert_serial(read_history(), accepted={"d": [1, 0]})["d"] == [1, 0]
     assert records[ready.id].ticket < records[delayed.id].ticket
     assert records[delayed.id].status == "succeeded"
 
@@ -93,7 +95,7 @@ def test_a_task_that_expires_while_parked_passes_its_key_on(workers, gate_redis)
     assert (records[expiring.id].status, records[expiring.id].error) == ("cancelled", "cancelled by Celery: it expired")
     assert records[last.id].status == "succeeded"
     events = read_history()
-    assert check_history(events, accepted={"exp": [0, 2]})["exp"] == [0, 2]
+    assert assert_serial(events, accepted={"exp": [0, 2]})["exp"] == [0, 2]
     ended, started = (
         next(e["t"] for e in events if (e["event"], e["n"]) == pair) for pair in (("end", 0), ("start", 2))
     )

@@ -10,13 +10,7 @@ import pytest
 from django.test import override_settings
 
 from testproject.servers import Worker
-
-#: Short enough that a crash test recovers in seconds.
-TIMINGS = {"LEASE_SECONDS": 1.5, "DISPATCH_TIMEOUT_SECONDS": 3.0, "REAP_INTERVAL_SECONDS": 0.3}
-
-
-def timing_env() -> dict[str, str]:
-    return {f"KEYED_QUEUE_{name}": str(value) for name, value in TIMINGS.items()}
+from tests.chaos.timings import TIMINGS, timing_env
 
 
 class Chaos:

@@ -7,8 +7,10 @@ from contextlib import suppress
 
 import pytest
 
+from testproject.demo.history import read as read_history
 from testproject.demo.tasks import soft_limited_step, time_limited_step
-from tests.helpers import check_history, read_history, wait_for_records, wait_until
+from testproject.history_checks import assert_serial
+from tests.waiting import wait_for_records, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.workers]
 
@@ -40,7 +42,7 @@ def test_the_hard_time_limit_of_a_stalled_attempt_leaves_its_replacement_holding
     assert ends == [(0, 2, True), (1, 1, True)], "the replacement kept its key to its end; the killed run never ended"
     assert (records[limited.id].status, records[limited.id].attempts) == ("succeeded", 2)
     assert records[after.id].status == "succeeded"
-    check_history(history)  # the next task started after the replacement ended
+    assert_serial(history)  # the next task started after the replacement ended
 
 
 def _pending_signals(pid: int) -> int:
@@ -72,7 +74,7 @@ def test_the_soft_time_limit_of_a_stalled_attempt_ends_only_that_attempt(chaos):
     assert events == [("start", 0, 1), ("start", 0, 2), ("end", 0, 2), ("start", 1, 1), ("end", 1, 1)], events
     ends = [(e["n"], e["attempt"], e["holds"]) for e in history if e["event"] == "end"]
     assert ends == [(0, 2, True), (1, 1, True)], "the replacement kept its key to its end"
-    check_history(history)
+    assert_serial(history)
     # The record follows attempt 2: attempt 1's failure is neither its status nor its error.
     records = wait_for_records([limited.id, after.id], timeout=30)
     assert (records[limited.id].status, records[limited.id].attempts, records[limited.id].error) == ("succeeded", 2, "")

@@ -12,10 +12,11 @@ from django.conf import settings
 
 from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.testing import write_submission_rows
+from testproject.demo.history import read as read_history
 from testproject.demo.tasks import lingering_step, returning_step
-from tests.helpers import check_history, read_history, wait_for_records, wait_until
-
-from .conftest import TIMINGS
+from testproject.history_checks import assert_serial
+from tests.chaos.timings import TIMINGS
+from tests.waiting import wait_for_records, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.workers]
 
@@ -48,7 +49,7 @@ def test_sigkill_of_a_pool_process_mid_task(chaos):
     runs = starts("crash")
     assert [(e["n"], e["attempt"]) for e in runs] == [(0, 1), (0, 2), (1, 1), (2, 1), (3, 1), (4, 1), (5, 1)]
     assert runs[1]["t"] - killed_at < RECOVERY_BOUND
-    check_history(read_history())
+    assert_serial(read_history())
     assert (records[results[0].id].status, records[results[0].id].attempts) == ("succeeded", 2)
     assert {records[r.id].status for r in results} == {"succeeded"}
     assert not get_gate().inspect("crash").holders
@@ -63,7 +64,7 @@ def test_sigkill_of_a_whole_worker(chaos):
     # Its running task comes back after the lease; anything it had reserved, after the dispatch timeout.
     records = wait_for_records((r.id for r in results), timeout=60)
     assert [e["n"] for e in starts("host-down")] == [0, 0, 1, 2, 3, 4]
-    check_history(read_history())
+    assert_serial(read_history())
     assert {records[r.id].status for r in results} == {"succeeded"}
 
 
@@ -137,7 +138,7 @@ def test_warm_shutdown_finishes_the_running_task_and_hands_its_key_on(chaos):
     records = wait_for_records(r.id for r in results)
     assert [(e["n"], e["attempt"]) for e in starts("warm")] == [(0, 1), (1, 1), (2, 1)]
     assert records[results[0].id].attempts == 1, "a warm shutdown is not a lost worker"
-    check_history(read_history())
+    assert_serial(read_history())
     assert not get_gate().inspect("warm").holders
 
 
@@ -153,7 +154,7 @@ def test_after_redis_lost_everything_the_rebuild_runs_every_unfinished_task_in_o
     chaos.start(2)
     records = wait_for_records(r.id for r in results)
     assert {records[r.id].status for r in results} == {"succeeded"}
-    starts = check_history(read_history())
+    starts = assert_serial(read_history())
     assert starts == {"lost-0": [0, 1, 2, 3], "lost-1": [0, 1, 2, 3]}
     assert not get_gate().inspect("lost-0").holders and not get_gate().inspect("lost-1").holders
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from testproject.servers import QUIET_WORKER_ARGS, Worker
+from tests.compat.cases import EVENTS_QUEUE
 from tests.waiting import wait_until
 
 
@@ -27,10 +28,6 @@ from tests.waiting import wait_until
 def key(gate_redis) -> str:
     """A key of this test alone: the keyed tasks of one test share it (and the gate and journal are empty)."""
     return f"compat-{uuid.uuid4().hex[:8]}"
-
-
-#: The queue of the tier's own worker, which sends task events (-E) and runs one task at a time.
-EVENTS_QUEUE = "compat-events"
 
 
 @pytest.fixture(scope="session")

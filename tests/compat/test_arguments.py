@@ -9,7 +9,7 @@ from kombu.exceptions import EncodeError
 from django_keyed_queue import InvalidArguments
 from testproject.compat import tasks
 from testproject.compat.tasks import add, request_fields, untyped
-from tests.compat.support import MARKS, PLAIN, hold_key, kinds, starts
+from tests.compat.cases import MARKS, PLAIN, hold_key, kinds, starts
 
 pytestmark = MARKS
 

@@ -8,7 +8,7 @@ from celery.result import AsyncResult
 
 from testproject.celery import app
 from testproject.compat.tasks import add, double, fail, on_error, tsum
-from tests.compat.support import MARKS, PLAIN, check_key, events, hold_key, kinds, starts
+from tests.compat.cases import MARKS, PLAIN, check_key, events, hold_key, kinds, starts
 from tests.waiting import wait_until
 
 pytestmark = MARKS

@@ -12,7 +12,7 @@ from celery.exceptions import TaskRevokedError
 
 from testproject.celery import app
 from testproject.compat.tasks import add, replaced, request_fields, sleeper
-from tests.compat.support import (
+from tests.compat.cases import (
     MARKS,
     PLAIN,
     WAITED,

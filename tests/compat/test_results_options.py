@@ -14,8 +14,8 @@ from celery.result import AsyncResult
 from testproject.celery import app
 from testproject.compat import journal
 from testproject.compat.tasks import add, fail, quiet, request_fields, spawn
-from tests.compat.conftest import EVENTS_QUEUE
-from tests.compat.support import (
+from tests.compat.cases import (
+    EVENTS_QUEUE,
     KEYED,
     MARKS,
     check_key,

@@ -6,7 +6,7 @@ import pytest
 from celery.exceptions import Reject
 
 from testproject.compat.tasks import add, flaky, ignored, rejected, retry_and_go_on, unreachable
-from tests.compat.support import MARKS, PLAIN, check_key, events, hold_key, journal_has, kinds, starts, worker_log
+from tests.compat.cases import MARKS, PLAIN, check_key, events, hold_key, journal_has, kinds, starts, worker_log
 from tests.waiting import wait_until
 
 pytestmark = MARKS

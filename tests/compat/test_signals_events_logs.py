@@ -12,8 +12,7 @@ from celery.exceptions import TimeLimitExceeded
 
 from testproject.compat import journal
 from testproject.compat.tasks import add, fail, flaky, hard_limited, logs, request_fields, soft_limited
-from tests.compat.conftest import EVENTS_QUEUE
-from tests.compat.support import MARKS, hold_key, journal_has, kinds, worker_log
+from tests.compat.cases import EVENTS_QUEUE, MARKS, hold_key, journal_has, kinds, worker_log
 from tests.waiting import wait_until
 
 pytestmark = MARKS

@@ -3,11 +3,8 @@ import redis
 from django.conf import settings
 from django.contrib.auth.models import Permission, User
 
-from tests.conftest import WORKERLESS_GATE_DB
-from tests.gate._support import ON_CLUSTER
-
-#: Submissions in this tier go to a queue no worker consumes, so the test can inspect the broker.
-QUEUE = "keyed-queue-tests-unconsumed"
+from tests.django.queues import QUEUE
+from tests.gate_redis import ON_CLUSTER, WORKERLESS_GATE_DB
 
 
 @pytest.fixture

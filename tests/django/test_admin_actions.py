@@ -14,8 +14,7 @@ from django_keyed_queue.process.state import current, get_gate
 from django_keyed_queue.records.models import IdempotencyKey, KeyedTask
 from django_keyed_queue.testing import write_submission_rows
 from testproject.demo.tasks import charge, step
-
-from .conftest import QUEUE
+from tests.django.queues import QUEUE
 
 pytestmark = pytest.mark.django_db
 

@@ -14,8 +14,7 @@ from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.records.transitions import Transition
 from django_keyed_queue.testing import write_submission_rows
 from testproject.demo.tasks import step
-
-from .conftest import QUEUE
+from tests.django.queues import QUEUE
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("gate_redis")]
 

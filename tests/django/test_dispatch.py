@@ -12,8 +12,7 @@ from django_keyed_queue.messaging.dispatch import Published, publish
 from django_keyed_queue.messaging.message import HEADER, TaskMessage
 from django_keyed_queue.process.state import get_gate
 from testproject.demo.tasks import step
-
-from .conftest import QUEUE
+from tests.django.queues import QUEUE
 
 pytestmark = pytest.mark.django_db
 

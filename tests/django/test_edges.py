@@ -16,8 +16,7 @@ from django_keyed_queue.records.idempotency import DIGEST_SALT, arguments_finger
 from django_keyed_queue.records.models import IdempotencyKey, KeyedTask
 from django_keyed_queue.testing import write_submission_rows
 from testproject.demo.tasks import step
-
-from .conftest import QUEUE
+from tests.django.queues import QUEUE
 
 pytestmark = pytest.mark.django_db
 

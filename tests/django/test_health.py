@@ -13,9 +13,8 @@ from django_keyed_queue.records import submissions
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.testing import write_submission_rows
 from testproject.demo.tasks import step
-from tests.gate._support import DEADLINES, UNWRITTEN, index_scores
-
-from .conftest import QUEUE
+from tests.django.queues import QUEUE
+from tests.gate_redis import DEADLINES, UNWRITTEN, index_scores
 
 pytestmark = pytest.mark.django_db
 URL = "/keyed-queue/health/"

@@ -10,8 +10,8 @@ from django_keyed_queue.process.state import current
 from django_keyed_queue.testing import write_submission_rows
 from django_keyed_queue.worker.run import Run
 from testproject.demo.tasks import step
+from tests.django.queues import QUEUE
 
-from .conftest import QUEUE
 from .test_submission import lose_replies
 
 pytestmark = pytest.mark.django_db

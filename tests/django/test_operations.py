@@ -13,8 +13,7 @@ from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.testing import write_submission_rows
 from testproject.demo.tasks import step
-
-from .conftest import QUEUE
+from tests.django.queues import QUEUE
 
 pytestmark = pytest.mark.django_db
 

@@ -16,9 +16,8 @@ from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.testing import write_submission_rows
 from django_keyed_queue.worker.run import end_killed_run
 from testproject.demo.tasks import step
-from tests.helpers import wait_until
-
-from .conftest import QUEUE
+from tests.django.queues import QUEUE
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.django_db
 

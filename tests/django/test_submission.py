@@ -19,9 +19,8 @@ from django_keyed_queue.records.models import IdempotencyKey, KeyedTask
 from django_keyed_queue.testing import write_submission_rows
 from django_keyed_queue.worker.run import join
 from testproject.demo.tasks import step, write_file
-from tests.gate._support import redis_names
-
-from .conftest import QUEUE
+from tests.django.queues import QUEUE
+from tests.gate_redis import redis_names
 
 pytestmark = pytest.mark.django_db
 

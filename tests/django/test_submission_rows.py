@@ -14,9 +14,8 @@ from django_keyed_queue.records.transitions import Transition
 from django_keyed_queue.testing import write_submission_rows
 from django_keyed_queue.worker.run import end_killed_run
 from testproject.demo.tasks import step
-from tests.gate._support import UNWRITTEN, index_scores
-
-from .conftest import QUEUE
+from tests.django.queues import QUEUE
+from tests.gate_redis import UNWRITTEN, index_scores
 
 pytestmark = pytest.mark.django_db
 

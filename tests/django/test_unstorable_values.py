@@ -21,9 +21,9 @@ from django_keyed_queue.records.statuses import Status
 from django_keyed_queue.records.transitions import Transition
 from django_keyed_queue.testing import write_submission_rows
 from testproject.demo.tasks import step
-from tests.gate._support import UNWRITTEN, index_scores
+from tests.django.queues import QUEUE
+from tests.gate_redis import UNWRITTEN, index_scores
 
-from .conftest import QUEUE
 from .test_recovery import lose_a_running_task
 
 pytestmark = pytest.mark.django_db

@@ -14,8 +14,7 @@ import traceback
 import redis
 
 from django_keyed_queue.gate import Gate, Grant
-
-from ._support import connect_to
+from tests.gate_redis import connect_to
 
 READY = "test:ready"
 GO = "test:go"

@@ -1,9 +1,7 @@
 import pytest
 
 from django_keyed_queue.gate import Gate
-from tests.conftest import WORKERLESS_GATE_DB
-
-from ._support import ON_CLUSTER
+from tests.gate_redis import ON_CLUSTER, WORKERLESS_GATE_DB
 
 #: The settings of the ``gate`` fixture; ``make_gate`` overrides some of them.
 GATE_SETTINGS = {"lease_seconds": 30, "dispatch_timeout_seconds": 60, "idle_horizon_seconds": 3600}

@@ -7,9 +7,8 @@ import pytest
 
 from django_keyed_queue.gate import Code, Lease, RecoveryAction
 from django_keyed_queue.gate.keys import BLOCKED_KEYS
+from tests.gate_redis import holder
 from tests.waiting import wait_until
-
-from ._support import holder
 
 
 def running(gate, key, *, block=True, max_lost=0, limit=1):

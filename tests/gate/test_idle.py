@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from django_keyed_queue.gate.keys import KeyNames
+from tests.gate_redis import redis_names
 from tests.waiting import wait_until
-
-from ._support import redis_names
 
 HORIZON_MS = 3_600_000  # the ``gate`` fixture's idle horizon
 

@@ -9,8 +9,7 @@ from redis.crc import key_slot
 
 from django_keyed_queue.gate import Lease
 from django_keyed_queue.gate.keys import PREFIX, KeyNames, escape, key_from_redis_name, unescape
-
-from ._support import redis_names
+from tests.gate_redis import redis_names
 
 TRICKY_KEYS = [
     "account:42",

@@ -4,9 +4,8 @@ import time
 
 from django_keyed_queue.gate import Lease, RecoveryAction
 from django_keyed_queue.gate.keys import PAUSED_KEYS, KeyNames
+from tests.gate_redis import DEADLINES, holder
 from tests.waiting import wait_until
-
-from ._support import DEADLINES, holder
 
 
 def running(gate, key, message=b"m", *, max_lost=1):

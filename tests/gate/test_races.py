@@ -10,10 +10,10 @@ import redis
 
 from django_keyed_queue.gate import Code, Gate, Grant
 from django_keyed_queue.gate.keys import KeyNames
+from tests.gate_redis import connect_to
 from tests.waiting import wait_until
 
 from . import _race_workers as rw
-from ._support import connect_to
 
 SPAWN = multiprocessing.get_context("spawn")
 

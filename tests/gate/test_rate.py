@@ -4,8 +4,7 @@ with the wait, and the holder's dispatch deadline moves past it."""
 import time
 
 from django_keyed_queue.gate import Code
-
-from ._support import holder
+from tests.gate_redis import holder
 
 INTERVAL_MS = 300
 

@@ -6,9 +6,8 @@ import pytest
 
 from django_keyed_queue.gate import Code, Lease, Outcome, RecoveryAction
 from django_keyed_queue.gate.keys import KeyNames
+from tests.gate_redis import DEADLINES, evalsha_calls, holder, index_scores, set_index_scores
 from tests.waiting import wait_until
-
-from ._support import DEADLINES, evalsha_calls, holder, index_scores, set_index_scores
 
 
 @pytest.fixture

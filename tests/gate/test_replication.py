@@ -7,8 +7,7 @@ import time
 import pytest
 
 from django_keyed_queue.gate import ReplicasBehind
-
-from ._support import ON_CLUSTER
+from tests.gate_redis import ON_CLUSTER
 
 
 def test_without_replicas_a_transition_that_must_wait_for_one_fails_after_the_timeout(make_gate):

@@ -3,8 +3,7 @@
 import time
 
 from django_keyed_queue.gate import Code, RecoveryAction
-
-from ._support import holder
+from tests.gate_redis import holder
 
 
 def granted(gate, key: str) -> int:

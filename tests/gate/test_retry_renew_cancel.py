@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from django_keyed_queue.gate import Code, Grant, Lease
 from django_keyed_queue.gate.keys import KeyNames
-
-from ._support import holder, message_of, redis_names
+from tests.gate_redis import holder, message_of, redis_names
 
 # --- retry ---------------------------------------------------------------------------------
 

@@ -6,8 +6,7 @@ import json
 
 from django_keyed_queue.gate import Code, Grant
 from django_keyed_queue.gate.keys import KeyNames
-
-from ._support import message_of, redis_names
+from tests.gate_redis import message_of, redis_names
 
 
 def _server_ms(client) -> int:

@@ -9,8 +9,7 @@ import redis
 
 from django_keyed_queue.gate import Code, Gate, NotSent, QueueFull, SubmitResult
 from django_keyed_queue.gate.keys import KeyNames
-
-from ._support import message_of, redis_names
+from tests.gate_redis import message_of, redis_names
 
 
 def test_first_submit_is_granted_and_stores_its_message(gate, gate_redis):

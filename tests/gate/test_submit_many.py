@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from django_keyed_queue.gate import QueueFull, Submission
-
-from ._support import DEADLINES, UNWRITTEN, index_scores
+from tests.gate_redis import DEADLINES, UNWRITTEN, index_scores
 
 
 def test_submissions_take_tickets_in_list_order_per_key(gate):

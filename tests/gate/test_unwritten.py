@@ -6,8 +6,7 @@ import time
 
 from django_keyed_queue.gate import RecoveryAction, Submission
 from django_keyed_queue.gate.keys import KeyNames
-
-from ._support import UNWRITTEN, index_scores
+from tests.gate_redis import UNWRITTEN, index_scores
 
 
 def _index(client) -> dict[str, float]:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from testproject.topologies import LocalSentinel
-from tests.conftest import disconnect_clients
-from tests.userproject.conftest import make_project, project_template, user_redis, workdir  # noqa: F401 (fixtures)
+from tests.redis_connections import disconnect_clients
 
 
 @pytest.fixture(scope="session")
@@ -16,7 +15,7 @@ def cluster(gate_cluster):
 
 
 @pytest.fixture
-def sentinel(workdir):  # noqa: F811 (the fixture imported above)
+def sentinel(workdir):
     """1 master, 1 replica and 3 sentinels of the test's own: a failover changes who is master."""
     with LocalSentinel(workdir / "sentinel") as started:
         yield started

@@ -13,7 +13,7 @@ from django_keyed_queue.gate import Gate, NotSent, ReplicasBehind, Submission
 from django_keyed_queue.gate.clients import connect
 from django_keyed_queue.gate.keys import KeyNames
 from testproject.topologies import LocalCluster
-from tests.conftest import disconnect_clients
+from tests.redis_connections import disconnect_clients
 
 pytestmark = pytest.mark.topologies
 

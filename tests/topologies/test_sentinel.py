@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.userproject.runs import assert_workers_survived, resume_delays
+from tests.userproject.run_checks import assert_workers_survived, resume_delays
 
 from .workload import (
     TIER_SETTINGS,

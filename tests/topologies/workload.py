@@ -13,13 +13,13 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tests.helpers import check_history
-from tests.userproject.project import UserProject
-from tests.userproject.runs import accepted_by, assert_workers_survived, check_run
+from testproject.history_checks import assert_serial, check_once
+from testproject.userproject.project import UserProject
+from tests.userproject.run_checks import accepted_by, assert_workers_survived, check_run
 from tests.waiting import wait_until
 
 LEASE_SECONDS = 3
@@ -129,13 +129,7 @@ def anomalies(run: Run, *, timeout: float = 60) -> list[str]:
         pass
     run.events = [e for e in run.project.history() if e["id"] in ids]
     found = []
-    runs = Counter(e["id"] for e in run.events if e["event"] == "start")
-    found += [f"never ran: {task_id}" for task_id in sorted(ids - set(runs))]
-    found += [
-        f"ran {count} times: {task_id}"
-        for task_id, count in runs.items()
-        if count > (2 if task_id == run.victim else 1)
-    ]
+    found += check_once(run.events, ids, killed={run.victim})
     holders: dict[tuple[str, int], list[str]] = defaultdict(list)
     for row in run.project.rows().values():
         if row["task_id"] in ids and row["ticket"] is not None:
@@ -145,7 +139,7 @@ def anomalies(run: Run, *, timeout: float = 60) -> list[str]:
     for a in run.accepted:
         order.setdefault(a["key"], []).append(a["n"])
     try:
-        check_history(run.events, accepted=order)
+        assert_serial(run.events, accepted=order)
     except AssertionError as exc:
         found.append(f"exclusion or order: {exc}")
     return found

@@ -5,9 +5,9 @@ import time
 
 import pytest
 
-from tests.helpers import check_history, wait_until
-
-from .runs import accepted_by
+from testproject.history_checks import assert_serial
+from tests.userproject.run_checks import accepted_by
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.workers
 
@@ -45,7 +45,7 @@ def wait_for_ledger(project, accepted: list[dict], status: dict[str, str]) -> li
     wanted = {a["id"]: status.get(a["id"], "succeeded") for a in accepted}
     wait_until(lambda: all(project.rows()[i]["status"] == s for i, s in wanted.items()), 30, 0.2, "every record")
     events = project.history()
-    check_history(events)  # one step of a key at a time, in order
+    assert_serial(events)  # one step of a key at a time, in order
     return events
 
 

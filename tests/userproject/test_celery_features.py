@@ -12,7 +12,8 @@ import json
 import celery
 import pytest
 
-from tests.helpers import check_history, wait_until
+from testproject.history_checks import assert_serial
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.workers
 
@@ -72,7 +73,7 @@ def test_canvas_retries_replace_reject_revoke_and_results_behave_as_celery_s(mak
     events = wait_until(ended, 15, 0.1, "every task to end")
     starts = [e["n"] for e in events if e["event"] == "start"]
     assert sorted(starts) == sorted(numbers), "each ran once (the rejected delivery did not start, nor 50)"
-    check_history(events, accepted={"features": starts})  # one at a time
+    assert_serial(events, accepted={"features": starts})  # one at a time
     assert starts[:9] == [0, 51, *range(1, 8)], "the key's tasks started in the order they were submitted"
 
 
@@ -201,4 +202,4 @@ def test_celery_s_features_behave_on_a_keyed_task_as_on_its_plain_twin(make_proj
         assert killed == ["start"], f"{kind}: the terminated task was killed mid-run"
     # The terminated run never ended: its process was killed before its key moved on.
     keyed_events = [e for e in events if e["key"] == "side-keyed" and e["id"] != out["ids"]["keyed-terminated"]]
-    check_history(keyed_events, accepted={"side-keyed": [e["n"] for e in keyed_events if e["event"] == "start"]})
+    assert_serial(keyed_events, accepted={"side-keyed": [e["n"] for e in keyed_events if e["event"] == "start"]})

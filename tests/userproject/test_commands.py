@@ -12,9 +12,8 @@ import time
 import pytest
 import redis
 
+from tests.userproject.run_checks import accepted_by, check_run
 from tests.waiting import wait_until
-
-from .runs import accepted_by, check_run
 
 pytestmark = pytest.mark.workers
 

@@ -6,7 +6,7 @@ import json
 import pytest
 import redis
 
-from tests.helpers import wait_until
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.workers
 

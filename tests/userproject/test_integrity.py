@@ -18,15 +18,15 @@ import redis
 
 from django_keyed_queue.gate.keys import KeyNames
 from django_keyed_queue.records.statuses import TERMINAL_STATUSES
-from tests.helpers import check_history, wait_until
-
-from .project import UserProject
-from .runs import accepted_by, check_run
+from testproject.history_checks import assert_serial
+from testproject.userproject.project import UserProject
+from tests.userproject.run_checks import accepted_by, check_run
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.workers
 
-#: ``time_limited_step``'s hard time limit (files/tasks.py) and the timings around it, in seconds from
-#: attempt 1's start. Stopped at 2 s, its lease (3 s, renewed every second) runs out between 4 and 5 s;
+#: ``time_limited_step``'s hard time limit (testproject/userproject/files/tasks.py) and the timings around it,
+#: in seconds from attempt 1's start. Stopped at 2 s, its lease (3 s, renewed every second) runs out between 4 and 5 s;
 #: a reaper (every 1 s here, 5 s by default) starts attempt 2 by about 6 s (measured: 4.1 to 5.6 s).
 #: The kill at 9 s falls 2 s or more inside attempt 2 (7 s long, from 4 s at the earliest), and
 #: attempt 2 stays 2 s under its own limit.
@@ -72,7 +72,7 @@ def test_the_hard_time_limit_of_a_stalled_attempt_leaves_its_replacement_holding
     history = project.history()
     ends = [(e["n"], e["attempt"], e["holds"]) for e in history if e["event"] == "end"]
     assert ends == [(0, 2, True), (1, 1, True)], "the replacement kept its key to its end; the killed run never ended"
-    check_history(history)  # the key's next task started after the replacement ended
+    assert_serial(history)  # the key's next task started after the replacement ended
     second = next(e for e in history if e["event"] == "start" and e["attempt"] == 2)
     replaced = next(e for e in history if e["event"] == "end" and e["attempt"] == 2)
     killed_at = first["t"] + TIME_LIMIT_SECONDS

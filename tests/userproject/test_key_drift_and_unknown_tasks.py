@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.helpers import wait_until
+from tests.waiting import wait_until
 
 from .test_integrity import submitted
 

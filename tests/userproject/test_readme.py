@@ -12,9 +12,8 @@ import sys
 
 import pytest
 
-from tests.helpers import wait_until
-
-from .project import README, install_blocks
+from testproject.userproject.project import README, install_blocks
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.workers
 

@@ -1,4 +1,7 @@
-"""Small helpers shared by the gate tests (not a test module)."""
+"""The gate's Redis as the tests reach it: which Redis (one server, or a local Redis Cluster with
+``KEYED_QUEUE_TESTS_GATE_REDIS=cluster``), which database, and the gate's state read or set in it
+(key names, index scores, stored messages, holders). Used by the gate, django and browser tiers and the
+root conftest."""
 
 from __future__ import annotations
 
@@ -13,6 +16,10 @@ from django_keyed_queue.gate.keys import CLUSTER_INDEX_SHARDS, DEADLINE_INDEX, U
 
 #: The gate and django tiers run with the gate on a local Redis Cluster instead of one server (``make topologies``).
 ON_CLUSTER = os.environ.get("KEYED_QUEUE_TESTS_GATE_REDIS") == "cluster"
+
+#: The gate database of the tiers without workers. The session's workers, once a test started them,
+#: reap database 0 every few seconds; on these tiers' keys they would act before the test does.
+WORKERLESS_GATE_DB = 4
 
 #: The indexes as the gate of the tier's Redis splits them.
 DEADLINES = Index(DEADLINE_INDEX, CLUSTER_INDEX_SHARDS if ON_CLUSTER else 1)

@@ -1,4 +1,5 @@
-"""What the compatibility tier's tests share: the plain/keyed parametrization and the key's checks."""
+"""The compatibility tier's cases (the plain task, its keyed twin, the twin behind a busy key), holding a key,
+the journal's events, and the key's checks."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import pytest
 
 from django_keyed_queue.records.models import KeyedTask
 from testproject.compat import journal
+from testproject.history_checks import by_id, check_serial
 from tests.waiting import wait_until
 
 #: Every module of the tier: real workers, records written by them, and out of the default run.
@@ -15,6 +17,9 @@ MARKS = [pytest.mark.compat, pytest.mark.workers, pytest.mark.django_db(transact
 #: The three cases of a behaviour: the plain task, its keyed twin with its key free, and its keyed
 #: twin submitted while its key is busy (it waits in the gate, and usually runs by local handoff).
 PLAIN, KEYED, WAITED = "plain", "keyed", "keyed-waited"
+
+#: The queue of the tier's own worker, which sends task events (-E) and runs one task at a time.
+EVENTS_QUEUE = "compat-events"
 
 
 def kinds(keyed: str | None = None, waited: str | None = None, *, wait: bool = True):
@@ -71,25 +76,22 @@ def starts(key: str) -> list[str | None]:
     return [e["id"] for e in events(key, "start")]
 
 
-def assert_one_at_a_time(key: str) -> None:
-    """No two body runs of ``key`` overlapped (the key's exclusion)."""
-    running = 0
-    for e in events(key):
-        if e["event"] == "start":
-            running += 1
-            assert running == 1, f"two runs of {key} at once: {events(key)}"
-        elif e["event"] == "end":
-            running -= 1
-
-
 def check_key(kind: str, key: str, order: list[str] | None = None) -> None:
-    """On a keyed run: the runs of ``key`` never overlapped and, given ``order`` (task ids), first started in it."""
+    """On a keyed run: the body runs of ``key`` never overlapped and, given ``order`` (task ids), first started
+    in it (testproject/history_checks.py; a run is a task id in a process)."""
     if kind == PLAIN:
         return
-    assert_one_at_a_time(key)
+    history = events(key)
+    serial = check_serial(history, ident=by_id, run=run_of)  # no order but the given one: the holder runs first
+    assert not serial.problems, f"runs of {key}: {serial.problems}; its events: {history}"
     if order is not None:
-        started = list(dict.fromkeys(i for i in starts(key) if i in order))
+        started = [i for i in serial.first_starts.get(key, []) if i in order]
         assert started == order, f"{key} started {started}, not in the order {order}"
+
+
+def run_of(event: dict) -> tuple[str | None, int]:
+    """A body run: its task id (None for a direct call) and its process."""
+    return event.get("id"), event["pid"]
 
 
 def worker_log(workers) -> str:

@@ -11,9 +11,8 @@ import pytest
 import redis
 
 from testproject.servers import AOF_ALWAYS, persistent_redis
-
-from .conftest import LEASE_SECONDS
-from .runs import accepted_by, assert_workers_survived, check_run, resume_delays
+from tests.userproject.run_checks import accepted_by, assert_workers_survived, check_run, resume_delays
+from tests.userproject.timings import LEASE_SECONDS
 
 pytestmark = pytest.mark.workers
 

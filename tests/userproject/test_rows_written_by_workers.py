@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from tests.helpers import check_history, wait_until
+from testproject.history_checks import assert_serial
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.workers
 
@@ -47,5 +48,5 @@ def test_rows_of_a_producer_killed_right_after_submitting_appear_within_a_second
         events = project.history()
         return events if sum(e["event"] == "end" for e in events) == len(ids) else None
 
-    check_history(wait_until(ended, 60, 0.1, "every task to end"))
+    assert_serial(wait_until(ended, 60, 0.1, "every task to end"))
     print(f"rows of a killed producer's {len(ids)} submissions appeared {elapsed:.3f}s after it died")

@@ -10,10 +10,10 @@ import pytest
 import redis
 
 from testproject.demo.history import HISTORY
+from testproject.history_checks import assert_serial
 from testproject.servers import AOF_ALWAYS, ROOT, persistent_redis
-from tests.helpers import check_history, wait_for_records
-
-from .conftest import timing_env
+from tests.chaos.timings import timing_env
+from tests.waiting import wait_for_records
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.workers]
 
@@ -53,5 +53,5 @@ def test_redis_restart_mid_run_loses_nothing(chaos, restartable_redis):
     order = {}
     for a in by_ticket:
         order.setdefault(a["key"], []).append(a["n"])
-    starts = check_history(events, accepted=order)
+    starts = assert_serial(events, accepted=order)
     assert starts == order, "every accepted task ran, in the gate's order"

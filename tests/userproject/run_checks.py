@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections import Counter
 
-from tests.helpers import check_history, wait_until
-
-from .project import UserProject
+from testproject.history_checks import assert_serial, check_once
+from testproject.userproject.project import UserProject
+from tests.waiting import wait_until
 
 
 def accepted_by(producer: subprocess.Popen, timeout: float = 120) -> list[dict]:
@@ -33,16 +32,15 @@ def check_run(
 
     wait_until(all_ended, timeout, 0.2, f"{len(ids)} accepted tasks to run")
     events = [e for e in project.history() if e["id"] in ids]
-    runs = Counter(e["id"] for e in events if e["event"] == "start")
-    wrong = {task_id: count for task_id, count in runs.items() if count != (2 if task_id in killed else 1)}
+    wrong = check_once(events, ids, killed=killed, exact=True)
     assert not wrong, (
-        f"a task ran twice, or a killed one was not run again (starts by task: {wrong}); their events: "
-        f"{[e for e in events if e['id'] in wrong]}"
+        f"a task ran twice, or a killed one was not run again: {wrong}; their events: "
+        f"{[e for e in events if any(e['id'] in problem for problem in wrong)]}"
     )
     order: dict[str, list[int]] = {}
     for a in accepted:  # one producer: its submissions of a key took tickets in this order
         order.setdefault(a["key"], []).append(a["n"])
-    assert check_history(events, accepted=order) == order, "every accepted task ran, in the gate's order"
+    assert assert_serial(events, accepted=order) == order, "every accepted task ran, in the gate's order"
 
     def recorded():
         rows = project.rows()

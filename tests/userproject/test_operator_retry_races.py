@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from tests.helpers import wait_until
+from testproject.userproject.project import UserProject
+from tests.waiting import wait_until
 
-from .project import UserProject
 from .test_integrity import submitted
 
 pytestmark = pytest.mark.workers

@@ -5,9 +5,9 @@ import time
 
 import pytest
 
-from tests.helpers import check_history, wait_until
-
-from .runs import accepted_by
+from testproject.history_checks import assert_serial
+from tests.userproject.run_checks import accepted_by
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.workers
 
@@ -37,7 +37,7 @@ def test_one_key_starts_at_most_five_a_second_over_two_workers_and_a_kill(make_p
     ids = {a["id"] for a in paced + free}
     wait_until(lambda: ids <= {e["id"] for e in project.history() if e["event"] == "end"}, 60, 0.2, "every task")
     events = project.history()
-    check_history(events)  # exclusion and order on both keys
+    assert_serial(events)  # exclusion and order on both keys
 
     times = starts(events, "paced:0")
     gaps = [later - earlier for earlier, later in zip(times, times[1:], strict=False)]
