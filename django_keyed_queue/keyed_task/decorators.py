@@ -12,13 +12,16 @@ import functools
 import inspect
 import string
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import Task, _state
 from celery.local import Proxy
 
 from ..exceptions import InvalidKey
 from .task import KeyedSerialTask
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 
 def keyed_serial_task(
@@ -28,7 +31,7 @@ def keyed_serial_task(
     rate: str | None = None,
     on_failure: str = "continue",
     **options: Any,
-) -> Callable:
+) -> Callable[[Callable[..., Any]], Any]:
     """Make ``fun`` a Celery task whose runs sharing ``key`` are serialized.
 
     ``key`` is a ``str.format`` template over the task's arguments
@@ -62,7 +65,8 @@ def keyed_serial_task(
         raise TypeError(f"base must be a Celery task class (a subclass of celery.Task), got {base!r}")
     _check_options(options, base)
 
-    def decorate(fun: Callable) -> Any:
+    # Any: the task, through a Proxy (celery-types' Proxy does not forward the task's attributes).
+    def decorate(fun: Callable[..., Any]) -> Any:
         if isinstance(key, str):
             _check_template(fun, key, bound=options.get("bind", False))
         else:
@@ -80,13 +84,13 @@ def keyed_serial_task(
     return decorate
 
 
-def _shared(fun: Callable, base: type | None, options: dict) -> Any:
+def _shared(fun: Callable[..., Any], base: type | None, options: dict[str, Any]) -> Any:
     """Celery's ``shared_task``, with the task's class made per app: every app, finalized or not yet
     made, registers it; the proxy returned is the current app's task."""
     if type(fun) is Proxy:
         raise TypeError("@keyed_serial_task was applied to a task; apply it to the function alone")
 
-    def register(app: Any) -> Any:
+    def register(app: Celery) -> Task[..., Any]:
         return app._task_from_fun(fun, base=keyed_class(base or app.Task), **options)
 
     _state.connect_on_app_finalize(register)
@@ -95,7 +99,7 @@ def _shared(fun: Callable, base: type | None, options: dict) -> Any:
             with app._finalize_mutex:
                 register(app)
 
-    def current_task() -> Any:
+    def current_task() -> Task[..., Any]:
         app = _state.get_current_app()
         return app.tasks[options.get("name") or app.gen_task_name(fun.__name__, fun.__module__)]
 
@@ -140,7 +144,7 @@ DECORATOR_OPTIONS = frozenset(
 )  # fmt: skip
 
 
-def _check_options(options: dict, base: type | None) -> None:
+def _check_options(options: dict[str, Any], base: type | None) -> None:
     """Refuse, at import time, an option that is neither ours nor Celery's: Celery would make it
     an attribute of the task's class, and a misspelt option would silently do nothing."""
     classes = [KeyedSerialTask, base or Task]
@@ -167,7 +171,7 @@ def _check_options(options: dict, base: type | None) -> None:
             raise TypeError(f"@keyed_serial_task: {name}={value!r} would replace the task's method {name}()")
 
 
-def _check_template(fun: Callable, template: str, *, bound: bool) -> None:
+def _check_template(fun: Callable[..., Any], template: str, *, bound: bool) -> None:
     """Refuse, at import time, a template naming an argument the function does not take."""
     params = list(inspect.signature(fun).parameters.values())[1 if bound else 0 :]
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
@@ -188,7 +192,7 @@ def _check_template(fun: Callable, template: str, *, bound: bool) -> None:
             )
 
 
-def _check_key_function(fun: Callable, key: Callable, *, bound: bool) -> None:
+def _check_key_function(fun: Callable[..., Any], key: Callable[..., Any], *, bound: bool) -> None:
     """Refuse, at import time, a key function that cannot take the task's arguments as a call passes them
     positionally: all of them, and only the required ones."""
     try:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from celery import Task, chord, group
 from celery.exceptions import Ignore, Reject, Retry
@@ -27,10 +27,16 @@ from ..records.columns import shown, unstorable
 from ..records.statuses import Status
 from ..worker.run import Run
 
+if TYPE_CHECKING:
+    from celery.canvas import Signature
+    from celery.result import AsyncResult, EagerResult
+
 logger = logging.getLogger(__name__)
 
+_R = TypeVar("_R")
 
-class KeyedSerialTask(Task):
+
+class KeyedSerialTask(Task[..., Any]):
     """Tasks sharing a key run one at a time (``serial_limit`` at a time), in submission order."""
 
     #: A ``str.format`` template over the task's arguments, or a callable taking them.
@@ -65,7 +71,14 @@ class KeyedSerialTask(Task):
 
     # -- submission -------------------------------------------------------
 
-    def apply_async(self, args=None, kwargs=None, *, idempotency_key: str | None = None, **options):  # type: ignore[override]
+    def apply_async(  # type: ignore[override]  # takes idempotency_key; Celery's options as **options
+        self,
+        args: Iterable[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        idempotency_key: str | None = None,
+        **options: Any,
+    ) -> AsyncResult[Any]:
         """Celery's ``apply_async``, through the key's queue: returns at once, whether the key is free or busy.
 
         The key and arguments are checked first (``InvalidKey``, ``InvalidArguments``,
@@ -88,12 +101,12 @@ class KeyedSerialTask(Task):
 
     def apply_async_many(
         self,
-        calls: Iterable[tuple | list | dict],
+        calls: Iterable[tuple[Any, ...] | list[Any] | dict[str, Any]],
         *,
         idempotency_keys: Iterable[str | None] | None = None,
         batch_size: int = 500,
         **options: Any,
-    ) -> list:
+    ) -> list[AsyncResult[Any]]:
         """``apply_async`` of many calls, each a tuple of positional arguments or a dict of keyword
         arguments, with ``options`` for all; their AsyncResults, in order.
 
@@ -103,24 +116,33 @@ class KeyedSerialTask(Task):
         """
         return submit_many(self, calls, options, idempotency_keys, batch_size)
 
-    def apply_async_on_commit(self, args=None, kwargs=None, *, idempotency_key: str | None = None, **options):
+    def apply_async_on_commit(
+        self,
+        args: Iterable[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        idempotency_key: str | None = None,
+        **options: Any,
+    ) -> AsyncResult[Any]:
         """``apply_async`` when the caller's transaction commits (at once outside one), as Celery's
         ``DjangoTask`` does; bad input raises now. Returns the AsyncResult the task will have."""
         args, kwargs = tuple(args or ()), dict(kwargs or {})
         return submit_on_commit(self, args, kwargs, options, idempotency_key)
 
-    def delay_on_commit(self, *args: Any, **kwargs: Any):
+    def delay_on_commit(self, *args: Any, **kwargs: Any) -> AsyncResult[Any]:
         """``delay`` when the caller's transaction commits (at once outside one); bad input raises now."""
         return self.apply_async_on_commit(args, kwargs)
 
-    def apply(self, args=None, kwargs=None, **options):  # type: ignore[override]
+    def apply(  # type: ignore[override]  # Celery's options as **options
+        self, args: Iterable[Any] | None = None, kwargs: Mapping[str, Any] | None = None, **options: Any
+    ) -> EagerResult[Any]:
         """Celery's eager run (``task_always_eager``, ``Task.apply()``), inline and without the gate, after
         the checks a queued submission makes: bad input raises ``InvalidKey`` or ``InvalidArguments``."""
         args, kwargs = tuple(args or ()), dict(kwargs or {})
         keyed_arguments(self, args, kwargs, options.get("serializer") or self.serializer)
         return super().apply(args, kwargs, **options)
 
-    def replace(self, sig: Any) -> Any:
+    def replace(self, sig: Signature[_R]) -> _R:
         """Celery's ``replace``. The replacement is a new submission with this task's id: a keyed
         one joins the end of its key's queue. This run ends ``ignored`` and its slot passes on."""
         self.request.keyed_replaced = True  # type: ignore[attr-defined]  # Celery's request takes any attribute
@@ -146,11 +168,13 @@ class KeyedSerialTask(Task):
         collect = self.app.tasks["celery.accumulate"].s(index=0)
         return group(chord([self.s(*args) for args in part], collect.clone()) for part in chunked(iter(it), n))
 
-    def send_plain(self, args: tuple, kwargs: dict, **options: Any):
+    def send_plain(self, args: tuple[Any, ...], kwargs: dict[str, Any], **options: Any) -> AsyncResult[Any]:
         """Publish as Celery's own ``apply_async`` does, past the key's queue (a delayed task's message)."""
         return super().apply_async(args, kwargs, **options)
 
-    def key_for(self, args: tuple, kwargs: dict, bound: inspect.BoundArguments | None = None) -> str:
+    def key_for(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], bound: inspect.BoundArguments | None = None
+    ) -> str:
         """This task's key for these arguments; raises InvalidKey or InvalidArguments."""
         bound = bound or self._bind(args, kwargs)
         spec = self.serial_key
@@ -167,7 +191,7 @@ class KeyedSerialTask(Task):
             raise InvalidKey(f"{self.name}: the key {shown(key)} {problem}")
         return key
 
-    def _bind(self, args: tuple, kwargs: dict) -> inspect.BoundArguments:
+    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> inspect.BoundArguments:
         signature = self._signature
         try:
             bound = signature.bind(*args, **kwargs)
@@ -243,7 +267,9 @@ class KeyedSerialTask(Task):
         return run is not None and run.holds_key()
 
 
-def _fitting(signature: inspect.Signature, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+def _fitting(
+    signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The part of a call that ``signature`` takes: extra positional arguments, unknown keywords and
     keywords given twice are left out."""
     params = list(signature.parameters.values())

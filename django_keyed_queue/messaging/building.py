@@ -25,6 +25,7 @@ from .message import TaskMessage, gate_message
 if TYPE_CHECKING:
     from celery import Celery, Task
     from celery.result import AsyncResult
+    from kombu import Message, Producer
 
 #: What Celery passes to ``Producer.publish`` that says how to publish, not what; the rest but the
 #: message's destination, headers and per-call timeouts are its properties.
@@ -36,7 +37,7 @@ LOCAL_PUBLISH_OPTIONS = ("timeout", "confirm_timeout")
 DELIVERED_PROPERTIES = ("correlation_id", "reply_to", "priority")
 
 #: Sends the message Celery built to the broker now, with a ticket's header added.
-SendNow = Callable[[dict], None]
+SendNow = Callable[[dict[str, Any]], None]
 #: What the gate does with a message Celery built: stores it, and may send it now with a ticket's header.
 ToGate = Callable[[TaskMessage, SendNow], None]
 
@@ -48,7 +49,7 @@ class GateProducer:
     result backend's set-up) goes to the real one.
     """
 
-    def __init__(self, producer: Any, app: Celery, task_id: str, options: dict, to_gate: ToGate) -> None:
+    def __init__(self, producer: Producer, app: Celery, task_id: str, options: dict[str, Any], to_gate: ToGate) -> None:
         self._producer, self._app, self._task_id = producer, app, task_id
         self._options, self._to_gate = options, to_gate
 
@@ -79,8 +80,14 @@ class GateProducer:
 
 
 def send_to_gate(
-    app: Celery, task: Task | str, task_id: str, args: tuple, kwargs: dict, options: dict, to_gate: ToGate
-) -> AsyncResult:
+    app: Celery,
+    task: Task[..., Any] | str,
+    task_id: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    options: dict[str, Any],
+    to_gate: ToGate,
+) -> AsyncResult[Any]:
     """Celery's ``send_task`` of ``task`` (a task, or its name), its message given to ``to_gate``; its AsyncResult.
 
     ``to_gate`` runs where Celery would publish: what it raises, Celery's ``send_task``
@@ -100,7 +107,7 @@ def send_to_gate(
         return app.send_task(name, args, kwargs, task_id=task_id, producer=gated, **typed, **options)
 
 
-def delivered(message: Any, headers: dict) -> dict:
+def delivered(message: Message, headers: dict[str, Any]) -> dict[str, Any]:
     """The ``sent`` part of a delivered message (a kombu ``Message``), with ``headers`` as its headers.
 
     A delayed task joins its key's queue on the worker its message reached: what
@@ -129,8 +136,13 @@ def delivered(message: Any, headers: dict) -> dict:
 
 
 def build(
-    app: Celery, task: Task | str, task_id: str, args: tuple, kwargs: dict, options: dict
-) -> tuple[TaskMessage, AsyncResult]:
+    app: Celery,
+    task: Task[..., Any] | str,
+    task_id: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    options: dict[str, Any],
+) -> tuple[TaskMessage, AsyncResult[Any]]:
     """The message Celery builds for a call, sent nowhere (the publish signals fire), and its AsyncResult."""
     captured: list[TaskMessage] = []
     result = send_to_gate(app, task, task_id, args, kwargs, options, lambda message, send_now: captured.append(message))
@@ -150,7 +162,7 @@ def with_celery_message(app: Celery, message: TaskMessage) -> TaskMessage:
     return build(app, message.task_name, message.task_id, message.args, message.kwargs, options)[0]
 
 
-def publish_stored(app: Celery, message: TaskMessage, header: dict, producer: Any = None) -> None:
+def publish_stored(app: Celery, message: TaskMessage, header: dict[str, Any], producer: Producer | None = None) -> None:
     """Publish a stored message as Celery built it, with ``header`` (a ticket's) added; no signal fires.
 
     Every broker message of a keyed task that the gate granted goes out here: the producer's

@@ -14,16 +14,19 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 from kombu.exceptions import DecodeError, EncodeError
 from kombu.serialization import dumps, loads, prepare_accept_content
 
 from ..exceptions import MessageRefused, UnencodableArguments
+
+if TYPE_CHECKING:
+    from ..keyed_task.task import KeyedSerialTask
 
 #: Message header carrying a granted ticket: {"key", "ticket", "dispatch"}.
 HEADER = "keyed_queue"
@@ -39,7 +42,7 @@ LOCAL_OPTIONS = frozenset({"producer", "connection", "router", "publisher", "add
 DELAY_OPTIONS = frozenset({"countdown", "eta"})
 
 
-def is_delayed(options: dict) -> bool:
+def is_delayed(options: Mapping[str, Any]) -> bool:
     """Sent with a ``countdown`` or ``eta``: it joins its key's queue when due."""
     return any(options.get(name) is not None for name in DELAY_OPTIONS)
 
@@ -62,11 +65,11 @@ SENT_PARTS = {
 class TaskMessage:
     task_name: str
     task_id: str
-    args: tuple
-    kwargs: dict
-    options: dict
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    options: dict[str, Any]
     #: The message as Celery built it in the process that sent it (None: not built yet; see ``sending``).
-    sent: dict | None = None
+    sent: dict[str, Any] | None = None
 
     def encode(self, default_serializer: str, *, blocks: bool = False) -> bytes:
         """The stored form, encoded with the serializer the message goes with (else ``default_serializer``).
@@ -126,7 +129,7 @@ class TaskMessage:
         return message
 
     @staticmethod
-    def peek(raw: bytes) -> tuple[str, str, dict]:
+    def peek(raw: bytes) -> tuple[str, str, dict[str, Any]]:
         """The task name and id of a stored message, and its envelope (JSON), without decoding its body."""
         try:
             envelope = json.loads(raw)
@@ -138,7 +141,7 @@ class TaskMessage:
         return task_name, task_id, envelope
 
 
-def _well_formed(sent: Any) -> bool:
+def _well_formed(sent: object) -> bool:
     """A stored ``sent`` has each of its parts, of the right type, and only text names queues to declare."""
     return (
         isinstance(sent, dict)
@@ -149,22 +152,27 @@ def _well_formed(sent: Any) -> bool:
     )
 
 
-def ticket_header(key: str, ticket: int, dispatch: int) -> dict:
+def ticket_header(key: str, ticket: int, dispatch: int) -> dict[str, Any]:
     """The header that lets a message (or a local handoff) start ``ticket`` of ``key``."""
     return {HEADER: {"key": key, "ticket": ticket, "dispatch": dispatch}}
 
 
-def send_options(task: Any, args: tuple, kwargs: dict, options: dict) -> dict:
+def send_options(
+    task: KeyedSerialTask, args: tuple[Any, ...], kwargs: dict[str, Any], options: dict[str, Any]
+) -> dict[str, Any]:
     """The options ``Task.apply_async`` would publish with: the task's own under the caller's.
 
     A relative ``expires`` becomes a time counted from now, as Celery counts it,
     not from when a parked task is finally published.
     """
-    sent = {name: value for name, value in task._get_exec_options().items() if value is not None}
+    # Celery's Task has _get_exec_options; celery-types leaves it out.
+    own = task._get_exec_options().items()  # type: ignore[attr-defined]
+    sent: dict[str, Any] = {name: value for name, value in own if value is not None}
     sent.update(options)
     sent.setdefault("ignore_result", task.ignore_result)
     if sent.get("shadow") is None:
-        sent["shadow"] = task.shadow_name(args, kwargs, options)
+        # A task's own shadow_name returns a name; celery-types types only Celery's default, None.
+        sent["shadow"] = task.shadow_name(args, kwargs, options)  # type: ignore[func-returns-value]
     expires = sent.get("expires")
     if isinstance(expires, (int, float)) and not isinstance(expires, bool):
         sent["expires"] = timezone.now() + timedelta(seconds=expires)
@@ -172,7 +180,12 @@ def send_options(task: Any, args: tuple, kwargs: dict, options: dict) -> dict:
 
 
 def gate_message(
-    task_name: str, task_id: str, args: tuple, kwargs: dict, options: dict, sent: dict | None = None
+    task_name: str,
+    task_id: str,
+    args: Iterable[Any],
+    kwargs: Mapping[str, Any],
+    options: Mapping[str, Any],
+    sent: dict[str, Any] | None = None,
 ) -> TaskMessage:
     """The message stored with a ticket of ``task``: every option another process needs to publish it by name,
     and the message as Celery built it, if it did (``sent``).

@@ -22,16 +22,18 @@ from .checks import Checked, check
 from .submit import gate_submission, in_transaction, queue_full, submit, withdraw
 
 if TYPE_CHECKING:
+    from kombu import Producer
+
     from ..keyed_task.task import KeyedSerialTask
 
 
 def submit_many(
     task: KeyedSerialTask,
-    calls: Iterable[Any],
+    calls: Iterable[object],
     options: dict[str, Any],
     idempotency_keys: Iterable[str | None] | None,
     batch_size: int,
-) -> list[AsyncResult]:
+) -> list[AsyncResult[Any]]:
     """``apply_async`` of each call, with one gate round trip per ``batch_size`` calls; their AsyncResults.
 
     A call is a tuple of positional arguments or a dict of keyword arguments.
@@ -60,14 +62,14 @@ def submit_many(
             for call, c, key in zip(arguments, checked, keys, strict=True)
         ]
     prepared = [_prepared(task, c) for c in checked]
-    results: list[AsyncResult] = []
+    results: list[AsyncResult[Any]] = []
     with task.app.producer_or_acquire(options.get("producer")) as producer:
         for start in range(0, len(prepared), batch_size):
             results += _submit_batch(task, prepared[start : start + batch_size], producer, submitted=len(results))
     return results
 
 
-def _call_arguments(task: KeyedSerialTask, call: Any) -> tuple[tuple, dict]:
+def _call_arguments(task: KeyedSerialTask, call: object) -> tuple[tuple[Any, ...], dict[str, Any]]:
     if isinstance(call, dict):
         return (), call
     if isinstance(call, (tuple, list)):
@@ -83,7 +85,7 @@ class _Prepared:
     checked: Checked
     message: TaskMessage
     submission: Submission
-    result: AsyncResult
+    result: AsyncResult[Any]
     claimed: bool = False
 
 
@@ -93,7 +95,9 @@ def _prepared(task: KeyedSerialTask, checked: Checked) -> _Prepared:
     return _Prepared(checked, message, gate_submission(task, checked.key, message, checked.options), result)
 
 
-def _submit_batch(task: KeyedSerialTask, batch: list[_Prepared], producer: Any, *, submitted: int) -> list[AsyncResult]:
+def _submit_batch(
+    task: KeyedSerialTask, batch: list[_Prepared], producer: Producer, *, submitted: int
+) -> list[AsyncResult[Any]]:
     """Claim idempotency keys, take the batch's tickets in one round trip, publish the granted; the results.
 
     If a step fails, what it had not yet published is withdrawn, and the error

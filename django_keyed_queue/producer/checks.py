@@ -26,26 +26,28 @@ class Checked:
     """A submission checked, with nothing written: what it sends, its key and its idempotency claim."""
 
     task_id: str
-    args: tuple
-    kwargs: dict
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
     #: As ``message.send_options`` gives them.
-    options: dict
+    options: dict[str, Any]
     key: str
     fingerprint: str | None
-    claimed_with: dict
+    claimed_with: dict[str, Any]
 
 
 @dataclass(frozen=True)
 class KeyedArguments:
     """A call's arguments as sent, bound to the task's signature, and the key they make."""
 
-    args: tuple
-    kwargs: dict
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
     bound: inspect.BoundArguments
     key: str
 
 
-def keyed_arguments(task: KeyedSerialTask, args: tuple, kwargs: dict, serializer: str | None) -> KeyedArguments:
+def keyed_arguments(
+    task: KeyedSerialTask, args: tuple[Any, ...], kwargs: dict[str, Any], serializer: str | None
+) -> KeyedArguments:
     """The arguments as sent, bound, and their key; raises ``InvalidArguments`` or ``InvalidKey``.
 
     ``pydantic=True`` tasks (Celery 5.7+) send their models as dicts, as Celery's
@@ -61,7 +63,11 @@ def keyed_arguments(task: KeyedSerialTask, args: tuple, kwargs: dict, serializer
 
 
 def check(
-    task: KeyedSerialTask, args: tuple, kwargs: dict, options: dict[str, Any], idempotency_key: str | None
+    task: KeyedSerialTask,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    options: dict[str, Any],
+    idempotency_key: str | None,
 ) -> Checked:
     """Everything a submission checks before it writes anything (``KeyedQueueError`` on bad input).
 

@@ -39,13 +39,13 @@ logger = logging.getLogger(__name__)
 
 def submit(
     task: KeyedSerialTask,
-    args: tuple,
-    kwargs: dict,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
     options: dict[str, Any],
     idempotency_key: str | None,
     *,
     claimed: bool = False,
-) -> AsyncResult:
+) -> AsyncResult[Any]:
     """``task.apply_async(args, kwargs, **options)`` through the key's queue; the task's AsyncResult.
 
     ``claimed``: the idempotency key was claimed for this task id already (``submit_on_commit``).
@@ -74,8 +74,12 @@ def in_transaction(using: str | None = None) -> bool:
 
 
 def submit_on_commit(
-    task: KeyedSerialTask, args: tuple, kwargs: dict, options: dict[str, Any], idempotency_key: str | None
-) -> AsyncResult:
+    task: KeyedSerialTask,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    options: dict[str, Any],
+    idempotency_key: str | None,
+) -> AsyncResult[Any]:
     """``task.apply_async(...)`` once the caller's transaction commits (at once outside one): the ticket
     is taken then, so tasks of one key run in commit order, and a rollback leaves nothing.
 
@@ -103,7 +107,14 @@ def submit_on_commit(
     return task.AsyncResult(checked.task_id)
 
 
-def _delay(task: KeyedSerialTask, key: str, task_id: str, args: tuple, kwargs: dict, options: dict) -> AsyncResult:
+def _delay(
+    task: KeyedSerialTask,
+    key: str,
+    task_id: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    options: dict[str, Any],
+) -> AsyncResult[Any]:
     """A delayed task joins its key's queue when due, on the worker (see ``request.KeyedRequest``)."""
     message = gate_message(task.name, task_id, args, kwargs, options)
     with transaction.atomic(using=KeyedTask.objects.db_for_write()):
@@ -112,7 +123,14 @@ def _delay(task: KeyedSerialTask, key: str, task_id: str, args: tuple, kwargs: d
         return task.send_plain(args, kwargs, task_id=task_id, **options)
 
 
-def _enqueue(task: KeyedSerialTask, key: str, task_id: str, args: tuple, kwargs: dict, options: dict) -> AsyncResult:
+def _enqueue(
+    task: KeyedSerialTask,
+    key: str,
+    task_id: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    options: dict[str, Any],
+) -> AsyncResult[Any]:
     """Celery builds and sends the message; to the gate, which takes its ticket, keeps its record and,
     if granted, it is published at once: nothing left behind on failure."""
 
@@ -147,7 +165,7 @@ def _enqueue(task: KeyedSerialTask, key: str, task_id: str, args: tuple, kwargs:
     return send_to_gate(task.app, task, task_id, args, kwargs, options, take_and_publish)
 
 
-def gate_submission(task: KeyedSerialTask, key: str, message: TaskMessage, options: dict) -> Submission:
+def gate_submission(task: KeyedSerialTask, key: str, message: TaskMessage, options: dict[str, Any]) -> Submission:
     """What the gate takes for a submission of ``task``: its stored message, its record, its key's limits."""
     row = submission_row(task, key, message, options)
     return Submission(
@@ -164,7 +182,7 @@ def queue_full(task: KeyedSerialTask, full: QueueFull, submission: Submission, t
     )
 
 
-def submission_row(task: KeyedSerialTask, key: str, message: TaskMessage, options: dict) -> dict[str, Any]:
+def submission_row(task: KeyedSerialTask, key: str, message: TaskMessage, options: dict[str, Any]) -> dict[str, Any]:
     """The fields of the submission's database row, its stored message encoded (refused if too large)."""
     encoded = message.encode(task.serializer, blocks=task.blocks_on_failure)
     limit = settings.MAX_MESSAGE_BYTES
@@ -202,7 +220,7 @@ def withdraw(task: KeyedSerialTask, key: str, ticket: int, *, forget: bool = Fal
     publish_grants(task.app, withdrawn.granted)
 
 
-def _due_at(options: dict) -> datetime:
+def _due_at(options: dict[str, Any]) -> datetime:
     eta = options.get("eta")
     if eta is not None:
         eta = datetime.fromisoformat(eta) if isinstance(eta, str) else eta

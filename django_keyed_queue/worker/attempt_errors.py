@@ -7,7 +7,10 @@ message carries may have been written by anyone: only a list of text is read, cu
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from celery.app.task import Context
 
 #: The retry message's header with the errors of the attempts before it, oldest first.
 ERRORS_HEADER = "keyed_queue_errors"
@@ -16,7 +19,7 @@ KEPT_ERRORS = 10
 ERROR_CHARS = 2000
 
 
-def earlier_errors(request: Any) -> list[str]:
+def earlier_errors(request: Context) -> list[str]:
     """The errors of the attempts before this one, as the message carried them."""
     errors = getattr(request, ERRORS_HEADER, None)
     if not isinstance(errors, list):

@@ -35,7 +35,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import celery
 from celery import Celery, Task, signals, states
@@ -54,6 +54,12 @@ from ..messaging.dispatch import Dispatched, publish, publish_grants, record_dis
 from ..messaging.message import TaskMessage, ticket_header
 from ..process.state import WorkerTraits, current
 from . import handoff_runs
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from billiard.einfo import ExceptionInfo
+    from celery.exceptions import Reject
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +85,7 @@ class Kept:
     """A grant this process runs itself, once the run that freed the slot is traced."""
 
     grant: Grant
-    request: dict
+    request: dict[str, Any]
     #: The task id of the run that freed the slot: its ``task_postrun`` runs this one.
     after: str
 
@@ -96,11 +102,11 @@ class LocalHandoff(threading.local):
         #: The kept grant running now: it came by no broker message.
         self.tracing: Kept | None = None
 
-    def hand_over(self, app: Celery, finished_request: Any, grants: list[Grant]) -> Dispatched:
+    def hand_over(self, app: Celery, finished_request: Context, grants: list[Grant]) -> Dispatched:
         """Dispatch what a run's finish granted: the first grant may be kept to run here, next."""
         return publish_grants(app, self._keep(app, finished_request, grants))
 
-    def _keep(self, app: Celery, finished_request: Any, grants: list[Grant]) -> list[Grant]:
+    def _keep(self, app: Celery, finished_request: Context, grants: list[Grant]) -> list[Grant]:
         """Keep the first grant to run in this process if it may; returns the grants left to publish."""
         if not grants or settings.LOCAL_HANDOFF_SECONDS <= 0 or self.kept is not None:
             return grants
@@ -115,7 +121,8 @@ class LocalHandoff(threading.local):
         request = local_request(app, message, grants[0], finished_request.hostname, current().worker)
         if request is None:
             return grants
-        self.kept = Kept(grants[0], request, after=finished_request.id)
+        # A run's request always has its task's id (celery-types' Context allows None).
+        self.kept = Kept(grants[0], request, after=cast(str, finished_request.id))
         record_dispatched(grants[0], message.task_id, timezone.now())
         return grants[1:]
 
@@ -174,7 +181,9 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def local_request(app: Celery, message: TaskMessage, grant: Grant, hostname: str, worker: WorkerTraits) -> dict | None:
+def local_request(
+    app: Celery, message: TaskMessage, grant: Grant, hostname: str | None, worker: WorkerTraits
+) -> dict[str, Any] | None:
     """The request a broker message of ``grant`` would give the task here; None if it must go by broker."""
     task = app.tasks.get(message.task_name)
     options = message.options
@@ -213,7 +222,7 @@ def local_request(app: Celery, message: TaskMessage, grant: Grant, hostname: str
     }
 
 
-def trace(app: Celery, task: Task, request: dict, worker: WorkerTraits) -> None:
+def trace(app: Celery, task: Task[..., Any], request: dict[str, Any], worker: WorkerTraits) -> None:
     """Run the task as the worker would, sending the task events the worker would send for it."""
     run = partial(trace_task, task, request["id"], request["args"], request["kwargs"], request)
     run = partial(run, hostname=request["hostname"], loader=app.loader, app=app)
@@ -244,7 +253,7 @@ def trace(app: Celery, task: Task, request: dict, worker: WorkerTraits) -> None:
             _rejected(task, request, info.retval, retval, send)
 
 
-def _receive(app: Celery, task: Task, request: dict) -> None:
+def _receive(app: Celery, task: Task[..., Any], request: dict[str, Any]) -> None:
     """What a worker's main process does first with a message it received: the log line, ``task_received``.
 
     The signal's request is the worker's own request class, made from the message the
@@ -269,9 +278,12 @@ def _receive(app: Celery, task: Task, request: dict) -> None:
     signals.task_received.send(sender=None, request=received)
 
 
-def _rejected(task, request: dict, exc, einfo, send) -> None:
+def _rejected(
+    task: Task[..., Any], request: dict[str, Any], exc: Reject, einfo: ExceptionInfo, send: Callable[..., None]
+) -> None:
     """What the worker's main process does for a rejected message, which a local run does not have."""
-    if not exc.requeue and REJECT_FAILS_THE_TASK:
+    # celery-types' Reject lacks its attributes (requeue, reason).
+    if not exc.requeue and REJECT_FAILS_THE_TASK:  # type: ignore[attr-defined]
         # Celery 5.7+: a message rejected for good never runs again; its task failed.
         store = not request.get("ignore_result") or task.store_errors_even_if_ignored
         task.backend.mark_as_failure(request["id"], exc, request=Context(request), store_result=store)
@@ -286,8 +298,8 @@ def _rejected(task, request: dict, exc, einfo, send) -> None:
         )
         send("task-failed", exception=safe_repr(exc), traceback=safe_str(einfo.traceback))
     if task.acks_late:  # an early-acknowledged message cannot be rejected: no event
-        send("task-rejected", requeue=exc.requeue)
+        send("task-rejected", requeue=exc.requeue)  # type: ignore[attr-defined]
 
 
-def _no_event(*args, **kwargs) -> None:
+def _no_event(*args: Any, **kwargs: Any) -> None:
     pass

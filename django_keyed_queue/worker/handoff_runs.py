@@ -19,12 +19,17 @@ import json
 import logging
 import mmap
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from billiard.process import current_process
 from celery import signals
 from celery.app.task import Context
 
 from ..messaging.message import HEADER
+
+if TYPE_CHECKING:
+    from celery import Celery
+    from celery.worker.consumer import Consumer
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +45,7 @@ def share(processes: int) -> None:
     _memory = mmap.mmap(-1, max(processes, 1) * ENTRY_BYTES)
 
 
-def note(host_id: str, request: dict) -> None:
+def note(host_id: str, request: dict[str, Any]) -> None:
     """In a pool process: it runs ``request`` by local handoff, inside the job of ``host_id``."""
     entry = {"pid": current_process().pid, "host": host_id, "id": request["id"], "task": request["task"]}
     _write({**entry, HEADER: request[HEADER]})
@@ -51,7 +56,7 @@ def clear() -> None:
     _write(None)
 
 
-def hosted_by(task_id: str, pid: object) -> dict | None:
+def hosted_by(task_id: str, pid: object) -> dict[str, Any] | None:
     """The run by local handoff that the job of ``task_id`` in process ``pid`` hosted last, if it hosted one.
 
     (The entry of a process that died stays until its index is reused; its pid keeps it from
@@ -60,7 +65,7 @@ def hosted_by(task_id: str, pid: object) -> dict | None:
     return next((entry for entry in _entries() if entry["host"] == task_id and entry["pid"] == pid), None)
 
 
-def terminate(app, consumer, task_ids: Iterable[str], signum: int) -> list[str]:
+def terminate(app: Celery, consumer: Consumer, task_ids: Iterable[str], signum: int) -> list[str]:
     """``revoke(terminate=True)`` in the worker's main process: kill the pool processes that run any of
     ``task_ids`` by local handoff, and announce each revoked as Celery does; the ids killed."""
     ids = set(task_ids)
@@ -76,25 +81,28 @@ def terminate(app, consumer, task_ids: Iterable[str], signum: int) -> list[str]:
     return killed
 
 
-def _announce_terminated(app, consumer, entry: dict, signum: int) -> None:
+def _announce_terminated(app: Celery, consumer: Consumer, entry: dict[str, Any], signum: int) -> None:
     """What Celery's request does for a task it terminated: its result, the event, ``task_revoked``."""
     task = app.tasks.get(entry["task"])
     request = Context({"id": entry["id"], "task": entry["task"], HEADER: entry[HEADER]})
     backend = task.backend if task is not None else app.backend
     backend.mark_as_revoked(entry["id"], "terminated", request=request)
-    if consumer.event_dispatcher is not None and consumer.event_dispatcher.enabled:
-        consumer.event_dispatcher.send("task-revoked", uuid=entry["id"], terminated=True, signum=signum, expired=False)
+    # The consumer's Events step sets event_dispatcher; celery-types' Consumer leaves it out.
+    if consumer.event_dispatcher is not None and consumer.event_dispatcher.enabled:  # type: ignore[attr-defined]
+        consumer.event_dispatcher.send(  # type: ignore[attr-defined]
+            "task-revoked", uuid=entry["id"], terminated=True, signum=signum, expired=False
+        )
     signals.task_revoked.send(sender=task, request=request, terminated=True, signum=signum, expired=False)
 
 
 def _slot() -> int | None:
-    index = getattr(current_process(), "index", None)
+    index: int | None = getattr(current_process(), "index", None)
     if _memory is None or index is None or (index + 1) * ENTRY_BYTES > len(_memory):
         return None
     return index * ENTRY_BYTES
 
 
-def _write(entry: dict | None) -> None:
+def _write(entry: dict[str, Any] | None) -> None:
     offset = _slot()
     if offset is None or _memory is None:
         return
@@ -104,7 +112,7 @@ def _write(entry: dict | None) -> None:
     _memory[offset : offset + ENTRY_BYTES] = data.ljust(ENTRY_BYTES, b"\0")
 
 
-def _entries() -> Iterator[dict]:
+def _entries() -> Iterator[dict[str, Any]]:
     """Every pool process's entry; one being written as it is read is skipped, as if empty."""
     if _memory is None:
         return

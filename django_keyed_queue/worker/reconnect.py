@@ -31,8 +31,12 @@ import time
 from collections.abc import Callable
 from functools import wraps
 from queue import Empty  # what kombu's Redis channel raises on an empty read
+from typing import TYPE_CHECKING, Any
 
 from celery import bootsteps
+
+if TYPE_CHECKING:
+    from celery.worker.consumer import Consumer
 
 logger = logging.getLogger(__name__)
 
@@ -48,13 +52,14 @@ def tolerate_lost_brpop_on_close() -> None:
         return
 
     @wraps(close)
-    def close_after_pending_read(self) -> None:
-        if self._in_poll:
+    def close_after_pending_read(self: Channel) -> None:
+        # The Redis channel's own attributes below are not in kombu's stubs.
+        if self._in_poll:  # type: ignore[attr-defined]
             try:
-                self._brpop_read()  # clears _in_poll whatever happens
+                self._brpop_read()  # type: ignore[attr-defined]  # clears _in_poll whatever happens
             except Empty:
                 pass
-            except self.connection_errors:
+            except self.connection_errors:  # type: ignore[attr-defined]
                 # The reply died with the connection; the close goes on as after an empty read.
                 logger.debug("broker connection lost with a BRPOP pending; closing the channel")
         close(self)
@@ -75,11 +80,11 @@ def republish_after_reconnect(on_reconnect: Callable[[float], None]) -> type[boo
         label = "keyed queue: republish after reconnect"
         requires = ("celery.worker.consumer.tasks:Tasks",)
 
-        def __init__(self, consumer, **kwargs) -> None:
+        def __init__(self, consumer: Consumer, **kwargs: Any) -> None:
             super().__init__(consumer, **kwargs)
             self.lost_at: float | None = None
 
-        def start(self, consumer) -> None:
+        def start(self, consumer: Consumer) -> None:
             if self.lost_at is not None:
                 lost_at, self.lost_at = self.lost_at, None
                 logger.info(
@@ -89,10 +94,10 @@ def republish_after_reconnect(on_reconnect: Callable[[float], None]) -> type[boo
                 )
                 on_reconnect(lost_at)
 
-        def stop(self, consumer) -> None:
+        def stop(self, consumer: Consumer) -> None:
             self.lost_at = time.monotonic()
 
-        def shutdown(self, consumer) -> None:
+        def shutdown(self, consumer: Consumer) -> None:
             self.lost_at = None
 
     return RepublishAfterReconnect

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
 
 from billiard.einfo import ExceptionWithTraceback  # type: ignore[attr-defined]  # Celery's own import; not in the stubs
 from billiard.exceptions import Terminated, WorkerLostError
@@ -35,12 +36,24 @@ from ..records.statuses import Status
 from . import handoff_runs
 from .run import end_killed_run, join, send_when_due
 
+if TYPE_CHECKING:
+    from billiard.einfo import ExceptionInfo
+    from celery.app.task import Context
+
+    from ..keyed_task.task import KeyedSerialTask
+
 logger = logging.getLogger(__name__)
 
 
 class KeyedRequest(Request):
     #: This delivery has asked the gate for a ticket (it is a delayed task now due).
     _joined = False
+
+    if TYPE_CHECKING:
+
+        @property
+        def task(self) -> KeyedSerialTask:
+            """Celery's: this request class is a keyed task's own (``KeyedSerialTask.Request``)."""
 
     def revoked(self) -> bool:
         """Celery's check before it sends a message to the pool; also where a delayed task now due joins
@@ -56,7 +69,7 @@ class KeyedRequest(Request):
             return False  # asked on receipt: not due yet
         self._joined = True
         try:
-            context = self._context  # type: ignore[attr-defined]  # Request's own, not in celery-types
+            context: Context = self._context  # type: ignore[attr-defined]  # Request's own, not in celery-types
             key, submitted = join(
                 self.task, context, self.args, self.kwargs, start=False, wait_out_outage=False, received=self.message
             )
@@ -73,7 +86,7 @@ class KeyedRequest(Request):
         self.acknowledge()
         return True
 
-    def _early_for_rate(self, header: dict) -> bool:
+    def _early_for_rate(self, header: dict[str, Any]) -> bool:
         """A granted ticket that its key's rate does not let start yet: sent again for then, and True."""
         interval = getattr(self.task, "serial_interval_ms", 0)
         if not interval or (self.eta is not None and self.eta > datetime.now(UTC)):
@@ -91,7 +104,7 @@ class KeyedRequest(Request):
         self.acknowledge()
         return True
 
-    def on_failure(self, exc_info, send_failed_event=True, return_ok=False):
+    def on_failure(self, exc_info: ExceptionInfo, send_failed_event: bool = True, return_ok: bool = False) -> None:
         """A job lost with its process after its own task ended, while it ran another by local handoff:
         the task's result stands (Celery before 5.7 would overwrite it with ``WorkerLostError``)."""
         exc = exc_info.exception

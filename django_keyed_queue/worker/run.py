@@ -14,7 +14,7 @@ import logging
 import sys
 import traceback
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import redis
 from celery.exceptions import Ignore, Reject
@@ -42,6 +42,13 @@ from ..records.transitions import Transition
 from . import handoff
 from .attempt_errors import ERRORS_HEADER, carried, earlier_errors, with_earlier
 
+if TYPE_CHECKING:
+    from celery.app.task import Context
+    from celery.result import AsyncResult
+    from kombu import Message
+
+    from ..keyed_task.task import KeyedSerialTask
+
 logger = logging.getLogger(__name__)
 
 #: How much of a failed run's traceback its record keeps (the end of it, where the error is).
@@ -49,7 +56,7 @@ TRACEBACK_CHARS = 4000
 
 
 class Run:
-    def __init__(self, task: Any, lease: Lease, attempts: int) -> None:
+    def __init__(self, task: KeyedSerialTask, lease: Lease, attempts: int) -> None:
         self.task = task
         self.lease = lease
         self.attempts = attempts
@@ -57,16 +64,17 @@ class Run:
         self.retried = False
 
     @classmethod
-    def begin(cls, task: Any, args: tuple, kwargs: dict) -> Run:
+    def begin(cls, task: KeyedSerialTask, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Run:
         """Take the slot the message's ticket was granted; raises Ignore when this message may not run."""
         request = task.request
         header = getattr(request, HEADER, None)
         lease, attempts = _join(task, args, kwargs) if header is None else _start(task, header, args, kwargs)
         now = timezone.now()
         process = current()
+        # A run's request always has its task's id: ``cast(str, request.id)`` (celery-types' Context allows None).
         process.recorder.record(
             Transition(
-                request.id,
+                cast(str, request.id),
                 lease.key,
                 lease.ticket,
                 Status.RUNNING,
@@ -85,10 +93,10 @@ class Run:
                 },  # fmt: skip
             )
         )
-        process.leases.hold(lease, request.id, attempts)
+        process.leases.hold(lease, cast(str, request.id), attempts)
         return cls(task, lease, attempts)
 
-    def check_key(self, args: tuple, kwargs: dict) -> None:
+    def check_key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Raise ``InvalidKey`` if the arguments this run received make another key than its ticket's: the
         task's key function read something besides them, or an argument changed form in the message."""
         drift = key_drift(self.task, self.lease.key, args, kwargs)
@@ -98,7 +106,7 @@ class Run:
     def _transition(self, status: str, **fields: Any) -> Transition:
         """This attempt's record moving to ``status``."""
         request_id = self.task.request.id
-        return Transition(request_id, self.lease.key, self.lease.ticket, status, self.attempts, fields)
+        return Transition(cast(str, request_id), self.lease.key, self.lease.ticket, status, self.attempts, fields)
 
     def holds_key(self) -> bool:
         """True while the lease was not lost (one round trip)."""
@@ -125,7 +133,7 @@ class Run:
         options.pop("retries", None)  # a retry is a new task: its own retries count from 0
         headers = {k: v for k, v in (options.get("headers") or {}).items() if k not in (HEADER, ERRORS_HEADER)}
         options["headers"] = headers or None
-        message = gate_message(self.task.name, request.id, request.args or (), request.kwargs or {}, options)
+        message = gate_message(self.task.name, cast(str, request.id), request.args or (), request.kwargs or {}, options)
         return message.encode(self.task.serializer).decode()
 
     def reject(self, exc: Reject) -> None:
@@ -149,7 +157,7 @@ class Run:
         gate = current().gate
         requeued, _ = outlast_restart(lambda: gate.requeue(lease.key, lease.ticket, lease.token))
         if requeued:
-            handoff.local().requeue_kept(task.app, task.request.id, lease.key, lease.ticket)
+            handoff.local().requeue_kept(task.app, cast(str, task.request.id), lease.key, lease.ticket)
             error = "requeued by Reject(requeue=True): its message runs again"
             current().recorder.record(self._transition(Status.RETRYING, error=error))
 
@@ -220,7 +228,9 @@ class Run:
         handoff.local().hand_over(task.app, request, finished.granted)
         return True
 
-    def retry_in_place(self, args: tuple, kwargs: dict, options: dict):
+    def retry_in_place(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], options: dict[str, Any]
+    ) -> AsyncResult[Any]:
         """``self.retry()``: keep the key held through the countdown; the retry runs next."""
         task, lease = self.task, self.lease
         countdown = options.get("countdown") or 0
@@ -252,7 +262,9 @@ class Run:
         return send_to_gate(task.app, task, task_id, args, kwargs, options, keep_slot_for_retry)
 
 
-def _start(task: Any, header: dict, args: tuple, kwargs: dict) -> tuple[Lease, int]:
+def _start(
+    task: KeyedSerialTask, header: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Lease, int]:
     """Start the ticket the message's header names. Its arguments may make another key (``Run.check_key``):
     the gate starts only the ticket's own message (its task id), so a header copied onto another task's
     message is dropped, and a run whose own key function drifted fails holding its key."""
@@ -266,7 +278,7 @@ def _start(task: Any, header: dict, args: tuple, kwargs: dict) -> tuple[Lease, i
             dispatch,
             max_lost=task.max_recoveries,
             block=task.blocks_on_failure,
-            task_id=request.id,
+            task_id=cast(str, request.id),
             interval_ms=task.serial_interval_ms,
         )  # fmt: skip
     )
@@ -282,7 +294,7 @@ def _start(task: Any, header: dict, args: tuple, kwargs: dict) -> tuple[Lease, i
     return Lease(key, ticket, started.token), started.attempts
 
 
-def _join(task: Any, args: tuple, kwargs: dict) -> tuple[Lease, int]:
+def _join(task: KeyedSerialTask, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Lease, int]:
     """A message without a ticket (a delayed task now due, which its worker did not join): take one now."""
     request = task.request
     paced = task.serial_interval_ms > 0  # a granted ticket starts as any other, when its key's rate lets it
@@ -294,7 +306,7 @@ def _join(task: Any, args: tuple, kwargs: dict) -> tuple[Lease, int]:
     return Lease(key, submitted.ticket, submitted.token), 1
 
 
-def send_when_due(task: Any, grant: Grant, wait_seconds: float) -> None:
+def send_when_due(task: KeyedSerialTask, grant: Grant, wait_seconds: float) -> None:
     """A granted ticket its key's rate does not let start yet: its message goes out again, for then.
 
     A worker holds it until then (Celery's ``eta``), in no pool process; if that message is lost,
@@ -312,14 +324,14 @@ def send_when_due(task: Any, grant: Grant, wait_seconds: float) -> None:
 
 
 def join(
-    task: Any,
-    request: Any,
-    args: tuple,
-    kwargs: dict,
+    task: KeyedSerialTask,
+    request: Context,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
     *,
     start: bool,
     wait_out_outage: bool,
-    received: Any = None,
+    received: Message | None = None,
 ) -> tuple[str, SubmitResult | None]:
     """A delayed task now due takes a ticket of its key: the key, and what the gate gave (None: a duplicate).
 
@@ -334,13 +346,13 @@ def join(
     # Carried by the message its grant publishes: that run's record is the join's (see ``Run.begin``).
     options["headers"] = {**(options.get("headers") or {}), JOIN_HEADER: join_id}
     sent = None if received is None else delivered(received, {**received.headers, JOIN_HEADER: join_id})
-    message = gate_message(task.name, request.id, args, kwargs, options, sent)
+    message = gate_message(task.name, cast(str, request.id), args, kwargs, options, sent)
     submitted = take_ticket(
         current().gate,
         task.name,
         key,
         message.encode(task.serializer, blocks=task.blocks_on_failure),
-        task_id=request.id,
+        task_id=cast(str, request.id),
         wait_out_outage=wait_out_outage,
         limit=task.serial_limit,
         start=start,
@@ -351,11 +363,13 @@ def join(
     if submitted is None:
         logger.info("dropping duplicate of %s[%s] key=%r", task.name, request.id, key)
     elif not submitted.granted:
-        current().recorder.record(Transition(request.id, key, submitted.ticket, Status.WAITING, 0, joins=True))
+        current().recorder.record(
+            Transition(cast(str, request.id), key, submitted.ticket, Status.WAITING, 0, joins=True)
+        )
     return key, submitted
 
 
-def key_drift(task: Any, key: str, args: tuple, kwargs: dict) -> InvalidKey | None:
+def key_drift(task: KeyedSerialTask, key: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> InvalidKey | None:
     """The error of a run of ``key`` whose arguments make another key (or none); None if they make ``key``."""
     try:
         made_key = task.key_for(args, kwargs)
@@ -372,7 +386,7 @@ def key_drift(task: Any, key: str, args: tuple, kwargs: dict) -> InvalidKey | No
     )
 
 
-def request_options(request: Any) -> dict:
+def request_options(request: Context) -> dict[str, Any]:
     """The options a worker's ``request`` was sent with, as ``gate_message`` takes them (no delay: it is due)."""
     options = {k: v for k, v in request.as_execution_options().items() if k not in DELAY_OPTIONS}
     routing = request.delivery_info or {}
@@ -393,7 +407,7 @@ def failure_text(exc: BaseException) -> str:
 KILLED_RUN_GRACE_SECONDS = 2.0
 
 
-def end_killed_run(task_id: str, header: dict | None, *, status: str, reason: str) -> bool:
+def end_killed_run(task_id: str, header: dict[str, Any] | None, *, status: str, reason: str) -> bool:
     """Celery is killing a running task's process on purpose (revoked with terminate, hard time limit).
 
     ``header`` is the ticket header of the killed run's message: it names the
