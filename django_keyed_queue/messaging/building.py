@@ -23,9 +23,11 @@ from kombu.serialization import registry  # type: ignore[attr-defined]  # kombu 
 from .message import TaskMessage, gate_message
 
 if TYPE_CHECKING:
-    from celery import Celery, Task
+    from celery import Celery
     from celery.result import AsyncResult
     from kombu import Message, Producer
+
+    from .task_type import KeyedTaskProtocol
 
 #: What Celery passes to ``Producer.publish`` that says how to publish, not what; the rest but the
 #: message's destination, headers and per-call timeouts are its properties.
@@ -81,7 +83,7 @@ class GateProducer:
 
 def send_to_gate(
     app: Celery,
-    task: Task[..., Any] | str,
+    task: KeyedTaskProtocol | str,
     task_id: str,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
@@ -137,7 +139,7 @@ def delivered(message: Message, headers: dict[str, Any]) -> dict[str, Any]:
 
 def build(
     app: Celery,
-    task: Task[..., Any] | str,
+    task: KeyedTaskProtocol | str,
     task_id: str,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],

@@ -26,7 +26,7 @@ from kombu.serialization import dumps, loads, prepare_accept_content
 from ..exceptions import MessageRefused, UnencodableArguments
 
 if TYPE_CHECKING:
-    from ..keyed_task.task import KeyedSerialTask
+    from .task_type import KeyedTaskProtocol
 
 #: Message header carrying a granted ticket: {"key", "ticket", "dispatch"}.
 HEADER = "keyed_queue"
@@ -158,7 +158,7 @@ def ticket_header(key: str, ticket: int, dispatch: int) -> dict[str, Any]:
 
 
 def send_options(
-    task: KeyedSerialTask, args: tuple[Any, ...], kwargs: dict[str, Any], options: dict[str, Any]
+    task: KeyedTaskProtocol, args: tuple[Any, ...], kwargs: dict[str, Any], options: dict[str, Any]
 ) -> dict[str, Any]:
     """The options ``Task.apply_async`` would publish with: the task's own under the caller's.
 
@@ -171,8 +171,7 @@ def send_options(
     sent.update(options)
     sent.setdefault("ignore_result", task.ignore_result)
     if sent.get("shadow") is None:
-        # A task's own shadow_name returns a name; celery-types types only Celery's default, None.
-        sent["shadow"] = task.shadow_name(args, kwargs, options)  # type: ignore[func-returns-value]
+        sent["shadow"] = task.shadow_name(args, kwargs, options)
     expires = sent.get("expires")
     if isinstance(expires, (int, float)) and not isinstance(expires, bool):
         sent["expires"] = timezone.now() + timedelta(seconds=expires)

@@ -24,11 +24,11 @@ from .submit import gate_submission, in_transaction, queue_full, submit, withdra
 if TYPE_CHECKING:
     from kombu import Producer
 
-    from ..keyed_task.task import KeyedSerialTask
+    from ..messaging.task_type import KeyedTaskProtocol
 
 
 def submit_many(
-    task: KeyedSerialTask,
+    task: KeyedTaskProtocol,
     calls: Iterable[object],
     options: dict[str, Any],
     idempotency_keys: Iterable[str | None] | None,
@@ -69,7 +69,7 @@ def submit_many(
     return results
 
 
-def _call_arguments(task: KeyedSerialTask, call: object) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def _call_arguments(task: KeyedTaskProtocol, call: object) -> tuple[tuple[Any, ...], dict[str, Any]]:
     if isinstance(call, dict):
         return (), call
     if isinstance(call, (tuple, list)):
@@ -89,14 +89,14 @@ class _Prepared:
     claimed: bool = False
 
 
-def _prepared(task: KeyedSerialTask, checked: Checked) -> _Prepared:
+def _prepared(task: KeyedTaskProtocol, checked: Checked) -> _Prepared:
     """A checked call with the message Celery builds for it (the publish signals fire now), stored form checked."""
     message, result = build(task.app, task, checked.task_id, checked.args, checked.kwargs, checked.options)
     return _Prepared(checked, message, gate_submission(task, checked.key, message, checked.options), result)
 
 
 def _submit_batch(
-    task: KeyedSerialTask, batch: list[_Prepared], producer: Producer, *, submitted: int
+    task: KeyedTaskProtocol, batch: list[_Prepared], producer: Producer, *, submitted: int
 ) -> list[AsyncResult[Any]]:
     """Claim idempotency keys, take the batch's tickets in one round trip, publish the granted; the results.
 
@@ -138,7 +138,7 @@ def _submit_batch(
     return results
 
 
-def _take_tickets(task: KeyedSerialTask, batch: list[Submission]) -> list[SubmitResult | QueueFull]:
+def _take_tickets(task: KeyedTaskProtocol, batch: list[Submission]) -> list[SubmitResult | QueueFull]:
     """``Gate.submit_many``, asked again when a lost reply may hide tickets taken."""
     call = partial(current().gate.submit_many, batch)
     try:

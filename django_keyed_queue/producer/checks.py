@@ -18,7 +18,7 @@ from ..records import idempotency
 from ..records.columns import TASK_ID_MAX_LENGTH, TASK_NAME_MAX_LENGTH, shown, unstorable
 
 if TYPE_CHECKING:
-    from ..keyed_task.task import KeyedSerialTask
+    from ..messaging.task_type import KeyedTaskProtocol
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class KeyedArguments:
 
 
 def keyed_arguments(
-    task: KeyedSerialTask, args: tuple[Any, ...], kwargs: dict[str, Any], serializer: str | None
+    task: KeyedTaskProtocol, args: tuple[Any, ...], kwargs: dict[str, Any], serializer: str | None
 ) -> KeyedArguments:
     """The arguments as sent, bound, and their key; raises ``InvalidArguments`` or ``InvalidKey``.
 
@@ -63,7 +63,7 @@ def keyed_arguments(
 
 
 def check(
-    task: KeyedSerialTask,
+    task: KeyedTaskProtocol,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     options: dict[str, Any],
@@ -93,7 +93,7 @@ def check(
     return Checked(task_id, call.args, call.kwargs, options, call.key, fingerprint, claimed_with)
 
 
-def check_storable(task: KeyedSerialTask, task_id: object, options: dict[str, Any]) -> None:
+def check_storable(task: KeyedTaskProtocol, task_id: object, options: dict[str, Any]) -> None:
     """Refuse what the submission's record could not hold on some supported database (``InvalidArguments``
     naming the field): the key is checked with the arguments, an idempotency key when it is claimed."""
     fields = {

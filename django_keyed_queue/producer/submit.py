@@ -32,13 +32,13 @@ from ..records.transitions import describe_arguments
 from .checks import check
 
 if TYPE_CHECKING:
-    from ..keyed_task.task import KeyedSerialTask
+    from ..messaging.task_type import KeyedTaskProtocol
 
 logger = logging.getLogger(__name__)
 
 
 def submit(
-    task: KeyedSerialTask,
+    task: KeyedTaskProtocol,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     options: dict[str, Any],
@@ -74,7 +74,7 @@ def in_transaction(using: str | None = None) -> bool:
 
 
 def submit_on_commit(
-    task: KeyedSerialTask,
+    task: KeyedTaskProtocol,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     options: dict[str, Any],
@@ -108,7 +108,7 @@ def submit_on_commit(
 
 
 def _delay(
-    task: KeyedSerialTask,
+    task: KeyedTaskProtocol,
     key: str,
     task_id: str,
     args: tuple[Any, ...],
@@ -124,7 +124,7 @@ def _delay(
 
 
 def _enqueue(
-    task: KeyedSerialTask,
+    task: KeyedTaskProtocol,
     key: str,
     task_id: str,
     args: tuple[Any, ...],
@@ -165,7 +165,7 @@ def _enqueue(
     return send_to_gate(task.app, task, task_id, args, kwargs, options, take_and_publish)
 
 
-def gate_submission(task: KeyedSerialTask, key: str, message: TaskMessage, options: dict[str, Any]) -> Submission:
+def gate_submission(task: KeyedTaskProtocol, key: str, message: TaskMessage, options: dict[str, Any]) -> Submission:
     """What the gate takes for a submission of ``task``: its stored message, its record, its key's limits."""
     row = submission_row(task, key, message, options)
     return Submission(
@@ -175,14 +175,14 @@ def gate_submission(task: KeyedSerialTask, key: str, message: TaskMessage, optio
     )  # fmt: skip
 
 
-def queue_full(task: KeyedSerialTask, full: QueueFull, submission: Submission, then: str = "") -> KeyQueueFull:
+def queue_full(task: KeyedTaskProtocol, full: QueueFull, submission: Submission, then: str = "") -> KeyQueueFull:
     return KeyQueueFull(
         f"{task.name}: key {submission.key!r} has {full.waiting} tasks waiting, the most it may have "
         f"(max_waiting={submission.max_waiting}){then}"
     )
 
 
-def submission_row(task: KeyedSerialTask, key: str, message: TaskMessage, options: dict[str, Any]) -> dict[str, Any]:
+def submission_row(task: KeyedTaskProtocol, key: str, message: TaskMessage, options: dict[str, Any]) -> dict[str, Any]:
     """The fields of the submission's database row, its stored message encoded (refused if too large)."""
     encoded = message.encode(task.serializer, blocks=task.blocks_on_failure)
     limit = settings.MAX_MESSAGE_BYTES
@@ -206,13 +206,13 @@ def submission_row(task: KeyedSerialTask, key: str, message: TaskMessage, option
     }
 
 
-def waiting_limit(task: KeyedSerialTask) -> int:
+def waiting_limit(task: KeyedTaskProtocol) -> int:
     """Most tickets that may wait behind the task's key (0: no limit)."""
     limit = task.max_waiting if task.max_waiting is not None else settings.MAX_WAITING
     return limit or 0
 
 
-def withdraw(task: KeyedSerialTask, key: str, ticket: int, *, forget: bool = False) -> None:
+def withdraw(task: KeyedTaskProtocol, key: str, ticket: int, *, forget: bool = False) -> None:
     """Withdraw the ticket of a submission that failed, and its record; what it frees is dispatched.
 
     ``forget``: no message of it was published, so its number can be given back."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from billiard.einfo import ExceptionWithTraceback  # type: ignore[attr-defined]  # Celery's own import; not in the stubs
 from billiard.exceptions import Terminated, WorkerLostError
@@ -40,7 +40,8 @@ if TYPE_CHECKING:
     from billiard.einfo import ExceptionInfo
     from celery.app.task import Context
 
-    from ..keyed_task.task import KeyedSerialTask
+    from ..messaging.task_type import KeyedTaskProtocol
+
 
 logger = logging.getLogger(__name__)
 
@@ -49,11 +50,10 @@ class KeyedRequest(Request):
     #: This delivery has asked the gate for a ticket (it is a delayed task now due).
     _joined = False
 
-    if TYPE_CHECKING:
-
-        @property
-        def task(self) -> KeyedSerialTask:
-            """Celery's: this request class is a keyed task's own (``KeyedSerialTask.Request``)."""
+    @property
+    def keyed_task(self) -> KeyedTaskProtocol:
+        """Celery's ``task``: this request class is a keyed task's own (``KeyedSerialTask.Request``)."""
+        return cast("KeyedTaskProtocol", self.task)
 
     def revoked(self) -> bool:
         """Celery's check before it sends a message to the pool; also where a delayed task now due joins
@@ -71,7 +71,13 @@ class KeyedRequest(Request):
         try:
             context: Context = self._context  # type: ignore[attr-defined]  # Request's own, not in celery-types
             key, submitted = join(
-                self.task, context, self.args, self.kwargs, start=False, wait_out_outage=False, received=self.message
+                self.keyed_task,
+                context,
+                self.args,
+                self.kwargs,
+                start=False,
+                wait_out_outage=False,
+                received=self.message,
             )
         except Exception:  # a bad key, or the gate unreachable: the run joins from the pool, as it can
             logger.warning("%s[%s] joins its key's queue from its run", self.name, self.id, exc_info=True)
@@ -96,7 +102,7 @@ class KeyedRequest(Request):
             wait, message = get_gate().wait_to_start(key, ticket, dispatch, interval_ms=interval)
             if not wait:
                 return False
-            send_when_due(self.task, Grant(key, ticket, dispatch, message or b""), wait)
+            send_when_due(self.keyed_task, Grant(key, ticket, dispatch, message or b""), wait)
         except Exception:  # the gate or the broker unreachable: the run's start decides, as it can
             logger.warning("%s[%s] is sent to its pool without its rate checked", self.name, self.id, exc_info=True)
             return False

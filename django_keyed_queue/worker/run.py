@@ -47,7 +47,8 @@ if TYPE_CHECKING:
     from celery.result import AsyncResult
     from kombu import Message
 
-    from ..keyed_task.task import KeyedSerialTask
+    from ..messaging.task_type import KeyedTaskProtocol
+
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ TRACEBACK_CHARS = 4000
 
 
 class Run:
-    def __init__(self, task: KeyedSerialTask, lease: Lease, attempts: int) -> None:
+    def __init__(self, task: KeyedTaskProtocol, lease: Lease, attempts: int) -> None:
         self.task = task
         self.lease = lease
         self.attempts = attempts
@@ -64,7 +65,7 @@ class Run:
         self.retried = False
 
     @classmethod
-    def begin(cls, task: KeyedSerialTask, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Run:
+    def begin(cls, task: KeyedTaskProtocol, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Run:
         """Take the slot the message's ticket was granted; raises Ignore when this message may not run."""
         request = task.request
         header = getattr(request, HEADER, None)
@@ -263,7 +264,7 @@ class Run:
 
 
 def _start(
-    task: KeyedSerialTask, header: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    task: KeyedTaskProtocol, header: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[Lease, int]:
     """Start the ticket the message's header names. Its arguments may make another key (``Run.check_key``):
     the gate starts only the ticket's own message (its task id), so a header copied onto another task's
@@ -294,7 +295,7 @@ def _start(
     return Lease(key, ticket, started.token), started.attempts
 
 
-def _join(task: KeyedSerialTask, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Lease, int]:
+def _join(task: KeyedTaskProtocol, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Lease, int]:
     """A message without a ticket (a delayed task now due, which its worker did not join): take one now."""
     request = task.request
     paced = task.serial_interval_ms > 0  # a granted ticket starts as any other, when its key's rate lets it
@@ -306,7 +307,7 @@ def _join(task: KeyedSerialTask, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     return Lease(key, submitted.ticket, submitted.token), 1
 
 
-def send_when_due(task: KeyedSerialTask, grant: Grant, wait_seconds: float) -> None:
+def send_when_due(task: KeyedTaskProtocol, grant: Grant, wait_seconds: float) -> None:
     """A granted ticket its key's rate does not let start yet: its message goes out again, for then.
 
     A worker holds it until then (Celery's ``eta``), in no pool process; if that message is lost,
@@ -324,7 +325,7 @@ def send_when_due(task: KeyedSerialTask, grant: Grant, wait_seconds: float) -> N
 
 
 def join(
-    task: KeyedSerialTask,
+    task: KeyedTaskProtocol,
     request: Context,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
@@ -369,7 +370,7 @@ def join(
     return key, submitted
 
 
-def key_drift(task: KeyedSerialTask, key: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> InvalidKey | None:
+def key_drift(task: KeyedTaskProtocol, key: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> InvalidKey | None:
     """The error of a run of ``key`` whose arguments make another key (or none); None if they make ``key``."""
     try:
         made_key = task.key_for(args, kwargs)
