@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         before_records = used()
         for i in range(args.horizon_keys):
             task_id, copied = copy()
-            record = submissions.record(task_id, "testproject.demo.tasks.step", f"args=('recorded:{i}', 1) kwargs={{}}")
+            arguments = f"args=('recorded:{i}', 1) kwargs={{}}"
+            record = submissions.encode_record(task_id, "testproject.demo.tasks.step", arguments)
             gate.submit(f"recorded:{i}", copied, task_id=task_id, record=record)
         with_records = used()
         written = submissions.write_due(gate)

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def submit() -> None:
             for i in range(n):
-                record = submissions.record(ids[i], "demo.step", f"args=('k{i}', 1) kwargs={{}}")
+                record = submissions.encode_record(ids[i], "demo.step", f"args=('k{i}', 1) kwargs={{}}")
                 gate.submit(f"k{i}", MESSAGE, task_id=ids[i], record=record)
 
         def start() -> None:

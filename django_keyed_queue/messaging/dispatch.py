@@ -80,7 +80,7 @@ class Dispatched:
 def record_dispatched(grant: Grant | Recovery, task_id: str, at: datetime) -> None:
     """Buffer that the granted message of ``task_id`` went out (or that this process kept it to run)."""
     dispatched = Transition(task_id, grant.key, grant.ticket, Status.DISPATCHED, 0, {"dispatched_at": at})
-    current().recorder.record(dispatched)
+    current().recorder.buffer(dispatched)
 
 
 def publish(

@@ -74,7 +74,7 @@ class LeaseKeeper:
                     beat = Transition(
                         run.task_id, lease.key, lease.ticket, Status.RUNNING, run.attempts, {"heartbeat_at": now}
                     )
-                    self._recorder.record(beat)
+                    self._recorder.buffer(beat)
                 else:
                     logger.warning("lease lost key=%r ticket=%s", lease.key, lease.ticket)
                     self._lost.add(lease)

@@ -170,7 +170,7 @@ def gate_submission(task: KeyedTaskProtocol, key: str, message: TaskMessage, opt
     row = submission_row(task, key, message, options)
     return Submission(
         key, row["message"].encode(), message.task_id,
-        record=submissions.record(message.task_id, task.name, row["arguments"]),
+        record=submissions.encode_record(message.task_id, task.name, row["arguments"]),
         limit=task.serial_limit, max_waiting=waiting_limit(task),
     )  # fmt: skip
 

@@ -43,7 +43,7 @@ class Recorder:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
-    def record(self, transition: Transition) -> None:
+    def buffer(self, transition: Transition) -> None:
         with self._lock:
             earlier = self._pending.get(transition.submission)
             self._pending[transition.submission] = earlier.merged_with(transition) if earlier else transition

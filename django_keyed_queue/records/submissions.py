@@ -42,7 +42,7 @@ PAGE_BATCH = 500
 _RECORD_FIELDS = ("task_id", "task_name", "arguments")
 
 
-def record(task_id: str, task_name: str, arguments: str) -> bytes:
+def encode_record(task_id: str, task_name: str, arguments: str) -> bytes:
     """What a submission keeps with its ticket for its row (the key, ticket and time are the gate's)."""
     return json.dumps({"task_id": task_id, "task_name": task_name, "arguments": arguments}).encode()
 

@@ -73,7 +73,7 @@ class Run:
         now = timezone.now()
         process = current()
         # A run's request always has its task's id: ``cast(str, request.id)`` (celery-types' Context allows None).
-        process.recorder.record(
+        process.recorder.buffer(
             Transition(
                 cast(str, request.id),
                 lease.key,
@@ -160,7 +160,7 @@ class Run:
         if requeued:
             handoff.local().requeue_kept(task.app, cast(str, task.request.id), lease.key, lease.ticket)
             error = "requeued by Reject(requeue=True): its message runs again"
-            current().recorder.record(self._transition(Status.RETRYING, error=error))
+            current().recorder.buffer(self._transition(Status.RETRYING, error=error))
 
     def finish(self, status: str, error: str = "") -> bool:
         """End the run at the gate; False if this attempt no longer held its key (fenced)."""
@@ -205,7 +205,7 @@ class Run:
                 finished = FinishResult(Code.BLOCKED)
             elif lease.ticket not in snapshot.holders:
                 logger.warning("finish of key=%r ticket=%s was applied before Redis went away", lease.key, lease.ticket)
-                process.recorder.record(end)
+                process.recorder.buffer(end)
                 # What it granted was never published: publish it now, not after the dispatch
                 # timeout. If a copy did go out, the first to start runs and the other is dropped.
                 granted = [t for t, holder in snapshot.holders.items() if holder.state == "granted"]
@@ -216,7 +216,7 @@ class Run:
                 "%s[%s] failed and blocks key=%r (on_failure='block'): nothing more of the key runs until "
                 "an operator retries or cancels it", task.name, request.id, lease.key,
             )  # fmt: skip
-            process.recorder.record(end)
+            process.recorder.buffer(end)
             return True
         if not finished.ok:
             # The lease was lost and the reaper acted: the record follows the run it dispatched.
@@ -225,7 +225,7 @@ class Run:
                 task.name, request.id, lease.key, lease.ticket,
             )  # fmt: skip
             return False
-        process.recorder.record(end)
+        process.recorder.buffer(end)
         handoff.local().hand_over(task.app, request, finished.granted)
         return True
 
@@ -257,7 +257,7 @@ class Run:
                 return
             self.retried = True
             retrying = with_earlier(f"it retries after: {error}", earlier)
-            current().recorder.record(self._transition(Status.RETRYING, error=retrying))
+            current().recorder.buffer(self._transition(Status.RETRYING, error=retrying))
             send_now(ticket_header(lease.key, lease.ticket, dispatch))
 
         return send_to_gate(task.app, task, task_id, args, kwargs, options, keep_slot_for_retry)
@@ -364,7 +364,7 @@ def join(
     if submitted is None:
         logger.info("dropping duplicate of %s[%s] key=%r", task.name, request.id, key)
     elif not submitted.granted:
-        current().recorder.record(
+        current().recorder.buffer(
             Transition(cast(str, request.id), key, submitted.ticket, Status.WAITING, 0, joins=True)
         )
     return key, submitted

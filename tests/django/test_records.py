@@ -102,8 +102,8 @@ def test_recorder_flushes_in_the_background_within_the_interval():
     make_row(status="dispatched")
     recorder = Recorder()
     with override_settings(KEYED_QUEUE_RECORD_FLUSH_SECONDS=0.05):
-        recorder.record(Transition("t1", "k", 1, "running", 1))
-        recorder.record(Transition("t1", "k", 1, "succeeded", 1, {"error": ""}))
+        recorder.buffer(Transition("t1", "k", 1, "running", 1))
+        recorder.buffer(Transition("t1", "k", 1, "succeeded", 1, {"error": ""}))
         # The background thread has its own connection; in this test's transaction
         # the write is only visible once flushed here, so flush and check the merge.
         recorder.flush()
@@ -126,7 +126,7 @@ def test_a_flush_waits_for_the_background_flush_that_took_its_batch(monkeypatch)
         return apply(transitions, **options)
 
     monkeypatch.setattr(KeyedTask.objects, "apply_setting_aside", slow_first_pass)
-    recorder.record(Transition("t1", "k", 1, "running", 1))
+    recorder.buffer(Transition("t1", "k", 1, "running", 1))
     background = threading.Thread(target=recorder.flush)
     background.start()
     assert taken.wait(5)
@@ -145,8 +145,8 @@ def test_a_record_the_database_refuses_is_dropped_and_the_rest_of_its_batch_writ
     make_row(status="running", ticket=5)  # the join's run wrote its own row, before the join's record
     make_row(task_id="t2", status="dispatched")
     recorder = Recorder()
-    recorder.record(Transition("t1", "k", 5, "waiting", 0, joins=True))  # would give the other row ticket 5
-    recorder.record(Transition("t2", "k", 1, "running", 1))
+    recorder.buffer(Transition("t1", "k", 5, "waiting", 0, joins=True))  # would give the other row ticket 5
+    recorder.buffer(Transition("t2", "k", 1, "running", 1))
     recorder.flush()
     rows = {(r.task_id, r.ticket): r.status for r in KeyedTask.objects.all()}
     assert rows == {("t1", None): "waiting", ("t1", 5): "running", ("t2", 1): "running"}
@@ -192,7 +192,7 @@ def test_the_flusher_thread_outlives_a_database_that_fails(monkeypatch):
     monkeypatch.setattr(recorder_module, "close_old_connections", database_down)
     recorder = Recorder()
     with override_settings(KEYED_QUEUE_RECORD_FLUSH_SECONDS=0.01):
-        recorder.record(Transition("t1", "k", 1, "running", 1))
+        recorder.buffer(Transition("t1", "k", 1, "running", 1))
         wait_until(lambda: len(idle_passes) >= 3, timeout=10, message="idle passes after a failed one")
     assert [t.task_id for t in written] == ["t1"]
 
@@ -238,8 +238,8 @@ def test_a_worker_s_transition_waits_for_its_submission_s_row_then_makes_it(monk
     create = {"task_name": "demo.step", "enqueued_at": timezone.now(), "args": ("k", 1), "kwargs": {}}
     recorder = Recorder()
     recorder._stop.set()  # no background thread: this test flushes
-    recorder.record(Transition("t1", "k", 1, "running", 1, {"worker": "w1"}, create=create))
-    recorder.record(Transition("t2", "k", 2, "running", 1, {"worker": "w1"}, create=create))
+    recorder.buffer(Transition("t1", "k", 1, "running", 1, {"worker": "w1"}, create=create))
+    recorder.buffer(Transition("t2", "k", 2, "running", 1, {"worker": "w1"}, create=create))
     make_row(task_id="t2", ticket=2, status="dispatched")  # t2's submission row is written
 
     recorder.flush()
@@ -250,7 +250,7 @@ def test_a_worker_s_transition_waits_for_its_submission_s_row_then_makes_it(monk
     recorder.flush()
     assert KeyedTask.objects.get(task_id="t1").status == "running" and recorder.peek(("t1", "k", 1)) is None
 
-    recorder.record(Transition("t3", "k", 3, "running", 1, {"worker": "w1"}, create=create))
+    recorder.buffer(Transition("t3", "k", 3, "running", 1, {"worker": "w1"}, create=create))
     recorder.flush()
     time.sleep(0.35)
     recorder.flush()  # no row came: it makes one

@@ -150,7 +150,7 @@ def test_a_worker_transition_the_database_refuses_holds_back_no_other(gate_redis
     recorder = Recorder()
     create = {"task_name": step.name, "enqueued_at": timezone.now(), "args": (), "kwargs": {}}
     for key in ("a", refused_key, "b"):
-        recorder.record(Transition(f"id-{key}", key, 1, Status.RUNNING, 1, {"worker": "w\x00"}, create=create))
+        recorder.buffer(Transition(f"id-{key}", key, 1, Status.RUNNING, 1, {"worker": "w\x00"}, create=create))
     with caplog.at_level(logging.ERROR):
         recorder.flush(wait_for_rows=False)
         recorder.flush(wait_for_rows=False)
@@ -171,7 +171,7 @@ def test_records_validation_missed_are_set_aside_on_postgresql(gate_redis, broke
     """What an older producer or another writer may have kept in the gate, past today's checks."""
     gate = get_gate()
     for key, task_id in (("a\x00b", "id-nul-key"), ("c", "t" * 300), ("d", "nul\x00id")):
-        record = submissions.record(task_id, step.name, "args=()")
+        record = submissions.encode_record(task_id, step.name, "args=()")
         message = json.dumps({"task": step.name, "id": task_id}).encode()
         gate.submit(key, message, task_id=task_id, record=record)
     clean = step.apply_async(("e", 1), queue=QUEUE)
