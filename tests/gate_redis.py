@@ -27,7 +27,8 @@ UNWRITTEN = Index(UNWRITTEN_INDEX, CLUSTER_INDEX_SHARDS if ON_CLUSTER else 1)
 
 
 def connect_to(url: str) -> redis.Redis | RedisCluster:
-    """A client of the tier's Redis, for threads and processes of a test."""
+    """A client of the tier's Redis, for threads and processes of a test; close it with ``gate.clients.close``,
+    which closes a cluster client's node pools too (left open, they warn when collected, in a later test)."""
     return connect(url, cluster=ON_CLUSTER)
 
 

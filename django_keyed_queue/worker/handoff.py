@@ -156,13 +156,10 @@ class LocalHandoff(threading.local):
         """``Reject(requeue=True)`` of a run: if it runs here by local handoff, there is no message for
         the broker to deliver again, so its grant's message is published now, as that delivery."""
         tracing = self.tracing
-        if tracing is None or (tracing.request["id"], tracing.grant.key, tracing.grant.ticket) != (
-            task_id,
-            key,
-            ticket,
-        ):
+        if tracing is None:
             return
-        publish(app, tracing.grant, mark_dispatched=False)
+        if (tracing.request["id"], tracing.grant.key, tracing.grant.ticket) == (task_id, key, ticket):
+            publish(app, tracing.grant, mark_dispatched=False)
 
 
 _local = LocalHandoff()

@@ -14,6 +14,7 @@ import traceback
 import redis
 
 from django_keyed_queue.gate import Gate, Grant
+from django_keyed_queue.gate.clients import close
 from tests.gate_redis import connect_to
 
 READY = "test:ready"
@@ -46,7 +47,7 @@ def submitter(url: str, key: str, name: str, count: int, limit: int) -> None:
         client.rpush(ERRORS, f"{name}: {traceback.format_exc()}")
         raise
     finally:
-        client.close()
+        close(client)  # a cluster client's node pools too
 
 
 def publish(client: redis.Redis, grants: list[Grant]) -> None:
@@ -98,4 +99,4 @@ def worker(url: str, key: str, name: str, limit: int, total: int, stops: int, wo
         client.rpush(ERRORS, f"{name}: {traceback.format_exc()}")
         raise
     finally:
-        client.close()
+        close(client)  # a cluster client's node pools too

@@ -9,6 +9,7 @@ from collections import Counter, defaultdict
 import redis
 
 from django_keyed_queue.gate import Code, Gate, Grant
+from django_keyed_queue.gate.clients import close
 from django_keyed_queue.gate.keys import KeyNames
 from tests.gate_redis import connect_to
 from tests.waiting import wait_until
@@ -170,7 +171,7 @@ def test_duplicate_starts_of_one_ticket_start_it_once(gate, redis_url):
             errors.append(exc)
             barrier.abort()
         finally:
-            client.close()
+            close(client)  # a cluster client's node pools too
 
     threads = [threading.Thread(target=racer) for _ in range(racers)]
     for thread in threads:
@@ -203,7 +204,7 @@ def test_cancel_racing_start_lets_exactly_one_win(gate, redis_url):
                 barrier.wait()
                 got[name] = fn(mine, ticket)
             finally:
-                client.close()
+                close(client)  # a cluster client's node pools too
 
         runners = [
             threading.Thread(target=call, args=("start", lambda g, t: g.start("race", t, 1))),

@@ -10,7 +10,7 @@ import redis
 from redis.crc import key_slot
 
 from django_keyed_queue.gate import Gate, NotSent, ReplicasBehind, Submission
-from django_keyed_queue.gate.clients import connect
+from django_keyed_queue.gate.clients import close, connect
 from django_keyed_queue.gate.keys import KeyNames
 from testproject.topologies import LocalCluster
 from tests.redis_connections import disconnect_clients
@@ -23,7 +23,7 @@ def gate(cluster):
     cluster.flushall()
     client = connect(cluster.url, cluster=True)
     yield Gate(client, lease_seconds=30, dispatch_timeout_seconds=60)
-    client.close()
+    close(client)  # a cluster client's node pools too
 
 
 def _node(port: int) -> redis.Redis:
@@ -142,5 +142,5 @@ def test_each_master_s_replica_acknowledges_a_transition_when_asked(tmp_path):
             with pytest.raises(ReplicasBehind, match="1 of the 2 replicas required"):
                 Gate(client, wait_replicas=2, wait_timeout_seconds=0.2).submit("acct:0", b"m2")
         finally:
-            client.close()
+            close(client)  # a cluster client's node pools too
             disconnect_clients({node.port for node in replicated.nodes})
