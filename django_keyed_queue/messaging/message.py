@@ -4,7 +4,7 @@ A submission, a retry in place and a delayed task joining its key's queue all
 store the message ``gate_message`` makes, with the options ``send_options``
 gives (what ``Task.apply_async`` would publish with). A submission and a retry
 also store the message as Celery built it for the broker (``sent``, see
-``sending``), so that it is published later exactly as built. Arguments are
+``building``), so that it is published later exactly as built. Arguments are
 encoded with the task's serializer at submission, which is also how
 unserializable arguments are refused before anything is written.
 """
@@ -68,7 +68,7 @@ class TaskMessage:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     options: dict[str, Any]
-    #: The message as Celery built it in the process that sent it (None: not built yet; see ``sending``).
+    #: The message as Celery built it in the process that sent it (None: not built yet; see ``building``).
     sent: dict[str, Any] | None = None
 
     def encode(self, default_serializer: str, *, blocks: bool = False) -> bytes:

@@ -1,3 +1,3 @@
-"""The Celery side: the task class, the producer's submission, a run's start, renewal and end, and
-the dispatcher, the one code that publishes a granted ticket or runs it here. ``process`` holds
-everything one OS process keeps."""
+"""The worker's side: a run of a keyed task from its start to its end (``run``), the worker's request
+(``request``), local handoff (``handoff``, ``handoff_runs``), a lost broker connection (``reconnect``)
+and each attempt's error (``attempt_errors``)."""
