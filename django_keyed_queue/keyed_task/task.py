@@ -31,12 +31,16 @@ if TYPE_CHECKING:
     from celery.canvas import Signature
     from celery.result import AsyncResult, EagerResult
 
+    TaskBase = Task[..., Any]
+else:
+    TaskBase = Task  # Celery before 5.5 cannot subscribe Task at run time
+
 logger = logging.getLogger(__name__)
 
 _R = TypeVar("_R")
 
 
-class KeyedSerialTask(Task[..., Any]):
+class KeyedSerialTask(TaskBase):
     """Tasks sharing a key run one at a time (``serial_limit`` at a time), in submission order."""
 
     #: A ``str.format`` template over the task's arguments, or a callable taking them.
