@@ -69,6 +69,7 @@ def check_serial(
     """
     serial = Serial()
     running: dict[str, dict[Hashable, None]] = defaultdict(dict)  # an ordered set: the runs in start order
+    orders: dict[str, _KeyOrder] = {}
     for e in events:
         if e["event"] not in ("start", "end"):
             continue
@@ -78,12 +79,11 @@ def check_serial(
             running[key][this_run] = None
             if len(running[key]) > limit:
                 serial.problems.append(f"key {key}: {list(running[key])} ran at once")
-            started = serial.first_starts[key]
-            if task not in started:
-                started.append(task)
-                order = _accepted_order(accepted, key, task)
-                before = order[: order.index(task)] if task in order else order
-                skipped = [m for m in before if m not in started]
+            if key not in orders:
+                orders[key] = _KeyOrder((accepted or {}).get(key) or None)
+            skipped = orders[key].first_start(task)
+            if skipped is not None:
+                serial.first_starts[key].append(task)
                 if len(skipped) > limit - 1:
                     serial.problems.append(f"key {key}: {task} started before {skipped}")
         else:
@@ -92,11 +92,38 @@ def check_serial(
     return serial
 
 
-def _accepted_order(accepted: Mapping[str, Sequence] | None, key: str, task: Hashable) -> Sequence:
-    order = (accepted or {}).get(key)
-    if order:
-        return order
-    return range(task) if isinstance(task, int) else ()
+class _KeyOrder:
+    """A key's accepted order, and which of its tasks have started: each start costs about the number
+    of tasks it skipped, not the length of the history (a soak's key has thousands of tasks).
+
+    The order is ``accepted`` as given or, without it, task ``n`` after tasks 0 to n - 1. ``frontier``
+    is the first place in it whose task has not started: every task before it has.
+    """
+
+    def __init__(self, accepted: Sequence | None) -> None:
+        self.accepted = accepted
+        self.places: dict[Hashable, int] = {}
+        for place, task in enumerate(accepted or ()):
+            self.places.setdefault(task, place)
+        self.started: set[Hashable] = set()
+        self.frontier = 0
+
+    def first_start(self, task: Hashable) -> list | None:
+        """The tasks accepted before ``task`` that have not started, if this is its first start; else None.
+        A task missing from the accepted order comes after all of it."""
+        if task in self.started:
+            return None
+        self.started.add(task)
+        if self.accepted is not None:
+            end, at = self.places.get(task, len(self.accepted)), self.accepted.__getitem__
+            last = len(self.accepted)
+        elif isinstance(task, int):
+            end, at, last = task, int, None  # task n: after 0 to n - 1
+        else:
+            return []  # no order to keep
+        while (last is None or self.frontier < last) and at(self.frontier) in self.started:
+            self.frontier += 1
+        return [at(place) for place in range(self.frontier, end) if at(place) not in self.started]
 
 
 def assert_serial(
