@@ -140,8 +140,10 @@ def index_commands(index: Index, keys: Iterable[str], score: int, *flags: str) -
 
 
 def grants(key: str, flat: list[Any]) -> list[Grant]:
-    """The tickets a script granted, from its reply's ticket, dispatch, message triples."""
-    return [Grant(key, int(flat[i]), int(flat[i + 1]), flat[i + 2]) for i in range(0, len(flat), 3)]
+    """The tickets a script granted, from its reply's ticket, dispatch, message, pushed quadruples."""
+    return [
+        Grant(key, int(flat[i]), int(flat[i + 1]), flat[i + 2], pushed=flat[i + 3] == 1) for i in range(0, len(flat), 4)
+    ]
 
 
 def text(reply: bytes | str) -> str:

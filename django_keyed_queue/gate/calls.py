@@ -53,14 +53,15 @@ def submit(
     generation_ms: int,
     record: bytes,
     block: bool,
+    wire: bytes,
 ) -> ScriptCall:
     n = KeyNames(key)
     return ScriptCall(
         "submit",
-        [n.meta, n.queue, n.messages, n.holders, n.joined, n.recent, n.recent_older, n.unwritten],
+        [n.meta, n.queue, n.messages, n.holders, n.joined, n.recent, n.recent_older, n.unwritten, n.wires],
         [
             message, limit, dispatch_timeout_ms, lease_ms, join_id, idle_horizon_ms, max_lost,
-            "1" if retried else "", task_id, max_waiting, generation_ms, record, _flag(block),
+            "1" if retried else "", task_id, max_waiting, generation_ms, record, _flag(block), wire,
         ],
     )  # fmt: skip
 
@@ -100,12 +101,13 @@ def finish(
     task_id: str,
     record: bytes,
     block: bool,
+    kept_ms: int,
 ) -> ScriptCall:
     n = KeyNames(key)
     return ScriptCall(
         "finish",
-        [n.meta, n.queue, n.messages, n.holders, n.outcomes],
-        [ticket, token, limit, dispatch_timeout_ms, idle_horizon_ms, task_id, record, _flag(block)],
+        [n.meta, n.queue, n.messages, n.holders, n.outcomes, n.wires],
+        [ticket, token, limit, dispatch_timeout_ms, idle_horizon_ms, task_id, record, _flag(block), kept_ms],
     )
 
 
@@ -113,7 +115,9 @@ def retry(
     key: str, *, ticket: int, token: int, countdown_ms: int, dispatch_timeout_ms: int, message: bytes
 ) -> ScriptCall:
     n = KeyNames(key)
-    return ScriptCall("retry", [n.messages, n.holders], [ticket, token, countdown_ms, dispatch_timeout_ms, message])
+    return ScriptCall(
+        "retry", [n.messages, n.holders, n.wires], [ticket, token, countdown_ms, dispatch_timeout_ms, message]
+    )
 
 
 def requeue(key: str, *, ticket: int, token: int, dispatch_timeout_ms: int) -> ScriptCall:
@@ -136,7 +140,7 @@ def cancel(
     n = KeyNames(key)
     return ScriptCall(
         "cancel",
-        [n.meta, n.queue, n.messages, n.holders, n.recent, n.recent_older, n.unwritten],
+        [n.meta, n.queue, n.messages, n.holders, n.recent, n.recent_older, n.unwritten, n.wires],
         [
             ticket, _or_empty(limit), dispatch_timeout_ms, idle_horizon_ms, _flag(forget), _flag(failed),
             _or_empty(dispatch), task_id, _flag(failed_for_good),
@@ -148,7 +152,7 @@ def unblock(key: str, *, ticket: int, retry: bool, dispatch_timeout_ms: int, idl
     n = KeyNames(key)
     return ScriptCall(
         "unblock",
-        [n.meta, n.queue, n.messages, n.holders],
+        [n.meta, n.queue, n.messages, n.holders, n.wires],
         [ticket, _flag(retry), dispatch_timeout_ms, idle_horizon_ms],
     )
 
@@ -169,7 +173,7 @@ def pause(key: str, *, pause: bool, dispatch_timeout_ms: int, idle_horizon_ms: i
     n = KeyNames(key)
     return ScriptCall(
         "pause",
-        [n.meta, n.queue, n.messages, n.holders],
+        [n.meta, n.queue, n.messages, n.holders, n.wires],
         [_flag(pause), dispatch_timeout_ms, idle_horizon_ms, paused_by],
     )
 
@@ -202,7 +206,7 @@ def reap(
     n = KeyNames(key)
     return ScriptCall(
         "reap",
-        [n.meta, n.queue, n.messages, n.holders, n.outcomes, n.scan_cursors],
+        [n.meta, n.queue, n.messages, n.holders, n.outcomes, n.scan_cursors, n.wires],
         [
             dispatch_timeout_ms, idle_horizon_ms, _flag(dry_run), outcome_grace_ms,
             _or_empty(release), _or_empty(republish_before), _or_empty(released_dispatch),
@@ -238,5 +242,5 @@ def stage_rebuild(staged: Sequence[str], *, keep_ms: int, waiting: Iterable[tupl
 def rebuild(key: str, staged: Sequence[str], *, last_ticket: int, limit: int, dispatch_timeout_ms: int) -> ScriptCall:
     n = KeyNames(key)
     return ScriptCall(
-        "rebuild", [n.meta, n.queue, n.messages, n.holders, *staged], [last_ticket, limit, dispatch_timeout_ms]
+        "rebuild", [n.meta, n.queue, n.messages, n.holders, *staged, n.wires], [last_ticket, limit, dispatch_timeout_ms]
     )

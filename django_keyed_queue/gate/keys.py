@@ -87,6 +87,12 @@ class KeyNames:
         return f"{self.base}:messages"
 
     @property
+    def wires(self) -> str:
+        """HASH ticket -> its message as the broker's queue takes it, a template the grant fills
+        (kept only where the gate's Redis is the broker's; see ``messaging/wire.py``)."""
+        return f"{self.base}:wires"
+
+    @property
     def holders(self) -> str:
         """HASH ticket -> holder record, one per occupied slot."""
         return f"{self.base}:holders"
@@ -131,7 +137,7 @@ class KeyNames:
         return [f"{self.base}:rebuild:{rebuild}:queue", f"{self.base}:rebuild:{rebuild}:messages"]
 
     def all(self) -> list[str]:
-        return [self.meta, self.queue, self.messages, self.holders]
+        return [self.meta, self.queue, self.messages, self.holders, self.wires]
 
 
 @dataclass(frozen=True)

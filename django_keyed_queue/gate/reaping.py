@@ -184,13 +184,19 @@ class ReaperCalls(GateBase):
 
 
 def _recoveries(key: str, reply: list[Any]) -> list[Recovery]:
-    """``reap.lua``'s reply after its next deadline: action, ticket, dispatch, attempts, message, repeated."""
+    """``reap.lua``'s reply after its next deadline: action, ticket, dispatch, attempts, message, pushed, repeated."""
     flat = reply[1:]
     return [
         Recovery(
-            key, RecoveryAction(flat[i].decode()), int(flat[i + 1]), int(flat[i + 2]), int(flat[i + 3]), flat[i + 4]
-        )
-        for i in range(0, len(flat), 5)
+            key,
+            RecoveryAction(flat[i].decode()),
+            int(flat[i + 1]),
+            int(flat[i + 2]),
+            int(flat[i + 3]),
+            flat[i + 4],
+            pushed=flat[i + 5] == 1,
+        )  # fmt: skip
+        for i in range(0, len(flat), 6)
     ]
 
 

@@ -16,12 +16,14 @@ HolderState = Literal["running", "granted", "blocked"]
 
 @dataclass(frozen=True)
 class Grant:
-    """A ticket the gate just granted: its message must now be published."""
+    """A ticket the gate just granted: its message must now be published, unless the gate pushed it."""
 
     key: str
     ticket: int
     dispatch: int
     message: bytes
+    #: The gate pushed its message onto the broker's queue as it granted it (see ``messaging/wire.py``).
+    pushed: bool = False
 
 
 class QueueFull(Exception):
@@ -42,6 +44,8 @@ class Submission:
     record: bytes = b""
     limit: int = 1
     max_waiting: int = 0
+    #: The message's broker template (``messaging/wire.py``); empty: none, its grant is published.
+    wire: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,8 @@ class SubmitResult:
     granted: bool
     #: Fencing token when the submission also started the ticket, else 0.
     token: int = 0
+    #: Granted, and its message pushed onto the broker's queue by the same call.
+    pushed: bool = False
 
 
 @dataclass(frozen=True)
@@ -156,6 +162,8 @@ class Recovery:
     dispatch: int
     attempts: int
     message: bytes | None
+    #: The gate pushed its message onto the broker's queue as it recovered it.
+    pushed: bool = False
 
     @property
     def publishes(self) -> bool:

@@ -41,6 +41,7 @@ class TicketCalls(GateBase):
         retried: bool = False,
         max_waiting: int = 0,
         record: bytes = b"",
+        wire: bytes = b"",
     ) -> SubmitResult | None:
         """Take the next ticket of ``key`` and store ``message`` with it.
 
@@ -55,10 +56,12 @@ class TicketCalls(GateBase):
         would wait behind that many others.
         A non-empty ``record`` is kept with the ticket until :meth:`forget_unwritten`
         (see :meth:`claim_unwritten`).
+        A non-empty ``wire`` (``messaging/wire.py``) is pushed onto the broker's queue by the call
+        that grants the ticket (``SubmitResult.pushed``, ``Grant.pushed``).
         """
         call = self._submit_call(
             key, message, limit=limit, lease_ms=self.lease_ms if start else 0, join_id=join_id, max_lost=max_lost,
-            block=block, task_id=task_id, retried=retried, max_waiting=max_waiting, record=record,
+            block=block, task_id=task_id, retried=retried, max_waiting=max_waiting, record=record, wire=wire,
         )  # fmt: skip
         [reply] = self._pipelined([call], index=key, also=self._index_unwritten([key] if record else []))
         if reply[0] == Code.DUPLICATE:
@@ -85,6 +88,7 @@ class TicketCalls(GateBase):
                 retried=retried,
                 max_waiting=s.max_waiting,
                 record=s.record,
+                wire=s.wire,
             )  # fmt: skip
             for s in submissions
         ]
@@ -108,13 +112,14 @@ class TicketCalls(GateBase):
         retried: bool,
         max_waiting: int,
         record: bytes,
+        wire: bytes = b"",
     ) -> calls.ScriptCall:
         """``submit.lua``'s call with this gate's durations filled in."""
         return calls.submit(
             key, message=message, limit=limit, dispatch_timeout_ms=self.dispatch_timeout_ms, lease_ms=lease_ms,
             join_id=join_id, idle_horizon_ms=self.idle_horizon_ms, max_lost=max_lost, retried=retried,
             task_id=task_id, max_waiting=max_waiting, generation_ms=seconds_to_ms(RECENT_SUBMISSION_SECONDS),
-            record=record, block=block,
+            record=record, block=block, wire=wire,
         )  # fmt: skip
 
     def start(
@@ -172,8 +177,13 @@ class TicketCalls(GateBase):
         limit: int = 1,
         outcome: Outcome | None = None,
         block: bool = False,
+        keep_first_seconds: float = 0.0,
     ) -> FinishResult:
-        """End a running ticket and grant the next ones; their messages are returned.
+        """End a running ticket and grant the next ones; their messages are returned (each pushed to the
+        broker already where the producer left a template: ``Grant.pushed``).
+
+        ``keep_first_seconds`` > 0: the caller keeps the first grant to run it itself (a worker's local
+        handoff): it is not pushed, and the reaper publishes it if it has not started within that long.
 
         ``outcome`` is kept with the key until
         :meth:`forget_outcomes`; the reaper hands back outcomes left too long.
@@ -184,9 +194,13 @@ class TicketCalls(GateBase):
         call = calls.finish(
             key, ticket=ticket, token=token, limit=limit, dispatch_timeout_ms=self.dispatch_timeout_ms,
             idle_horizon_ms=self.idle_horizon_ms, task_id=outcome.task_id if outcome else "",
-            record=outcome.record if outcome else b"", block=block,
+            record=outcome.record if outcome else b"", block=block, kept_ms=seconds_to_ms(keep_first_seconds),
         )  # fmt: skip
-        [reply] = self._pipelined([call], index=key, also=[("SADD", BLOCKED_KEYS, key)] if block else ())
+        # A kept grant's deadline may be sooner than the index's hint: index it by then.
+        within = seconds_to_ms(keep_first_seconds) if keep_first_seconds > 0 else None
+        [reply] = self._pipelined(
+            [call], index=key, index_within_ms=within, also=[("SADD", BLOCKED_KEYS, key)] if block else ()
+        )
         result = FinishResult(Code(reply[0]), grants(key, reply[1:]))
         granted = [g.ticket for g in result.granted]
         logger.debug("finish key=%r ticket=%s code=%s granted=%s", key, ticket, result.code.name, granted)
@@ -301,9 +315,9 @@ class TicketCalls(GateBase):
 
 
 def _submit_result(key: str, reply: list[Any]) -> SubmitResult | QueueFull:
-    code, ticket, token, _ = reply
+    code, ticket, token, _, pushed = reply
     if code == Code.QUEUE_FULL:
         return QueueFull(key, int(ticket))
-    result = SubmitResult(ticket=int(ticket), granted=code == Code.OK, token=int(token))
+    result = SubmitResult(ticket=int(ticket), granted=code == Code.OK, token=int(token), pushed=pushed == 1)
     logger.debug("submit key=%r ticket=%s granted=%s", key, result.ticket, result.granted)
     return result

@@ -20,6 +20,7 @@ from django.core.exceptions import ImproperlyConfigured
 from kombu import Queue
 from kombu.serialization import registry  # type: ignore[attr-defined]  # kombu exports it; its stubs do not
 
+from . import wire
 from .message import TaskMessage, gate_message
 
 if TYPE_CHECKING:
@@ -38,8 +39,21 @@ LOCAL_PUBLISH_OPTIONS = ("timeout", "confirm_timeout")
 #: Properties of a delivered message that Celery set when it published it (the rest are the transport's).
 DELIVERED_PROPERTIES = ("correlation_id", "reply_to", "priority")
 
-#: Sends the message Celery built to the broker now, with a ticket's header added.
-SendNow = Callable[[dict[str, Any]], None]
+
+class SendNow:
+    """The message Celery built, on its way to the broker: published now with a ticket's header
+    (``send_now(header)``), or given to the gate as a template it pushes when it grants (``wire``)."""
+
+    def __init__(self, app: Celery, message: TaskMessage, producer: Producer) -> None:
+        self._app, self._message, self._producer = app, message, producer
+
+    def __call__(self, header: dict[str, Any]) -> None:
+        publish_stored(self._app, self._message, header, self._producer)
+
+    def wire(self, key: str, gate_client: Any) -> bytes:
+        return gate_wire(self._app, self._message, key, self._producer, gate_client)
+
+
 #: What the gate does with a message Celery built: stores it, and may send it now with a ticket's header.
 ToGate = Callable[[TaskMessage, SendNow], None]
 
@@ -78,7 +92,7 @@ class GateProducer:
             "properties": publish,
         }
         stored = gate_message(headers["task"], self._task_id, tuple(args), kwargs, self._options, sent)
-        self._to_gate(stored, lambda header: publish_stored(self._app, stored, header, self._producer))
+        self._to_gate(stored, SendNow(self._app, stored, self._producer))
 
 
 def send_to_gate(
@@ -170,19 +184,31 @@ def publish_stored(app: Celery, message: TaskMessage, header: dict[str, Any], pr
     Every broker message of a keyed task that the gate granted goes out here: the producer's
     own submission granted at once, and every grant the dispatcher publishes later.
     """
+    body, publish = publish_arguments(app, message, header)
+    with app.producer_or_acquire(producer) as real:
+        real.publish(body, **publish)
+
+
+def gate_wire(app: Celery, message: TaskMessage, key: str, producer: Producer, gate_client: Any) -> bytes:
+    """The template the gate pushes when it grants ``key``'s ticket of ``message`` (see ``wire``);
+    empty where it cannot push it (its grant is published from here, ``publish_stored``)."""
+    body, publish = publish_arguments(app, message, {})
+    return wire.template(producer, gate_client, key, body, publish) or b""
+
+
+def publish_arguments(app: Celery, message: TaskMessage, header: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """What kombu's ``Producer.publish`` is given for a stored message, with ``header`` added: body, arguments."""
     message = with_celery_message(app, message)
     sent = message.sent
     assert sent is not None
     publish = {**sent["properties"], **{name: value for name, value in sent["publish"].items() if value is not None}}
-    with app.producer_or_acquire(producer) as real:
-        real.publish(
-            (list(message.args), message.kwargs, sent["embed"]),
-            exchange=sent["exchange"],
-            routing_key=sent["routing_key"],
-            declare=_queues(app, sent["declare"]),
-            headers={**sent["headers"], **header},
-            **publish,
-        )
+    return (list(message.args), message.kwargs, sent["embed"]), {
+        **publish,
+        "exchange": sent["exchange"],
+        "routing_key": sent["routing_key"],
+        "declare": _queues(app, sent["declare"]),
+        "headers": {**sent["headers"], **header},
+    }
 
 
 def _queues(app: Celery, names: list[str]) -> list[Queue]:

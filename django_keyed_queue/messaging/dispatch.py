@@ -100,6 +100,16 @@ def publish(
     task fails and its key moves on; the tickets granted in its place are
     appended to ``then``, or published now.
     """
+    if grant.pushed and countdown <= 0:
+        # The gate pushed it onto the broker's queue as it granted it: only the record is left.
+        try:
+            task_id = TaskMessage.peek(grant.message)[1]  # type: ignore[arg-type]  # a grant's message
+        except MessageRefused:
+            pass  # below, its task fails and its ticket is withdrawn: the pushed copy cannot start
+        else:
+            if mark_dispatched:
+                record_dispatched(grant, task_id, timezone.now())
+            return Published.SENT
     try:
         # A recovery without a message is refused too: peek's json.loads(None) raises TypeError.
         message = TaskMessage.decode(grant.message, app.conf.accept_content)  # type: ignore[arg-type]

@@ -27,6 +27,7 @@ from django.dispatch import receiver
 from ..conf import PREFIX, settings
 from ..exceptions import ActionRefused
 from ..keyed_task.task import KeyedSerialTask
+from ..messaging import wire
 from ..messaging.message import HEADER
 from ..process.state import WorkerTraits, current, note_worker
 from ..records.statuses import Status
@@ -139,6 +140,8 @@ def _settings_changed(setting: str, **_: object) -> None:
 def _start_worker_reaper(sender=None, **_: object) -> None:
     """Every worker reaps, so recovery needs no beat process; reapers racing are safe."""
     reaper = getattr(sender.controller, "keyed_queue_reaper", None)
+    with sender.app.connection_for_write() as connection:
+        logger.info("keyed queue: %s", wire.describe(current().gate.client, connection))
     if reaper is not None:
         reaper.start()
         # Submissions' rows are written by the workers (see ``records.submissions``).

@@ -4,7 +4,7 @@ per batch for their tickets; what a failed step had not published is withdrawn."
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -13,7 +13,7 @@ from celery.result import AsyncResult
 from ..conf import settings
 from ..exceptions import GateUnavailable, InvalidArguments
 from ..gate import NotSent, QueueFull, Submission, SubmitResult
-from ..messaging.building import build, publish_stored
+from ..messaging.building import build, gate_wire, publish_stored
 from ..messaging.message import TaskMessage, is_delayed, ticket_header
 from ..process.outage import asked_again
 from ..process.state import current
@@ -61,9 +61,9 @@ def submit_many(
             submit(task, *call, {**options, "task_id": c.task_id}, key)
             for call, c, key in zip(arguments, checked, keys, strict=True)
         ]
-    prepared = [_prepared(task, c) for c in checked]
     results: list[AsyncResult[Any]] = []
     with task.app.producer_or_acquire(options.get("producer")) as producer:
+        prepared = [_prepared(task, c, producer) for c in checked]
         for start in range(0, len(prepared), batch_size):
             results += _submit_batch(task, prepared[start : start + batch_size], producer, submitted=len(results))
     return results
@@ -89,10 +89,13 @@ class _Prepared:
     claimed: bool = False
 
 
-def _prepared(task: KeyedTaskProtocol, checked: Checked) -> _Prepared:
+def _prepared(task: KeyedTaskProtocol, checked: Checked, producer: Producer) -> _Prepared:
     """A checked call with the message Celery builds for it (the publish signals fire now), stored form checked."""
     message, result = build(task.app, task, checked.task_id, checked.args, checked.kwargs, checked.options)
-    return _Prepared(checked, message, gate_submission(task, checked.key, message, checked.options), result)
+    submission = gate_submission(task, checked.key, message, checked.options)
+    gate_client = current().gate.client
+    submission = replace(submission, wire=gate_wire(task.app, message, checked.key, producer, gate_client))
+    return _Prepared(checked, message, submission, result)
 
 
 def _submit_batch(
@@ -123,7 +126,7 @@ def _submit_batch(
         try:
             if isinstance(outcome, QueueFull):
                 raise queue_full(task, outcome, item.submission)
-            if outcome.granted:
+            if outcome.granted and not outcome.pushed:
                 publish_stored(task.app, item.message, ticket_header(key, outcome.ticket, 1), producer)
         except BaseException as exc:
             later = list(zip(sending[i:], outcomes[i:], strict=True))

@@ -136,17 +136,18 @@ def _enqueue(
 
     def take_and_publish(message: TaskMessage, send_now: SendNow) -> None:
         sub = gate_submission(task, key, message, options)
+        gate = current().gate
         try:
             submitted = take_ticket(
-                current().gate, task.name, key, sub.message, task_id=task_id, limit=sub.limit,
-                max_waiting=sub.max_waiting, record=sub.record,
+                gate, task.name, key, sub.message, task_id=task_id, limit=sub.limit,
+                max_waiting=sub.max_waiting, record=sub.record, wire=send_now.wire(key, gate.client),
             )  # fmt: skip
         except QueueFull as full:
             raise queue_full(task, full, sub, "; nothing was submitted") from full
         except redis.RedisError as exc:
             raise GateUnavailable(f"{task.name}: the keyed queue's Redis is unreachable: {exc}") from exc
         assert submitted is not None  # only joins can be duplicates
-        if not submitted.granted:
+        if not submitted.granted or submitted.pushed:
             return
         try:
             send_now(ticket_header(key, submitted.ticket, 1))

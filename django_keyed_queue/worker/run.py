@@ -183,6 +183,7 @@ class Run:
         end = buffered.merged_with(end) if buffered else end
         end.outcome_key = lease.key
         outcome = Outcome(end.outcome_field, end.to_json())
+        keep_seconds = handoff.local().keep_seconds(request, gate.lease_ms / 1000)
         try:
             finished, retried = outlast_restart(
                 lambda: gate.finish(
@@ -192,6 +193,7 @@ class Run:
                     limit=task.serial_limit,
                     outcome=outcome,
                     block=status == Status.FAILED and task.blocks_on_failure,
+                    keep_first_seconds=keep_seconds,
                 )  # fmt: skip
             )
         except redis.RedisError:

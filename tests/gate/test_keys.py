@@ -40,7 +40,7 @@ TRICKY_KEYS = [
 
 def _names(key: str) -> list[str]:
     names = KeyNames(key)
-    return [names.meta, names.queue, names.messages, names.holders, names.joined]
+    return [names.meta, names.queue, names.messages, names.holders, names.joined, names.wires]
 
 
 @pytest.mark.parametrize("key", TRICKY_KEYS)
@@ -78,12 +78,13 @@ def test_all_names_of_a_key_hash_to_one_slot(key):
 
 def test_names_of_one_key_are_distinct():
     for key in TRICKY_KEYS:
-        assert len(set(_names(key))) == 5
+        assert len(set(_names(key))) == 6
     assert KeyNames("k").all() == [
         KeyNames("k").meta,
         KeyNames("k").queue,
         KeyNames("k").messages,
         KeyNames("k").holders,
+        KeyNames("k").wires,
     ]
 
 

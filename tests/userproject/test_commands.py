@@ -92,20 +92,38 @@ class CreatesAFile:
 
 
 def test_resume_never_unpickles_a_parked_message_rewritten_in_redis(make_project, user_redis, tmp_path):
-    project = make_project()
+    # Both copies the gate keeps of ticket 1 are rewritten: its stored message, and the broker message
+    # the gate pushes when it grants it (one Redis: messaging/wire.py). The push reaches a worker,
+    # which refuses it (accept_content); the reaper then publishes the stored one, which the
+    # dispatcher refuses: the task fails and its key moves on.
+    project = make_project(KEYED_QUEUE_DISPATCH_TIMEOUT_SECONDS=2)
     project.worker("a")
     project.manage("keyed_queue_pause", "acct:0")
     first, second = accepted_by(project.produce("step", 2, 1, 0, 0.05))
-    body = pickle.dumps({"args": [], "kwargs": {}, "options": {}, "x": CreatesAFile(str(tmp_path / "ran"))})
+    pickled = pickle.dumps({"args": [], "kwargs": {}, "options": {}, "x": CreatesAFile(str(tmp_path / "ran"))})
     forged = {"task": "shop.tasks.step", "id": first["id"], "content_type": "application/x-python-serialize"}
-    forged.update(encoding="binary", body=base64.b64encode(body).decode())
+    forged.update(encoding="binary", body=base64.b64encode(pickled).decode())
+    header = {"key": "acct:0", "ticket": 1, "dispatch": 1}
+    pushed = {
+        "body": base64.b64encode(pickle.dumps(([CreatesAFile(str(tmp_path / "ran"))], {}, {}))).decode(),
+        "content-encoding": "binary",
+        "content-type": "application/x-python-serialize",
+        "headers": {"lang": "py", "task": "shop.tasks.step", "id": first["id"], "keyed_queue": header},
+        "properties": {
+            "body_encoding": "base64", "delivery_tag": "forged", "priority": 0,
+            "delivery_info": {"exchange": "", "routing_key": "celery"},
+        },
+    }  # fmt: skip
     with redis.Redis.from_url(f"{user_redis.url}/0") as gate:
+        assert gate.hexists("keyed_queue:{acct:0}:wires", 1), "one Redis: the gate keeps the broker message"
         gate.hset("keyed_queue:{acct:0}:messages", 1, json.dumps(forged))
+        gate.hset(
+            "keyed_queue:{acct:0}:wires", 1, "\0".join(["w1", "", "celery", "", "", "\x06\x16", json.dumps(pushed)])
+        )
 
-    resumed = project.manage("keyed_queue_resume", "acct:0", check=False)
-    assert resumed.returncode == 1 and "1 failed: their stored message is not one the app accepts" in resumed.stderr
+    project.manage("keyed_queue_resume", "acct:0")
+    check_run(project, [second], timeout=30)  # the key moved on to the next task
     assert not (tmp_path / "ran").exists(), "the payload was never unpickled"
-    check_run(project, [second], timeout=15)  # the key moved on to the next task
     row = project.rows()[first["id"]]
     assert row["status"] == "failed" and "not in accept_content" in row["error"]
 

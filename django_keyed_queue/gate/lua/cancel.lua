@@ -5,6 +5,7 @@
   KEYS[1] meta      KEYS[2] queue      KEYS[3] messages      KEYS[4] holders
   KEYS[5] recent    KEYS[6] recent, older generation (the task ids submit remembers)
   KEYS[7] unwritten (submission records whose rows are not written yet)
+  KEYS[8] wires     HASH ticket -> its message's broker template (see common.lua's push_granted)
   ARGV[1] ticket
   ARGV[2] limit: slots per key; '' = the key's own, kept at submission
   ARGV[3] dispatch_timeout_ms
@@ -18,8 +19,8 @@
           whose stored message says its task blocks its key on failure ("on_failure": "block")
           is blocked instead of withdrawn
 
-  Returns {code, ticket1, dispatch1, message1, ...}
-    code 0 OK           withdrawn; the listed tickets are now granted and must be published
+  Returns {code, ticket1, dispatch1, message1, pushed1, ...}
+    code 0 OK           withdrawn; the listed tickets are now granted: those not pushed must be published
     code 2 NOT_GRANTED  the ticket is unknown to the gate (finished or never taken)
     code 6 RUNNING      the ticket is running; nothing changed
     code 11 BLOCKED     the ticket failed and blocks its key (unblock.lua withdraws it): it did before
@@ -75,7 +76,7 @@ if forget then
     end
   end
 end
-redis.call('HDEL', messages_key, ticket)
+drop_message(messages_key, KEYS[8], ticket)
 if ARGV[6] == '1' then
   redis.call('HDEL', KEYS[7], ticket)
 end
@@ -86,7 +87,7 @@ if forget and tonumber(redis.call('HGET', meta_key, 'seq')) == tonumber(ticket) 
     redis.call('DEL', meta_key)
   end
 end
-local out = grant_waiting(meta_key, queue_key, messages_key, holders_key, limit,
+local out = grant_waiting(meta_key, queue_key, messages_key, holders_key, KEYS[8], limit,
   now_ms() + dispatch_timeout, {0})
 expire_if_idle(meta_key, queue_key, holders_key, horizon)
 return out

@@ -8,6 +8,7 @@
 
   KEYS[1] meta      KEYS[2] queue      KEYS[3] messages      KEYS[4] holders
   KEYS[5] outcomes  HASH task id -> "<finished ms>|<record of the run's end>"
+  KEYS[6] wires     HASH ticket -> its message's broker template (see common.lua's push_granted)
   ARGV[1] ticket
   ARGV[2] token: fencing token of the finishing attempt
   ARGV[3] limit: slots per key
@@ -16,9 +17,11 @@
   ARGV[6] task_id: task id of the run ('' = keep no outcome)
   ARGV[7] record: the record of the run's end (opaque)
   ARGV[8] block: '1' = the run failed for good and its task blocks its key on failure: block it
+  ARGV[9] kept_ms: > 0 = the caller keeps the first grant to run it itself: it is not pushed, and
+          is published again this long from now if it has not started (0 = push every grant)
 
-  Returns {code, ticket1, dispatch1, message1, ticket2, ...}
-    code 0 OK           finished; the listed tickets are now granted and must be published
+  Returns {code, ticket1, dispatch1, message1, pushed1, ticket2, ...}
+    code 0 OK           finished; the listed tickets are now granted: those not pushed must be published
     code 5 STALE_TOKEN  the caller no longer holds the ticket (fenced); nothing changed
     code 11 BLOCKED     it failed and now blocks its key
 ]]
@@ -46,8 +49,8 @@ if ARGV[8] == '1' then
   return {11}
 end
 redis.call('HDEL', holders_key, ticket)
-redis.call('HDEL', messages_key, ticket)
-local out = grant_waiting(meta_key, queue_key, messages_key, holders_key, limit,
-  now + dispatch_timeout, {0})
+drop_message(messages_key, KEYS[6], ticket)
+local out = grant_waiting(meta_key, queue_key, messages_key, holders_key, KEYS[6], limit,
+  now + dispatch_timeout, {0}, tonumber(ARGV[9]))
 expire_if_idle(meta_key, queue_key, holders_key, horizon)
 return out

@@ -12,6 +12,7 @@
 
   KEYS[1] meta      KEYS[2] queue      KEYS[3] messages      KEYS[4] holders
   KEYS[5] outcomes  KEYS[6] scan cursors
+  KEYS[7] wires     HASH ticket -> its message's broker template (see common.lua's push_granted)
   ARGV[1] dispatch_timeout_ms
   ARGV[2] idle_horizon_ms
   ARGV[3] dry_run: dry run (1 = report what would be done, change nothing)
@@ -25,12 +26,14 @@
   ARGV[7] released_dispatch: with ARGV[5]: the dispatch of the ticket the operator released ('' = any):
           a ticket that moved on since (released already, started again) is left alone
 
-  Returns {next_deadline_ms, action1, ticket1, dispatch1, attempts1, message1, action2, ...}
+  Returns {next_deadline_ms, action1, ticket1, dispatch1, attempts1, message1, pushed1, action2, ...}
     next_deadline_ms  earliest deadline left among the key's holders, -1 if none
     action  'redispatch' | 'fail' | 'republish'  (publish message with dispatch, or fail the ticket)
             'block'                              (it failed and now blocks its key)
             'grant'                              (a parked ticket took a freed slot: publish it)
             'outcome'                            (message is an unwritten record of a finished run)
+    pushed  1 = the message was pushed to the broker here (see push_granted); 0 = publish it
+            (a 'republish' never is: its template is dropped, and its stored message is published)
 ]]
 --- @include "common"
 
@@ -76,26 +79,35 @@ for i = 1, #holders, 2 do
         block_ticket(meta_key, holders_key, ticket, holder)
       elseif action == 'fail' then
         redis.call('HDEL', holders_key, ticket)
-        redis.call('HDEL', messages_key, ticket)
+        drop_message(messages_key, KEYS[7], ticket)
         freed = true
       else
         redis.call('HSET', holders_key, ticket, encode_holder(holder))
       end
     end
+    local pushed = 0
+    if not dry_run and action == 'redispatch' then
+      pushed = push_granted(KEYS[7], ticket, holder.dispatch) > 0 and 1 or 0
+    elseif not dry_run and action == 'republish' then
+      -- Granted and never started: the message the gate pushed may be one no worker accepts (a
+      -- template rewritten in Redis). The caller publishes it from the stored message, which it
+      -- validates; a bad one fails its task and its key moves on.
+      redis.call('HDEL', KEYS[7], ticket)
+    end
     local n = #out
-    out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] =
-      action, tonumber(ticket), holder.dispatch, holder.attempts, message
+    out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5], out[n + 6] =
+      action, tonumber(ticket), holder.dispatch, holder.attempts, message, pushed
   end
 end
 
 if freed then
   local limit = tonumber(redis.call('HGET', meta_key, 'limit') or '1')
-  local granted = grant_waiting(meta_key, queue_key, messages_key, holders_key, limit,
+  local granted = grant_waiting(meta_key, queue_key, messages_key, holders_key, KEYS[7], limit,
     now + dispatch_timeout, {})
-  for i = 1, #granted, 3 do
+  for i = 1, #granted, 4 do
     local n = #out
-    out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] =
-      'grant', granted[i], granted[i + 1], 0, granted[i + 2]
+    out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5], out[n + 6] =
+      'grant', granted[i], granted[i + 1], 0, granted[i + 2], granted[i + 3]
   end
   expire_if_idle(meta_key, queue_key, holders_key, horizon)
 end
@@ -117,7 +129,7 @@ for i = 1, #outcomes, 2 do
   local at, record = string.match(outcomes[i + 1], '^(%d+)|(.*)$')
   if tonumber(at) + grace <= now then
     local n = #out
-    out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] = 'outcome', 0, 0, 0, record
+    out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5], out[n + 6] = 'outcome', 0, 0, 0, record, 0
   end
   -- Look again once it is due, or to see it was deleted.
   if out[1] < 0 or now + grace < out[1] then

@@ -8,11 +8,12 @@
 
   KEYS[1] meta      KEYS[2] queue      KEYS[3] messages      KEYS[4] holders
   KEYS[5] staged queue      KEYS[6] staged messages
+  KEYS[7] wires     HASH ticket -> its message's broker template (a rebuilt key has none)
   ARGV[1] last_ticket: last ticket ever taken for the key (new tickets continue after it)
   ARGV[2] limit: slots per key
   ARGV[3] dispatch_timeout_ms
 
-  Returns {code, ticket1, dispatch1, message1, ...}
+  Returns {code, ticket1, dispatch1, message1, pushed1, ...}
     code 0 OK      restored; the listed tickets are granted and must be published
     code 8 EXISTS  the key has state in Redis; nothing changed
 ]]
@@ -33,4 +34,4 @@ if redis.call('EXISTS', KEYS[5]) == 1 then
   redis.call('PERSIST', queue_key)
   redis.call('PERSIST', messages_key)
 end
-return grant_waiting(meta_key, queue_key, messages_key, holders_key, limit, now + tonumber(ARGV[3]), {0})
+return grant_waiting(meta_key, queue_key, messages_key, holders_key, KEYS[7], limit, now + tonumber(ARGV[3]), {0})

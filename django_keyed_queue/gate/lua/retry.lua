@@ -4,6 +4,7 @@
   (A message requeued to the broker, which starts it again as it is: requeue.lua.)
 
   KEYS[1] messages  KEYS[2] holders
+  KEYS[3] wires     HASH ticket -> its message's broker template: the retry's message has none
   ARGV[1] ticket
   ARGV[2] token: fencing token of the running attempt
   ARGV[3] countdown_ms: countdown
@@ -35,5 +36,6 @@ holder.deadline = now_ms() + countdown + dispatch_timeout
 redis.call('HSET', holders_key, ticket, encode_holder(holder))
 if message ~= '' then
   redis.call('HSET', messages_key, ticket, message)
+  redis.call('HDEL', KEYS[3], ticket)
 end
 return {0, holder.dispatch}

@@ -11,6 +11,7 @@
   KEYS[6] recent    HASH task id -> ticket of this generation's submissions
   KEYS[7] older     the previous generation (see ARGV[11])
   KEYS[8] unwritten HASH ticket -> submission record, until its row is written
+  KEYS[9] wires     HASH ticket -> its message's broker template (see common.lua's push_granted)
   ARGV[1] message: the task message (opaque bytes)
   ARGV[2] limit: slots per key
   ARGV[3] dispatch_timeout_ms
@@ -28,9 +29,12 @@
           "<d (granted) or w (waiting)>|<server ms>|<record>" until its row is written
           (read back by unwritten.lua, parsed by gate/unwritten.py)
   ARGV[13] block: 1 = the task blocks its key when it fails for good (used when started at once)
+  ARGV[14] wire: the message's broker template ('' = none): kept with the ticket, and pushed to
+          the broker when it is granted (not when started at once: its caller runs it)
 
-  Returns {code, ticket, token, deadline_ms}
-    code 0 OK          granted (token > 0 when started, deadline = lease end)
+  Returns {code, ticket, token, deadline_ms, pushed}
+    code 0 OK          granted (token > 0 when started, deadline = lease end); pushed 1 = its
+                       message is on the broker's queue, 0 = the caller publishes it
     code 1 PARKED      waiting in the queue
     code 7 DUPLICATE   the join id was seen before; nothing changed
     code 10 QUEUE_FULL {10, tickets waiting}; nothing changed
@@ -55,12 +59,12 @@ if ARGV[8] == '1' then
   if ticket and redis.call('HGET', messages_key, ticket) == message then
     local raw = redis.call('HGET', holders_key, ticket)
     if not raw then
-      return {1, tonumber(ticket), 0, 0}
+      return {1, tonumber(ticket), 0, 0, 0}
     end
     -- Granted: by the lost call, or since by a finish that published it; then the caller
     -- publishes it again and the start check drops the second message.
     local holder = decode_holder(raw)
-    return {0, tonumber(ticket), holder.token, holder.deadline}
+    return {0, tonumber(ticket), holder.token, holder.deadline, 0}
   end
 end
 
@@ -71,7 +75,7 @@ local max_waiting = tonumber(ARGV[10])
 if not free and max_waiting > 0 then
   local waiting = redis.call('LLEN', queue_key)
   if waiting >= max_waiting then
-    return {10, waiting, 0, 0}
+    return {10, waiting, 0, 0, 0}
   end
 end
 
@@ -79,7 +83,7 @@ if join_id ~= '' then
   local joined_key = KEYS[5]
   redis.call('ZREMRANGEBYSCORE', joined_key, '-inf', now - horizon)
   if redis.call('ZSCORE', joined_key, join_id) then
-    return {7, 0, 0, 0}
+    return {7, 0, 0, 0, 0}
   end
   redis.call('ZADD', joined_key, now, join_id)
   redis.call('PEXPIRE', joined_key, horizon)
@@ -89,6 +93,9 @@ local ticket = redis.call('HINCRBY', meta_key, 'seq', 1)
 redis.call('HSET', meta_key, 'limit', limit)
 redis.call('PERSIST', meta_key)
 redis.call('HSET', messages_key, ticket, message)
+if ARGV[14] ~= '' then
+  redis.call('HSET', KEYS[9], ticket, ARGV[14])
+end
 
 if task_id ~= '' then
   -- Two generations of task ids, each expiring on its own: memory follows the key's recent
@@ -112,13 +119,14 @@ end
 
 if not free then
   redis.call('RPUSH', queue_key, ticket)
-  return {1, ticket, 0, 0}
+  return {1, ticket, 0, 0, 0}
 end
 
 if lease > 0 then
   local token = next_token(meta_key)
   redis.call('HSET', holders_key, ticket, encode_holder(new_holder('r', token, now + lease, 1, max_lost, tonumber(ARGV[13]) or 0)))
-  return {0, ticket, token, now + lease}
+  return {0, ticket, token, now + lease, 0}
 end
 redis.call('HSET', holders_key, ticket, encode_holder(new_holder('g', 0, now + dispatch_timeout, 0, 0, 0)))
-return {0, ticket, 0, now + dispatch_timeout}
+local pushed = push_granted(KEYS[9], ticket, 1) > 0 and 1 or 0
+return {0, ticket, 0, now + dispatch_timeout, pushed}

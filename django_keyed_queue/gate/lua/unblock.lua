@@ -4,13 +4,14 @@
   queue, or withdraw it so that the key moves on.
 
   KEYS[1] meta      KEYS[2] queue      KEYS[3] messages      KEYS[4] holders
+  KEYS[5] wires     HASH ticket -> its message's broker template (see common.lua's push_granted)
   ARGV[1] ticket
   ARGV[2] retry: 1 = run it again (its stored message, with the next dispatch); 0 = withdraw it
   ARGV[3] dispatch_timeout_ms
   ARGV[4] idle_horizon_ms
 
-  Returns {code, ticket1, dispatch1, message1, ...}: the tickets to publish, the
-  retried one itself, or those granted in the withdrawn one's place
+  Returns {code, ticket1, dispatch1, message1, pushed1, ...}: the tickets granted (those not
+  pushed must be published), the retried one itself, or those granted in the withdrawn one's place
     code 0 OK           done
     code 2 NOT_GRANTED  the ticket does not block its key; nothing changed
 ]]
@@ -32,11 +33,12 @@ if ARGV[2] == '1' then
   holder.dispatch = holder.dispatch + 1
   holder.deadline = now + dispatch_timeout
   redis.call('HSET', holders_key, ticket, encode_holder(holder))
-  return {0, tonumber(ticket), holder.dispatch, redis.call('HGET', messages_key, ticket)}
+  local pushed = push_granted(KEYS[5], ticket, holder.dispatch) > 0 and 1 or 0
+  return {0, tonumber(ticket), holder.dispatch, redis.call('HGET', messages_key, ticket), pushed}
 end
 redis.call('HDEL', holders_key, ticket)
-redis.call('HDEL', messages_key, ticket)
+drop_message(messages_key, KEYS[5], ticket)
 local limit = tonumber(redis.call('HGET', meta_key, 'limit') or '1')
-local out = grant_waiting(meta_key, queue_key, messages_key, holders_key, limit, now + dispatch_timeout, {0})
+local out = grant_waiting(meta_key, queue_key, messages_key, holders_key, KEYS[5], limit, now + dispatch_timeout, {0})
 expire_if_idle(meta_key, queue_key, holders_key, tonumber(ARGV[4]))
 return out

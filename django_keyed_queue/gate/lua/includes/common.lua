@@ -121,23 +121,121 @@ local function reblock(meta_key, holders_key, ticket)
   redis.call('HDEL', meta_key, 'blocked')
 end
 
--- Grant parked tickets, oldest first, while the key has a free slot and is
--- neither paused nor blocked. Appends ticket, dispatch, message for each grant to `out`.
-local function grant_waiting(meta_key, queue_key, messages_key, holders_key, limit, deadline, out)
+-- The parts of a broker message's template (messaging/wire.py), split at NUL (JSON has none raw).
+local function split_template(template)
+  local parts, from = {}, 1
+  while true do
+    local at = string.find(template, '\0', from, true)
+    if not at then
+      parts[#parts + 1] = string.sub(template, from)
+      return parts
+    end
+    parts[#parts + 1] = string.sub(template, from, at - 1)
+    from = at + 1
+  end
+end
+
+-- Push a granted ticket's message onto Celery's queue as kombu's Redis transport publishes it, when
+-- its producer left a template (the gate's Redis is the broker's; see messaging/wire.py):
+--   "w1" \0 binding set ('' = the default exchange: the routing key is the queue) \0 routing key
+--   \0 key prefix \0 priority suffix \0 the bindings' separator \0 piece \0 hole \0 piece ...
+--   (holes: t ticket, d dispatch, g the delivery tag's own part)
+-- A direct exchange's queues are looked up in its bindings now, as kombu does when it publishes.
+-- The queues' keys are not declared to the script: only a single server gets templates.
+-- Returns how many queues it pushed to: 0 = no template, no queue bound, or the push was refused
+-- (the caller publishes).
+local function push_granted(wires_key, ticket, dispatch)
+  local template = redis.call('HGET', wires_key, ticket)
+  if not template then
+    return 0
+  end
+  local parts = split_template(template)
+  if parts[1] ~= 'w1' then
+    return 0
+  end
+  local binding, routing_key, prefix, suffix, sep = parts[2], parts[3], parts[4], parts[5], parts[6]
+  local queues = {}
+  if binding == '' then
+    queues[1] = routing_key
+  else
+    local seen = {}
+    local entries = redis.pcall('SMEMBERS', binding)
+    if type(entries) ~= 'table' or entries.err then
+      return 0
+    end
+    for _, entry in ipairs(entries) do
+      -- "<routing key><sep><pattern><sep><queue>", as kombu's Redis transport binds a queue.
+      local first = string.find(entry, sep, 1, true)
+      local second = first and string.find(entry, sep, first + #sep, true)
+      local rkey = first and string.sub(entry, 1, first - 1)
+      local queue = second and string.sub(entry, second + #sep)
+      if queue and rkey == routing_key and not seen[queue] then
+        seen[queue] = true
+        queues[#queues + 1] = queue
+      end
+    end
+  end
+  if #queues == 0 or routing_key == '' and binding == '' then
+    return 0
+  end
+  local t = redis.call('TIME')
+  local fill = {
+    t = string.format('%d', ticket),
+    d = string.format('%d', dispatch),
+    g = string.format('%d.%s%06d', dispatch, t[1], tonumber(t[2])),
+  }
+  local out = {}
+  for i = 7, #parts do
+    out[#out + 1] = (i % 2 == 1) and parts[i] or fill[parts[i]]
+  end
+  local payload = table.concat(out)
+  for _, queue in ipairs(queues) do
+    -- A refused push (the broker's memory full, an ACL) must not fail the grant half-done (Redis
+    -- rolls nothing back): it is left to the caller, whose publish meets the same refusal and is
+    -- retried by the reaper.
+    local pushed = redis.pcall('LPUSH', prefix .. queue .. suffix, payload)
+    if type(pushed) == 'table' and pushed.err then
+      return 0
+    end
+  end
+  return #queues
+end
+
+-- Grant parked tickets, oldest first, while the key has a free slot and is neither paused nor
+-- blocked, each pushed to the broker if it can be (push_granted). Appends ticket, dispatch, message,
+-- pushed (1/0) for each grant to `out`. `kept_ms` > 0: the caller keeps the first grant to run it
+-- itself (a worker's local handoff): it is not pushed, and is published again `kept_ms` from now
+-- if it has not started by then.
+local function grant_waiting(meta_key, queue_key, messages_key, holders_key, wires_key, limit, deadline, out, kept_ms)
   if grants_held(meta_key) then
     return out
   end
+  local keep = (kept_ms or 0) > 0
   while redis.call('HLEN', holders_key) < limit do
     local ticket = redis.call('LPOP', queue_key)
     if not ticket then
       break
     end
-    redis.call('HSET', holders_key, ticket, encode_holder(new_holder('g', 0, deadline, 0, 0, 0)))
+    local pushed = 0
+    if keep then
+      redis.call('HSET', holders_key, ticket, encode_holder(new_holder('g', 0, now_ms() + kept_ms, 0, 0, 0)))
+      keep = false
+    else
+      redis.call('HSET', holders_key, ticket, encode_holder(new_holder('g', 0, deadline, 0, 0, 0)))
+      pushed = push_granted(wires_key, ticket, 1) > 0 and 1 or 0
+    end
     out[#out + 1] = tonumber(ticket)
     out[#out + 1] = 1
     out[#out + 1] = redis.call('HGET', messages_key, ticket)
+    out[#out + 1] = pushed
   end
   return out
+end
+
+-- A ticket's stored message and its broker template are gone.
+local function drop_message(messages_key, wires_key, ticket)
+  redis.call('HDEL', messages_key, ticket)
+  redis.call('HDEL', wires_key, ticket)
 end
 
 -- One step of an HSCAN of `hash_key` (about `count` fields) that goes on where the last step of
