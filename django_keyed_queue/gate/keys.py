@@ -73,7 +73,8 @@ class KeyNames:
 
     @property
     def meta(self) -> str:
-        """HASH: seq (last ticket), fence (last fencing token), paused."""
+        """HASH: seq (last ticket), fence (last fencing token), paused, limit, the recent submissions'
+        generation, a paced key's last start and interval; kept a minute once the key drains."""
         return f"{self.base}:meta"
 
     @property

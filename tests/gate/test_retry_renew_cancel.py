@@ -293,18 +293,18 @@ def test_forget_of_a_ticket_that_is_not_the_last_keeps_the_numbering(gate):
 
 
 def test_forget_of_a_granted_last_ticket_grants_nothing_else_and_keeps_the_counters(gate, gate_redis):
-    first = gate.submit("k", b"m1", start=True)
+    first = gate.submit("k", b"m1", start=True, task_id="t1")
     gate.finish("k", first.ticket, first.token)
-    submitted = gate.submit("k", b"m2")
+    submitted = gate.submit("k", b"m2", task_id="t2")
 
     assert gate.cancel("k", submitted.ticket, forget=True).ok
 
-    # The fence counter must survive (tokens stay monotonic), so only the meta hash remains, idle.
-    assert redis_names(gate_redis) == {KeyNames("k").meta}
-    assert 0 < gate_redis.pttl(KeyNames("k").meta) <= 3_600_000
+    # The counters stay while the key's recent submissions are remembered: only the meta hash remains.
+    assert redis_names(gate_redis) - {KeyNames("k").recent} == {KeyNames("k").meta}
+    assert 0 < gate_redis.pttl(KeyNames("k").meta) <= 60_000
     state = gate.inspect("k")
     assert (state.last_ticket, state.last_token) == (1, first.token)
-    again = gate.submit("k", b"m3", start=True)
+    again = gate.submit("k", b"m3", start=True, task_id="t3")
     assert (again.ticket, again.token) == (2, first.token + 1)
 
 

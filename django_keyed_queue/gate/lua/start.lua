@@ -64,7 +64,7 @@ if interval > 0 then
   if wait > 0 then
     return {12, 0, holder.attempts, wait, redis.call('HGET', messages_key, ticket)}
   end
-  redis.call('HSET', meta_key, 'last_start', now)
+  redis.call('HSET', meta_key, 'last_start', now, 'interval', interval)
 end
 local deadline = now + lease
 holder.state = 'r'

@@ -105,7 +105,7 @@ if task_id ~= '' then
     if redis.call('EXISTS', recent_key) == 1 then
       redis.call('RENAME', recent_key, older_key)
     end
-    redis.call('HSET', meta_key, 'recent_since', now)
+    redis.call('HSET', meta_key, 'recent_since', now, 'generation', generation)
     redis.call('HSET', recent_key, task_id, ticket)
     redis.call('PEXPIRE', recent_key, 2 * generation)
   else

@@ -259,9 +259,24 @@ local function scan_step(hash_key, cursors_key, name, count, keep_ms, peek)
   return found, true
 end
 
--- A drained key keeps only its counters, and those only for `horizon_ms`.
+-- A drained key (nothing waits, nothing holds a slot) keeps only its counters, and only while its
+-- recent submissions are remembered (two generations: see submit.lua), or while a paced key's
+-- interval since its last start runs, at most `horizon_ms`; a paused key keeps them `horizon_ms`.
+-- Then nothing of it is left: its tickets start over, and its tokens go on in a new epoch above
+-- every earlier one (epoch_base).
 local function expire_if_idle(meta_key, queue_key, holders_key, horizon_ms)
-  if redis.call('HLEN', holders_key) == 0 and redis.call('LLEN', queue_key) == 0 then
-    redis.call('PEXPIRE', meta_key, horizon_ms)
+  if redis.call('HLEN', holders_key) ~= 0 or redis.call('LLEN', queue_key) ~= 0 then
+    return
   end
+  local keep = horizon_ms
+  if not grants_held(meta_key) then
+    local now = now_ms()
+    local fields = redis.call('HMGET', meta_key, 'generation', 'last_start', 'interval', 'fence')
+    local recent = 2 * (tonumber(fields[1]) or 0)
+    local pacing = (tonumber(fields[2]) or 0) + (tonumber(fields[3]) or 0) - now
+    -- Until a new epoch's first token would be above the last one handed out.
+    local fenced = math.floor((tonumber(fields[4]) or 0) / 1000) - now + 1
+    keep = math.min(horizon_ms, math.max(recent, pacing, fenced, 1))
+  end
+  redis.call('PEXPIRE', meta_key, keep)
 end
