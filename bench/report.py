@@ -11,7 +11,9 @@ from .stats import median, percentile
 TARGETS = {"many-keys": 0.85, "hot-key": 0.9}
 #: Bulk submission (apply_async_many) / plain Celery's loop of apply_async, on many keys.
 BULK_TARGET = 0.95
-VARIANTS = ("plain", "keyed", "bulk", "chain")
+#: Other libraries' per-key serial tasks, run beside the keyed ones (bench/peer_procrastinate.py).
+PEERS = ("procrastinate",)
+VARIANTS = ("plain", "keyed", "bulk", "chain", *PEERS)
 
 
 def per_task(counter: Counter, tasks: int, names=None) -> float:
@@ -36,7 +38,8 @@ def print_rounds(rounds: list) -> None:
 
 
 def summarize(rounds: list) -> dict:
-    """Per scenario: median throughput per variant and the median of the per-round keyed/plain ratios."""
+    """Per scenario: median throughput per variant and the median of the per-round keyed/plain ratios (and
+    keyed/peer, for each peer that ran)."""
     summary = {}
     for scenario in TARGETS:
         of = {v: [r for r in rounds if r.scenario == scenario and r.variant == v] for v in VARIANTS}
@@ -63,7 +66,14 @@ def summarize(rounds: list) -> dict:
                     "bulk met": median(bulk_ratios) >= BULK_TARGET,
                 }
             )
-        for v in ("keyed", "chain"):
+        for peer in PEERS:
+            peer_pairs = list(zip(of[peer], of["keyed"], strict=False))
+            if peer_pairs:
+                peer_ratios = [k.throughput / p.throughput for p, k in peer_pairs]
+                summary[scenario].update(
+                    {f"keyed/{peer} ratios": peer_ratios, f"keyed/{peer} ratio": median(peer_ratios)}
+                )
+        for v in ("keyed", "chain", *PEERS):
             handoffs = [h for r in of[v] for h in r.handoffs_ms]
             if handoffs:
                 summary[scenario][f"{v} handoff ms"] = {
@@ -83,7 +93,7 @@ def print_summary(rounds: list, summary: dict, submit_us: dict[str, list[float]]
 
 
 def print_ratios(summary: dict) -> None:
-    """Per scenario: throughputs, keyed/plain and bulk/plain ratios, handoff percentiles."""
+    """Per scenario: throughputs, keyed/plain, keyed/peer and bulk/plain ratios, handoff percentiles."""
     print()
     for scenario, s in summary.items():
         ratios = ", ".join(f"{x:.2f}" for x in s["ratios"])
@@ -92,13 +102,20 @@ def print_ratios(summary: dict) -> None:
             f"{scenario:<10} plain {s['plain']:5.0f} tasks/s  keyed {s['keyed']:5.0f} tasks/s  "
             f"keyed/plain median {s['ratio']:.2f} (rounds: {ratios}){chain}"
         )
+        for peer in PEERS:
+            if f"keyed/{peer} ratio" in s:
+                ratios = ", ".join(f"{x:.2f}" for x in s[f"keyed/{peer} ratios"])
+                print(
+                    f"{'':<10} {peer} {s[peer]:5.0f} tasks/s  keyed/{peer} median {s[f'keyed/{peer} ratio']:.2f} "
+                    f"(rounds: {ratios})"
+                )
         if "bulk ratio" in s:
             ratios = ", ".join(f"{x:.2f}" for x in s["bulk ratios"])
             print(
                 f"{'':<10} bulk  {s['bulk']:5.0f} tasks/s  bulk/plain median {s['bulk ratio']:.2f} (rounds: {ratios}); "
                 f"submission alone {s['bulk submit ratio']:.2f}x plain's loop"
             )
-        for v in ("keyed", "chain"):
+        for v in ("keyed", "chain", *PEERS):
             h = s.get(f"{v} handoff ms")
             if h:
                 print(

@@ -1,7 +1,8 @@
 """Throughput of keyed serial tasks against plain Celery tasks in a project made exactly as a user makes one.
 
     python -m bench.userproject [--tasks 2000 --keys 500 --hot-tasks 400 --rounds 3]
-                                [--database sqlite|sqlite-wal|postgresql] [--json PATH] [--keep]
+                                [--database sqlite|sqlite-wal|postgresql] [--peer procrastinate]
+                                [--json PATH] [--keep]
 
 The project is testproject/userproject/project.py's: ``django-admin startproject mysite``, ``startapp shop``,
 the README's install blocks (Celery's documented Django layout, Celery's default settings, ONE redis-server for
@@ -21,12 +22,17 @@ rounds alternate (after a small warm-up of each), in two scenarios:
 - one hot key: ``--hot-tasks`` tasks on one key; the keyed rounds' handoffs (end of task n to start of n+1)
   are taken from the history's times.
 
+With ``--database postgresql --peer procrastinate`` each scenario also has procrastinate rounds, a peer
+(bench/peer_procrastinate.py): the same task body, plan and checks, each task deferred with
+``lock=<its key>``, one procrastinate worker at the Celery worker's concurrency, on the same PostgreSQL
+database; the ratios add keyed/procrastinate.
+
 Throughput = tasks / (last end - first submission), on this machine's clock. After each round the bench waits
-until every task ended, the keyed records are terminal and the worker is idle; the next round empties the
-history first (the last round's is kept, with ``--keep``).
-Exits 1 if a task was lost or ran twice, a keyed round broke its keys' order or exclusion (read from the
-order of the history's lines, appended across processes), a keyed record did not end ``succeeded``, or a
-round timed out.
+until every task ended, the keyed records (or the peer's jobs) are terminal and the worker is idle; the next
+round empties the history first (the last round's is kept, with ``--keep``).
+Exits 1 if a task was lost or ran twice, a keyed or peer round broke its keys' order or exclusion (read from
+the order of the history's lines, appended across processes), a keyed record or a peer's job did not end
+``succeeded``, or a round timed out.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from testproject.servers import PostgresServer, RedisServer, free_port
 from testproject.userproject.project import UserProject
 
 from .harness import DATABASES, cpu_seconds
+from .peer_procrastinate import ProcrastinatePeer
 from .report import print_ending, print_ratios, print_targets, summarize
 from .stats import median
 from .throughput import Round, check_events, handoffs_ms, many_keys_plan
@@ -60,6 +67,8 @@ PRODUCER_NAME = "bench_produce.py"
 CONCURRENCY = 2
 WAL_INIT_COMMAND = "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"
 PG_DATABASE = "mysite"
+#: The peers that ``--peer`` adds, each on PostgreSQL.
+PEERS = {"procrastinate": ProcrastinatePeer}
 
 
 def group_cpu_seconds(groups: dict[str, list[int]]) -> dict[str, float]:
@@ -122,6 +131,7 @@ class Bench:
         self.project = UserProject(directory / "mysite", self.redis.url)
         self.history = History(self.project.directory / "history.jsonl")
         self.cpu_groups: dict[str, list[int]] = {}
+        self.peer = PEERS[args.peer](self.project, CONCURRENCY) if args.peer else None
 
     def start(self) -> None:
         self.redis.start()
@@ -149,6 +159,8 @@ class Bench:
             }
         self.project.settings = settings
         self.project.build()  # startproject migrated the SQLite file; a PostgreSQL database is migrated here
+        if self.peer is not None:
+            self.peer.install()  # before migrate, which makes its tables too
         if self.postgres is not None:
             self.project.manage("migrate", "--verbosity", "0")
         shutil.copy(PRODUCER, self.project.directory / PRODUCER_NAME)
@@ -158,6 +170,8 @@ class Bench:
         if self.postgres is not None:
             postmaster = self.postgres.directory / "data" / "postmaster.pid"
             self.cpu_groups["postgres"] = [int(postmaster.read_text().split()[0])]
+        if self.peer is not None:
+            self.cpu_groups[self.peer.name] = []  # its worker's, during its rounds
 
     def stop(self) -> None:
         for worker in self.project.workers:
@@ -172,7 +186,22 @@ class Bench:
             except Exception as exc:
                 print(f"stopping {type(server).__name__} failed: {exc!r}", file=sys.stderr)
 
+    def peer_of(self, variant: str) -> ProcrastinatePeer | None:
+        """The peer whose rounds ``variant`` names, if any."""
+        return self.peer if self.peer is not None and variant == self.peer.name else None
+
     def run_round(self, scenario: str, index: int, variant: str, plan: list[tuple[str, int]]) -> Round:
+        peer = self.peer_of(variant)
+        if peer is None:
+            return self.measure_round(scenario, index, variant, plan)
+        with peer.worker() as pid:  # started and ready before the round's first submission
+            self.cpu_groups[variant] = [pid]
+            try:
+                return self.measure_round(scenario, index, variant, plan)
+            finally:
+                self.cpu_groups[variant] = []
+
+    def measure_round(self, scenario: str, index: int, variant: str, plan: list[tuple[str, int]]) -> Round:
         result = Round(scenario, index, variant, len(plan))
         self.history.clear()  # the worker is idle: the last round waited for it (a failed round is the last)
         (self.project.directory / "plan.json").write_text(json.dumps(plan))
@@ -197,7 +226,7 @@ class Bench:
             result.problems.append(f"timed out after {self.args.timeout:.0f} s: {missing} of {len(plan)} not ended")
             return result
         if variant != "plain":
-            result.settle_seconds = self.wait_recorded(sent["ids"], deadline, result) - sent["first"]
+            result.settle_seconds = self.wait_recorded(variant, sent["ids"], deadline, result) - sent["first"]
         if scenario == "hot-key" and variant != "plain":
             result.handoffs_ms = handoffs_ms(events)
         if not self.wait_idle(deadline):
@@ -208,7 +237,9 @@ class Bench:
 
     def produce(self, variant: str, result: Round) -> dict | None:
         """The producer's report ({"first", "last", "cpu", "ids"}), or None with the round's problem noted."""
-        command = [sys.executable, PRODUCER_NAME, variant, "plan.json"]
+        peer = self.peer_of(variant)
+        script = peer.script if peer is not None else PRODUCER_NAME
+        command = [sys.executable, script, variant, "plan.json"]
         producer = subprocess.Popen(
             command,
             cwd=self.project.directory,
@@ -240,28 +271,36 @@ class Bench:
             with closing(sqlite3.connect(path, timeout=30)) as db:
                 rows = db.execute(query, [json.dumps(ids)]).fetchall()
         else:
-            import psycopg
-
             query = "SELECT status, COUNT(*) FROM keyed_queue_keyedtask WHERE task_id = ANY(%s) GROUP BY status"
-            pg = self.postgres
-            with psycopg.connect(host=str(pg.directory), port=pg.port, user=pg.user, dbname=PG_DATABASE) as conn:
-                rows = conn.execute(query, [ids]).fetchall()
-        counts = Counter(dict(rows))
-        counts["missing"] = len(ids) - sum(counts.values())
-        return +counts
+            rows = self.pg_rows(query, [ids])
+        return with_missing(Counter(dict(rows)), ids)
 
-    def wait_recorded(self, ids: list[str], deadline: float, result: Round) -> float:
-        """time.time() when every record of ``ids`` was terminal (or at the deadline, with the problem noted)."""
+    def pg_rows(self, query: str, params: list) -> list[tuple]:
+        import psycopg
+
+        pg = self.postgres
+        assert pg is not None
+        with psycopg.connect(host=str(pg.directory), port=pg.port, user=pg.user, dbname=PG_DATABASE) as conn:
+            return conn.execute(query, params).fetchall()
+
+    def wait_recorded(self, variant: str, ids: list, deadline: float, result: Round) -> float:
+        """time.time() when every keyed record, or the peer's job, of ``ids`` was terminal (or at the
+        deadline, with the problem noted)."""
         from django_keyed_queue.records.statuses import TERMINAL_STATUSES
 
+        peer = self.peer_of(variant)
+        terminal = peer.terminal_statuses if peer is not None else TERMINAL_STATUSES
         while True:
-            counts = self.statuses(ids)
-            if sum(counts[s] for s in TERMINAL_STATUSES) == len(ids) or time.monotonic() > deadline:
+            if peer is not None:
+                counts = with_missing(Counter(dict(self.pg_rows(peer.status_query, [ids]))), ids)
+            else:
+                counts = self.statuses(ids)
+            if sum(counts[s] for s in terminal) == len(ids) or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
         settled = time.time()
         if counts != Counter({"succeeded": len(ids)}):
-            result.problems.append(f"records not all succeeded: {dict(counts)}")
+            result.problems.append(f"{'jobs' if peer is not None else 'records'} not all succeeded: {dict(counts)}")
         return settled
 
     def wait_idle(self, deadline: float, window: float = 0.25, busy_cpu: float = 0.01) -> bool:
@@ -284,23 +323,33 @@ class Bench:
         for worker in self.project.workers:
             if worker.log_path.exists():
                 lines += [f"{worker.name}: {line}" for line in worker.log().splitlines() if pattern.search(line)]
+        if self.peer is not None:
+            lines += self.peer.log_problems()
         return lines
+
+
+def with_missing(counts: Counter, ids: list) -> Counter:
+    """``counts`` of statuses, plus ``missing``: the ids that have no row."""
+    counts["missing"] = len(ids) - sum(counts.values())
+    return +counts
 
 
 def print_rounds(rounds: list[Round]) -> None:
     groups = next((list(r.cpu) for r in rounds if r.cpu), [])
-    cpu = " ".join(f"{name:>8}" for name in groups)
+    widths = {name: max(8, len(name)) for name in groups}
+    cpu = " ".join(f"{name:>{widths[name]}}" for name in groups)
+    variant_width = max([7, *(len(r.variant) for r in rounds)])
     header = (
-        f"{'scenario':<10} {'rnd':>3} {'variant':<7} {'tasks':>6} {'submit s':>9} {'wall s':>7} {'tasks/s':>8} "
-        f"{'settle s':>8}  CPU ms/task: {cpu}"
+        f"{'scenario':<10} {'rnd':>3} {'variant':<{variant_width}} {'tasks':>6} {'submit s':>9} {'wall s':>7} "
+        f"{'tasks/s':>8} {'settle s':>8}  CPU ms/task: {cpu}"
     )
     print(header)
     print("-" * len(header))
     for r in rounds:
         settle = f"{r.settle_seconds:8.2f}" if r.settle_seconds is not None else f"{'-':>8}"
-        cells = " ".join(f"{1000 * r.cpu.get(name, 0.0) / r.tasks:>8.2f}" for name in groups)
+        cells = " ".join(f"{1000 * r.cpu.get(name, 0.0) / r.tasks:>{widths[name]}.2f}" for name in groups)
         print(
-            f"{r.scenario:<10} {r.index:>3} {r.variant:<7} {r.tasks:>6} {r.submit_seconds:>9.2f} "
+            f"{r.scenario:<10} {r.index:>3} {r.variant:<{variant_width}} {r.tasks:>6} {r.submit_seconds:>9.2f} "
             f"{r.wall_seconds:>7.2f} {r.throughput:>8.0f} {settle}  {'':>12} {cells}"
         )
 
@@ -312,9 +361,13 @@ def print_summary(summary: dict) -> None:
 
 
 def print_settle(rounds: list[Round]) -> None:
-    settle = [r.settle_seconds - r.wall_seconds for r in rounds if r.settle_seconds is not None]
-    if settle:
-        print(f"keyed records all terminal in the database {median(settle):.2f} s (median) after the last task ended")
+    kinds = {"keyed records": ("keyed", "bulk"), **{f"{peer} jobs": (peer,) for peer in PEERS}}
+    for kind, variants in kinds.items():
+        settle = [
+            r.settle_seconds - r.wall_seconds for r in rounds if r.variant in variants and r.settle_seconds is not None
+        ]
+        if settle:
+            print(f"{kind} all terminal in the database {median(settle):.2f} s (median) after the last task ended")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -332,9 +385,16 @@ def main(argv: list[str] | None = None) -> int:
         default="sqlite",
         help="the records' database: SQLite as startproject makes it, SQLite in WAL mode, or PostgreSQL",
     )
+    parser.add_argument(
+        "--peer",
+        choices=sorted(PEERS),
+        help="add a peer's rounds to each scenario: procrastinate, each task locked by its key (PostgreSQL only)",
+    )
     parser.add_argument("--json", type=Path, help="write the raw figures here")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (project, logs, history, database)")
     args = parser.parse_args(argv)
+    if args.peer and args.database != "postgresql":
+        parser.error(f"--peer {args.peer} runs on PostgreSQL: add --database postgresql")
 
     started = time.monotonic()
     directory = Path(tempfile.mkdtemp(prefix="keyed-queue-bench-userproject-"))
@@ -350,17 +410,20 @@ def main(argv: list[str] | None = None) -> int:
             f"CPUs; setup {time.monotonic() - started:.1f} s; load average {os.getloadavg()[0]:.2f}",
             flush=True,
         )
+        if bench.peer is not None:
+            print(f"peer: {bench.peer.describe()}; its jobs on the same database", flush=True)
+        peer = (bench.peer.name,) if bench.peer is not None else ()
         schedule: list[tuple[str, int, str, list[tuple[str, int]]]] = []
         if args.warm_up:
             warm = many_keys_plan(args.warm_up, max(1, args.warm_up // 5), seed=1)
-            schedule += [("warm-up", 0, variant, warm) for variant in ("plain", "keyed")]
+            schedule += [("warm-up", 0, variant, warm) for variant in ("plain", "keyed", *peer)]
         if args.tasks:
             plan = many_keys_plan(args.tasks, args.keys)
-            variants = ("plain", "keyed", "bulk") if args.bulk else ("plain", "keyed")
+            variants = ("plain", "keyed", "bulk", *peer) if args.bulk else ("plain", "keyed", *peer)
             schedule += [("many-keys", i, v, plan) for i in range(1, args.rounds + 1) for v in variants]
         if args.hot_tasks:
             hot = [("hot", n) for n in range(args.hot_tasks)]
-            schedule += [("hot-key", i, v, hot) for i in range(1, args.rounds + 1) for v in ("plain", "keyed")]
+            schedule += [("hot-key", i, v, hot) for i in range(1, args.rounds + 1) for v in ("plain", "keyed", *peer)]
         for scenario, index, variant, plan in schedule:
             r = bench.run_round(scenario, index, variant, plan)
             print(f"  {scenario} round {index} {variant}: {r.throughput:.0f} tasks/s", flush=True)
