@@ -10,7 +10,9 @@ import uuid
 
 import pytest
 import redis
-from django.conf import settings
+from django.conf import settings as django_settings
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from kombu import Connection, Exchange, Queue
 
 from django_keyed_queue.gate import Gate
@@ -22,14 +24,14 @@ from testproject.demo.tasks import step
 from tests.django.queues import QUEUE
 
 pytestmark = pytest.mark.skipif(
-    settings.CELERY_BROKER_URL.startswith("sentinel"), reason="the broker is a single Redis server here"
+    django_settings.CELERY_BROKER_URL.startswith("sentinel"), reason="the broker is a single Redis server here"
 )
 
 
 @pytest.fixture
 def on_broker(broker):
     """A gate on the broker's own Redis database, as the README's install has it; its keys removed after."""
-    gate = Gate(redis.Redis.from_url(settings.CELERY_BROKER_URL))
+    gate = Gate(redis.Redis.from_url(django_settings.CELERY_BROKER_URL))
     yield gate
     for name in broker.keys("keyed_queue:*"):
         broker.delete(name)
@@ -65,7 +67,7 @@ def _same_but_the_tag(pushed, published):
 
 
 def test_a_grant_at_submission_pushes_the_message_kombu_would_publish(broker, on_broker):
-    with Connection(settings.CELERY_BROKER_URL) as connection:
+    with Connection(django_settings.CELERY_BROKER_URL) as connection:
         pushed, published = _pushed_and_published(broker, connection, on_broker, "k", _message())
     assert pushed["headers"]["keyed_queue"] == {"key": "k", "ticket": 1, "dispatch": 1}
     _same_but_the_tag(pushed, published)
@@ -73,7 +75,7 @@ def test_a_grant_at_submission_pushes_the_message_kombu_would_publish(broker, on
 
 def test_a_priority_goes_to_the_list_kombu_picks_for_it(broker, on_broker):
     # kombu's Redis transport keeps a list per priority step: 5 falls in step 3's.
-    with Connection(settings.CELERY_BROKER_URL) as connection:
+    with Connection(django_settings.CELERY_BROKER_URL) as connection:
         step_list = QUEUE + "\x06\x163"
         try:
             pushed, published = _pushed_and_published(
@@ -86,7 +88,7 @@ def test_a_priority_goes_to_the_list_kombu_picks_for_it(broker, on_broker):
 
 def test_the_transport_s_key_prefix_and_separator_are_honoured(broker, on_broker):
     options = {"global_keyprefix": "site1:", "sep": ":", "priority_steps": [0, 5]}
-    with Connection(settings.CELERY_BROKER_URL, transport_options=options) as connection:
+    with Connection(django_settings.CELERY_BROKER_URL, transport_options=options) as connection:
         exchange = Exchange("tasks", type="direct")
         queue = Queue(QUEUE, exchange, routing_key="to-q")
         queue(connection.default_channel).declare()  # the binding, under the prefix
@@ -99,7 +101,7 @@ def test_the_transport_s_key_prefix_and_separator_are_honoured(broker, on_broker
 
 
 def test_a_finish_pushes_the_next_ticket_with_its_own_header(broker, on_broker):
-    with Connection(settings.CELERY_BROKER_URL) as connection:
+    with Connection(django_settings.CELERY_BROKER_URL) as connection:
         first, second = _message(), _message()
         on_broker.submit("k", b"{}", wire=_template(connection, on_broker, "k", first))
         parked = on_broker.submit("k", b"{}", wire=_template(connection, on_broker, "k", second))
@@ -116,7 +118,7 @@ def test_a_finish_pushes_the_next_ticket_with_its_own_header(broker, on_broker):
 
 
 def test_a_finish_that_keeps_the_next_grant_pushes_nothing_for_it(broker, on_broker):
-    with Connection(settings.CELERY_BROKER_URL) as connection:
+    with Connection(django_settings.CELERY_BROKER_URL) as connection:
         for _ in range(2):
             on_broker.submit("k", b"{}", wire=_template(connection, on_broker, "k", _message()))
         broker.delete(QUEUE)
@@ -130,7 +132,7 @@ def test_a_finish_that_keeps_the_next_grant_pushes_nothing_for_it(broker, on_bro
 def test_other_set_ups_keep_the_two_steps(broker, on_broker, redis_server):
     message = _message()
     body, publish = publish_arguments(step.app, message, {})
-    with Connection(settings.CELERY_BROKER_URL) as connection:
+    with Connection(django_settings.CELERY_BROKER_URL) as connection:
         other_db = redis.Redis.from_url(f"{redis_server.url}/9")
         assert wire.template(connection.Producer(), other_db, "k", body, publish) is None
         other_db.close()
@@ -143,8 +145,36 @@ def test_other_set_ups_keep_the_two_steps(broker, on_broker, redis_server):
 
 
 def test_a_direct_exchange_with_no_queue_bound_is_left_to_the_caller(broker, on_broker):
-    with Connection(settings.CELERY_BROKER_URL) as connection:
+    with Connection(django_settings.CELERY_BROKER_URL) as connection:
         template = _template(connection, on_broker, "k", _message(exchange="unbound", routing_key="nowhere"))
         assert template is not None
         submitted = on_broker.submit("k", b"{}", wire=template)
     assert submitted is not None and submitted.granted and not submitted.pushed
+
+
+#: Keys and arguments as users and attackers send them: unicode, quotes and backslashes (escaped in
+#: the JSON the holes sit in), NUL, huge, and text that looks like a hole.
+ODD_TEXT = st.one_of(
+    st.text(st.characters(codec="utf-8"), max_size=40),
+    st.text(alphabet='"\\\x00é{}%\x06\x16:', max_size=12),
+    st.just("keyed-hole-" + "0" * 32),
+    st.just("x" * 5000),
+)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(key=ODD_TEXT.filter(bool), argument=ODD_TEXT, priority=st.sampled_from([None, 0, 4, 9]))
+def test_any_key_and_arguments_are_pushed_as_kombu_would_publish_them(broker, on_broker, key, argument, priority):
+    message, _ = build(step.app, step, str(uuid.uuid4()), (argument, 1), {}, {"queue": QUEUE, "priority": priority})
+    lists = [QUEUE, *(f"{QUEUE}\x06\x16{n}" for n in (3, 6, 9))]
+    with Connection(django_settings.CELERY_BROKER_URL) as connection:
+        template = _template(connection, on_broker, key, message)
+        submitted = on_broker.submit(key, b"{}", wire=template)
+        assert submitted is not None and submitted.pushed
+        pushed = next(raw for raw in (broker.rpop(name) for name in lists) if raw is not None)
+        body, publish = publish_arguments(step.app, message, ticket_header(key, submitted.ticket, 1))
+        connection.Producer().publish(body, **publish)
+        published = next(raw for raw in (broker.rpop(name) for name in lists) if raw is not None)
+    on_broker.cancel(key, submitted.ticket)
+    _same_but_the_tag(json.loads(pushed), json.loads(published))
