@@ -63,7 +63,7 @@ def submit_many(
         ]
     results: list[AsyncResult[Any]] = []
     with task.app.producer_or_acquire(options.get("producer")) as producer:
-        prepared = [_prepared(task, c, producer) for c in checked]
+        prepared = [_prepared(task, c) for c in checked]
         for start in range(0, len(prepared), batch_size):
             results += _submit_batch(task, prepared[start : start + batch_size], producer, submitted=len(results))
     return results
@@ -89,13 +89,10 @@ class _Prepared:
     claimed: bool = False
 
 
-def _prepared(task: KeyedTaskProtocol, checked: Checked, producer: Producer) -> _Prepared:
+def _prepared(task: KeyedTaskProtocol, checked: Checked) -> _Prepared:
     """A checked call with the message Celery builds for it (the publish signals fire now), stored form checked."""
     message, result = build(task.app, task, checked.task_id, checked.args, checked.kwargs, checked.options)
-    submission = gate_submission(task, checked.key, message, checked.options)
-    gate_client = current().gate.client
-    submission = replace(submission, wire=gate_wire(task.app, message, checked.key, producer, gate_client))
-    return _Prepared(checked, message, submission, result)
+    return _Prepared(checked, message, gate_submission(task, checked.key, message, checked.options), result)
 
 
 def _submit_batch(
@@ -117,7 +114,7 @@ def _submit_batch(
         results.append(item.result)
         sending.append(item)
     try:
-        outcomes = _take_tickets(task, [item.submission for item in sending])
+        outcomes = _take_tickets(task, sending, producer)
     except BaseException:
         _unclaim(sending)
         raise
@@ -141,11 +138,18 @@ def _submit_batch(
     return results
 
 
-def _take_tickets(task: KeyedTaskProtocol, batch: list[Submission]) -> list[SubmitResult | QueueFull]:
-    """``Gate.submit_many``, asked again when a lost reply may hide tickets taken."""
-    call = partial(current().gate.submit_many, batch)
+def _take_tickets(
+    task: KeyedTaskProtocol, sending: list[_Prepared], producer: Producer
+) -> list[SubmitResult | QueueFull]:
+    """``Gate.submit_many`` of ``sending``, each with the broker message the gate pushes when it grants
+    it (``messaging/wire.py``), asked again when a lost reply may hide tickets taken."""
     try:
-        return asked_again(call, f"{task.name}: a bulk submission of {len(batch)} calls")
+        gate = current().gate  # a Redis Cluster's client connects as it is made
+        batch = [
+            replace(item.submission, wire=gate_wire(task.app, item.message, item.submission.key, producer, gate.client))
+            for item in sending
+        ]
+        return asked_again(partial(gate.submit_many, batch), f"{task.name}: a bulk submission of {len(batch)} calls")
     except NotSent as exc:
         raise GateUnavailable(f"{task.name}: the keyed queue's Redis is unreachable: {exc}") from exc
 

@@ -136,8 +136,8 @@ def _enqueue(
 
     def take_and_publish(message: TaskMessage, send_now: SendNow) -> None:
         sub = gate_submission(task, key, message, options)
-        gate = current().gate
         try:
+            gate = current().gate  # a Redis Cluster's client connects as it is made
             submitted = take_ticket(
                 gate, task.name, key, sub.message, task_id=task_id, limit=sub.limit,
                 max_waiting=sub.max_waiting, record=sub.record, wire=send_now.wire(key, gate.client),
