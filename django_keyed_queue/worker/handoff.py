@@ -102,17 +102,15 @@ class LocalHandoff(threading.local):
         #: The kept grant running now: it came by no broker message.
         self.tracing: Kept | None = None
 
-    def keep_seconds(self, finished_request: Context, lease_seconds: float) -> float:
-        """Before a run's finish: how long the gate should let this process keep the grant it frees
-        (it pushes no message for it; if this process dies first, the reaper publishes it then),
-        or 0 if this process may not keep one: the gate pushes every grant to the broker."""
+    def may_keep(self, finished_request: Context) -> bool:
+        """Whether this process may keep the grant a run's finish frees, whatever that grant is: asked
+        before the finish, so that the gate pushes no message for a grant kept here."""
         if settings.LOCAL_HANDOFF_SECONDS <= 0 or self.kept is not None:
-            return 0.0
+            return False
         if self.running and time.monotonic() >= self.deadline:
-            return 0.0
-        if any(finished_request.timelimit or ()):
-            return 0.0  # the pool's timer of the message being run would cover the kept run too
-        return lease_seconds
+            return False
+        # The pool's timer of the message being run would cover the kept run too.
+        return not any(finished_request.timelimit or ())
 
     def hand_over(self, app: Celery, finished_request: Context, grants: list[Grant]) -> Dispatched:
         """Dispatch what a run's finish granted: the first grant may be kept to run here, next."""
@@ -120,7 +118,7 @@ class LocalHandoff(threading.local):
 
     def _keep(self, app: Celery, finished_request: Context, grants: list[Grant]) -> list[Grant]:
         """Keep the first grant to run in this process if it may; returns the grants left to publish."""
-        if not grants or grants[0].pushed or not self.keep_seconds(finished_request, 1.0):
+        if not grants or grants[0].pushed or not self.may_keep(finished_request):
             return grants  # pushed: the gate sent its message already
         try:
             message = TaskMessage.decode(grants[0].message, app.conf.accept_content)

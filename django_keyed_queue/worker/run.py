@@ -183,7 +183,8 @@ class Run:
         end = buffered.merged_with(end) if buffered else end
         end.outcome_key = lease.key
         outcome = Outcome(end.outcome_field, end.to_json())
-        keep_seconds = handoff.local().keep_seconds(request, gate.lease_ms / 1000)
+        # A grant kept here has a lease's time to start; if this process dies first, the reaper publishes it.
+        keep_seconds = gate.lease_ms / 1000 if handoff.local().may_keep(request) else 0.0
         try:
             finished, retried = outlast_restart(
                 lambda: gate.finish(
