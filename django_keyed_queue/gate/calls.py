@@ -102,12 +102,24 @@ def finish(
     record: bytes,
     block: bool,
     kept_ms: int,
+    start_kept: str,
 ) -> ScriptCall:
     n = KeyNames(key)
     return ScriptCall(
         "finish",
         [n.meta, n.queue, n.messages, n.holders, n.outcomes, n.wires],
-        [ticket, token, limit, dispatch_timeout_ms, idle_horizon_ms, task_id, record, _flag(block), kept_ms],
+        [
+            ticket,
+            token,
+            limit,
+            dispatch_timeout_ms,
+            idle_horizon_ms,
+            task_id,
+            record,
+            _flag(block),
+            kept_ms,
+            start_kept,
+        ],
     )
 
 
@@ -120,8 +132,8 @@ def retry(
     )
 
 
-def requeue(key: str, *, ticket: int, token: int, dispatch_timeout_ms: int) -> ScriptCall:
-    return ScriptCall("requeue", [KeyNames(key).holders], [ticket, token, dispatch_timeout_ms])
+def requeue(key: str, *, ticket: int, token: int, dispatch_timeout_ms: int, unstarted: bool) -> ScriptCall:
+    return ScriptCall("requeue", [KeyNames(key).holders], [ticket, token, dispatch_timeout_ms, _flag(unstarted)])
 
 
 def cancel(

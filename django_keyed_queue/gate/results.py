@@ -24,6 +24,10 @@ class Grant:
     message: bytes
     #: The gate pushed its message onto the broker's queue as it granted it (see ``messaging/wire.py``).
     pushed: bool = False
+    #: > 0: the call that granted it also started it for its caller (``Gate.finish``'s ``start_kept``):
+    #: the run's fencing token, and its attempt number.
+    token: int = 0
+    attempts: int = 0
 
 
 class QueueFull(Exception):
@@ -96,6 +100,16 @@ class StartResult:
     @property
     def ok(self) -> bool:
         return self.code is Code.OK
+
+
+@dataclass(frozen=True)
+class KeptStart:
+    """``Gate.finish``'s grant kept for its caller is started in the same call if its message is of
+    ``task_name``, with that task's policy (as ``Gate.start``'s arguments of the same names)."""
+
+    task_name: str
+    max_lost: int
+    block: bool = False
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from . import calls
 from .base import GateBase, grants
 from .keys import BLOCKED_KEYS
-from .results import FinishResult, Lease, Outcome, QueueFull, StartResult, Submission, SubmitResult
+from .results import FinishResult, KeptStart, Lease, Outcome, QueueFull, StartResult, Submission, SubmitResult
 from .scripts import Code, ms_to_seconds, seconds_to_ms
 from .transport import Command
 
@@ -178,12 +179,15 @@ class TicketCalls(GateBase):
         outcome: Outcome | None = None,
         block: bool = False,
         keep_first_seconds: float = 0.0,
+        start_kept: KeptStart | None = None,
     ) -> FinishResult:
         """End a running ticket and grant the next ones; their messages are returned (each pushed to the
         broker already where the producer left a template: ``Grant.pushed``).
 
         ``keep_first_seconds`` > 0: the caller keeps the first grant to run it itself (a worker's local
         handoff): it is not pushed, and the reaper publishes it if it has not started within that long.
+        With ``start_kept`` too, a kept grant of that task is started for the caller in the same call
+        (``Grant.token``): its lease runs from now, and the reaper recovers it as any lost run.
 
         ``outcome`` is kept with the key until
         :meth:`forget_outcomes`; the reaper hands back outcomes left too long.
@@ -195,15 +199,22 @@ class TicketCalls(GateBase):
             key, ticket=ticket, token=token, limit=limit, dispatch_timeout_ms=self.dispatch_timeout_ms,
             idle_horizon_ms=self.idle_horizon_ms, task_id=outcome.task_id if outcome else "",
             record=outcome.record if outcome else b"", block=block, kept_ms=seconds_to_ms(keep_first_seconds),
+            start_kept=(
+                f"{self.lease_ms}|{start_kept.max_lost}|{int(start_kept.block)}|{start_kept.task_name}"
+                if start_kept and keep_first_seconds > 0 else ""
+            ),
         )  # fmt: skip
         # A kept grant's deadline may be sooner than the index's hint: index it by then.
         within = seconds_to_ms(keep_first_seconds) if keep_first_seconds > 0 else None
         [reply] = self._pipelined(
             [call], index=key, index_within_ms=within, also=[("SADD", BLOCKED_KEYS, key)] if block else ()
         )
-        result = FinishResult(Code(reply[0]), grants(key, reply[1:]))
-        granted = [g.ticket for g in result.granted]
-        logger.debug("finish key=%r ticket=%s code=%s granted=%s", key, ticket, result.code.name, granted)
+        granted = grants(key, reply[3:])
+        if granted and int(reply[1]):
+            granted[0] = replace(granted[0], token=int(reply[1]), attempts=int(reply[2]))
+        result = FinishResult(Code(reply[0]), granted)
+        tickets = [g.ticket for g in granted]
+        logger.debug("finish key=%r ticket=%s code=%s granted=%s", key, ticket, result.code.name, tickets)
         return result
 
     def retry(self, key: str, ticket: int, token: int, message: bytes, *, countdown_seconds: float) -> int | None:
@@ -221,14 +232,18 @@ class TicketCalls(GateBase):
         logger.debug("retry key=%r ticket=%s code=%s dispatch=%s", key, ticket, Code(code).name, dispatch)
         return int(dispatch) if code == Code.OK else None
 
-    def requeue(self, key: str, ticket: int, token: int) -> bool:
+    def requeue(self, key: str, ticket: int, token: int, *, unstarted: bool = False) -> bool:
         """A running ticket's message goes back to the broker (``Reject(requeue=True)``): the same
         message may start the ticket again, which keeps its slot meanwhile. False if fenced.
 
         If that delivery never comes, the dispatch timeout publishes the stored message again.
+        ``unstarted``: the attempt never ran (a kept grant ``finish`` started that goes by broker after
+        all): it is not counted.
         """
         [code] = self._call(
-            calls.requeue(key, ticket=ticket, token=token, dispatch_timeout_ms=self.dispatch_timeout_ms)
+            calls.requeue(
+                key, ticket=ticket, token=token, dispatch_timeout_ms=self.dispatch_timeout_ms, unstarted=unstarted
+            )
         )
         logger.debug("requeue key=%r ticket=%s code=%s", key, ticket, Code(code).name)
         return bool(code == Code.OK)

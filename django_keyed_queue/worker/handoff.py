@@ -33,11 +33,12 @@ import os
 import threading
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 import celery
+import redis
 from celery import Celery, Task, signals, states
 from celery.app.task import Context
 from celery.app.trace import LOG_RECEIVED, trace_task
@@ -114,7 +115,8 @@ class LocalHandoff(threading.local):
 
     def hand_over(self, app: Celery, finished_request: Context, grants: list[Grant]) -> Dispatched:
         """Dispatch what a run's finish granted: the first grant may be kept to run here, next."""
-        return publish_grants(app, self._keep(app, finished_request, grants))
+        left = self._keep(app, finished_request, grants)
+        return publish_grants(app, [g for g in map(_not_kept, left) if g is not None])
 
     def _keep(self, app: Celery, finished_request: Context, grants: list[Grant]) -> list[Grant]:
         """Keep the first grant to run in this process if it may; returns the grants left to publish."""
@@ -158,6 +160,17 @@ class LocalHandoff(threading.local):
             if left is not None:  # the loop was interrupted: the grant goes out as usual
                 publish_grants(app, [left.grant])
 
+    def started(self, task_id: str, key: str, ticket: int, dispatch: int) -> Grant | None:
+        """The kept grant running now, if the finish that kept it started it for this run (once)."""
+        tracing = self.tracing
+        if tracing is None or not tracing.grant.token or tracing.request["id"] != task_id:
+            return None
+        grant = tracing.grant
+        if (grant.key, grant.ticket, grant.dispatch) != (key, ticket, dispatch):
+            return None
+        self.tracing = replace(tracing, grant=replace(grant, token=0))  # a second start goes to the gate
+        return grant
+
     def requeue_kept(self, app: Celery, task_id: str, key: str, ticket: int) -> None:
         """``Reject(requeue=True)`` of a run: if it runs here by local handoff, there is no message for
         the broker to deliver again, so its grant's message is published now, as that delivery."""
@@ -182,6 +195,20 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _not_kept(grant: Grant) -> Grant | None:
+    """A grant to publish. One the finish started for this process, which will not run it after all,
+    is first given back as granted, its attempt not counted; None if it is no longer this process's
+    (fenced), or Redis is out of reach (its lease then expires, and the reaper dispatches it again)."""
+    if not grant.token:
+        return grant
+    try:
+        given_back = current().gate.requeue(grant.key, grant.ticket, grant.token, unstarted=True)
+    except redis.RedisError:
+        logger.warning("keyed queue key=%r ticket=%s: its kept grant is left to the reaper", grant.key, grant.ticket)
+        return None
+    return replace(grant, token=0, attempts=0) if given_back else None
 
 
 def local_request(

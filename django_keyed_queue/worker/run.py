@@ -21,7 +21,7 @@ from celery.exceptions import Ignore, Reject
 from django.utils import timezone
 
 from ..exceptions import InvalidArguments, InvalidKey
-from ..gate import Code, FinishResult, Grant, Lease, Outcome, SubmitResult
+from ..gate import Code, FinishResult, Grant, KeptStart, Lease, Outcome, SubmitResult
 from ..messaging.building import SendNow, delivered, send_to_gate
 from ..messaging.dispatch import publish, publish_grants
 from ..messaging.message import (
@@ -184,7 +184,13 @@ class Run:
         end.outcome_key = lease.key
         outcome = Outcome(end.outcome_field, end.to_json())
         # A grant kept here has a lease's time to start; if this process dies first, the reaper publishes it.
-        keep_seconds = gate.lease_ms / 1000 if handoff.local().may_keep(request) else 0.0
+        # One of this task the finish starts itself (no start call): a kill before it runs is then a lost
+        # run, recovered as one. Not for a paced key (its rate decides when) nor a task never recovered.
+        keeping = handoff.local().may_keep(request)
+        keep_seconds = gate.lease_ms / 1000 if keeping else 0.0
+        start_kept = None
+        if keeping and not task.serial_interval_ms and task.max_recoveries > 0:
+            start_kept = KeptStart(task.name, task.max_recoveries, task.blocks_on_failure)
         try:
             finished, retried = outlast_restart(
                 lambda: gate.finish(
@@ -195,6 +201,7 @@ class Run:
                     outcome=outcome,
                     block=status == Status.FAILED and task.blocks_on_failure,
                     keep_first_seconds=keep_seconds,
+                    start_kept=start_kept,
                 )  # fmt: skip
             )
         except redis.RedisError:
@@ -275,6 +282,9 @@ def _start(
     request = task.request
     key, ticket = header["key"], int(header["ticket"])
     gate, dispatch = current().gate, int(header["dispatch"])
+    kept = handoff.local().started(cast(str, request.id), key, ticket, dispatch)
+    if kept is not None:  # the finish that kept it here started it
+        return Lease(key, ticket, kept.token), kept.attempts
     started, _ = outlast_restart(
         lambda: gate.start(
             key,

@@ -11,6 +11,7 @@ from celery import current_app
 from celery.states import FAILURE
 
 from django_keyed_queue.messaging.message import TaskMessage
+from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records.models import KeyedTask
 from testproject.demo.history import read as read_history
 from testproject.demo.tasks import failing_step, flaky_step, plain_step, step, timed_step
@@ -163,3 +164,16 @@ def test_a_handed_off_task_calls_its_link(workers, gate_redis):
     wait_for_records([first.id, linked.id])
     assert linked.id not in received_by_broker(workers, [linked])
     wait_until(lambda: pids_of_starts("ln-callback"), timeout=10, message="the link to run")
+
+
+def test_a_kept_grant_its_process_cannot_run_goes_by_broker_with_one_attempt(workers, gate_redis):
+    # The finish of task 0 keeps and starts task 1 (same task); its expiry is the worker's to honour,
+    # so the process gives the start back and publishes it: it runs once, by broker, as attempt 1.
+    first = step.delay("gb", 0, 0.5)
+    expiring = [step.apply_async(("gb", n), expires=60) for n in (1, 2)]
+    records = wait_for_records([first.id, *(r.id for r in expiring)])
+    assert assert_serial(read_history())["gb"] == [0, 1, 2]
+    assert received_by_broker(workers, expiring) == {r.id for r in expiring}
+    assert [records[r.id].attempts for r in expiring] == [1, 1]
+    assert [r.get(timeout=10) for r in expiring] == [1, 2]
+    assert not get_gate().inspect("gb").holders

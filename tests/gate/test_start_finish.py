@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from django_keyed_queue.gate import Code, Grant
+from django_keyed_queue.gate import Code, Grant, KeptStart
 from django_keyed_queue.gate.keys import KeyNames
 from tests.gate_redis import message_of, redis_names
 
@@ -108,6 +108,54 @@ def test_finish_grants_the_next_ticket_with_its_message(gate, gate_redis):
     assert state.waiting == [3]
     assert state.messages == 2
     assert message_of(gate_redis, "k", first.ticket) is None, "a finished ticket's message is dropped"
+
+
+def _envelope(task: str) -> bytes:
+    return json.dumps({"task": task, "id": task + "-id"}).encode()
+
+
+def test_finish_keeping_the_next_grant_starts_it_for_its_caller_when_of_the_same_task(gate):
+    first = gate.submit("k", _envelope("t.a"), start=True)
+    gate.submit("k", _envelope("t.a"))
+    gate.submit("k", _envelope("t.a"))
+
+    done = gate.finish("k", 1, first.token, keep_first_seconds=30, start_kept=KeptStart("t.a", max_lost=2, block=True))
+
+    [kept] = done.granted
+    assert kept.ticket == 2 and kept.token > first.token and kept.attempts == 1
+    running = gate.inspect("k").holders[2]
+    assert (running.state, running.token, running.attempts, running.dispatch) == ("running", kept.token, 1, 1)
+    assert 29 < running.deadline_in <= 30, "a lease from the finish"
+    assert gate.start("k", 2, 1).code is Code.ALREADY_STARTED, "its message cannot start it twice"
+    assert gate.finish("k", 2, kept.token).ok, "its token ends it"
+
+
+def test_a_kept_grant_of_another_task_or_without_start_kept_is_only_granted(gate):
+    first = gate.submit("k", _envelope("t.a"), start=True)
+    gate.submit("k", _envelope("t.b"))
+    gate.submit("k", _envelope("t.a"))
+
+    other = gate.finish("k", 1, first.token, keep_first_seconds=5, start_kept=KeptStart("t.a", max_lost=3))
+    assert [(g.ticket, g.token, g.attempts) for g in other.granted] == [(2, 0, 0)]
+    assert gate.inspect("k").holders[2].state == "granted"
+    second = gate.start("k", 2, 1)
+    unasked = gate.finish("k", 2, second.token, keep_first_seconds=5)
+    assert [(g.ticket, g.token) for g in unasked.granted] == [(3, 0)]
+    assert gate.inspect("k").holders[3].state == "granted"
+
+
+def test_a_kept_grant_given_back_unstarted_is_granted_again_with_its_attempt_uncounted(gate):
+    first = gate.submit("k", _envelope("t.a"), start=True)
+    gate.submit("k", _envelope("t.a"))
+    [kept] = gate.finish("k", 1, first.token, keep_first_seconds=30, start_kept=KeptStart("t.a", 3)).granted
+
+    assert gate.requeue("k", 2, kept.token, unstarted=True)
+
+    holder = gate.inspect("k").holders[2]
+    assert (holder.state, holder.attempts) == ("granted", 0)
+    assert not gate.requeue("k", 2, kept.token, unstarted=True), "given back once"
+    started = gate.start("k", 2, 1)
+    assert started.ok and started.attempts == 1
 
 
 def test_finish_grants_next_tickets_in_order_up_to_the_limit(gate):

@@ -19,9 +19,13 @@
   ARGV[8] block: '1' = the run failed for good and its task blocks its key on failure: block it
   ARGV[9] kept_ms: > 0 = the caller keeps the first grant to run it itself: it is not pushed, and
           is published again this long from now if it has not started (0 = push every grant)
+  ARGV[10] start_kept: 'lease_ms|max_lost|block|task name' = the kept grant is also started here, for
+          the caller, if its stored message is of that task (the finishing task's policy is then its
+          own): its lease runs, and its token is returned ('' = it is started by its own start call)
 
-  Returns {code, ticket1, dispatch1, message1, pushed1, ticket2, ...}
-    code 0 OK           finished; the listed tickets are now granted: those not pushed must be published
+  Returns {code, token, attempts, ticket1, dispatch1, message1, pushed1, ticket2, ...}
+    code 0 OK           finished; the listed tickets are now granted: those not pushed must be published.
+                        token > 0: the first, kept, was started too (its attempt number follows)
     code 5 STALE_TOKEN  the caller no longer holds the ticket (fenced); nothing changed
     code 11 BLOCKED     it failed and now blocks its key
 ]]
@@ -50,7 +54,21 @@ if ARGV[8] == '1' then
 end
 redis.call('HDEL', holders_key, ticket)
 drop_message(messages_key, KEYS[6], ticket)
-local out = grant_waiting(meta_key, queue_key, messages_key, holders_key, KEYS[6], limit,
-  now + dispatch_timeout, {0}, tonumber(ARGV[9]))
+local kept_ms = tonumber(ARGV[9])
+local lease, max_lost, block, task = string.match(ARGV[10], '^(%d+)|(%d+)|([01])|(.+)$')
+local out = {0, 0, 0}
+local function keep(kept)
+  if lease then
+    local ok, stored = pcall(cjson.decode, redis.call('HGET', messages_key, kept) or '')
+    if ok and type(stored) == 'table' and stored.task == task then
+      local holder = new_holder('r', next_token(meta_key), now + tonumber(lease), 1, tonumber(max_lost), tonumber(block))
+      out[2], out[3] = holder.token, holder.attempts
+      return holder
+    end
+  end
+  return new_holder('g', 0, now + kept_ms, 0, 0, 0)
+end
+grant_waiting(meta_key, queue_key, messages_key, holders_key, KEYS[6], limit,
+  now + dispatch_timeout, out, kept_ms > 0 and keep or nil)
 expire_if_idle(meta_key, queue_key, holders_key, horizon)
 return out

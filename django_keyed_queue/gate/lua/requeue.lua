@@ -9,6 +9,8 @@
   ARGV[1] ticket
   ARGV[2] token: fencing token of the running attempt
   ARGV[3] dispatch_timeout_ms
+  ARGV[4] unstarted: '1' = the attempt never ran (a grant its finish started for a worker's local
+          handoff that goes by broker after all): its attempt is not counted
 
   Returns {code}
     code 0 OK           granted again, same dispatch
@@ -29,5 +31,8 @@ end
 holder.state = 'g'
 holder.token = 0
 holder.deadline = now_ms() + dispatch_timeout
+if ARGV[4] == '1' then
+  holder.attempts = holder.attempts - 1
+end
 redis.call('HSET', holders_key, ticket, encode_holder(holder))
 return {0}

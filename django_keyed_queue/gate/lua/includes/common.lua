@@ -203,14 +203,12 @@ end
 
 -- Grant parked tickets, oldest first, while the key has a free slot and is neither paused nor
 -- blocked, each pushed to the broker if it can be (push_granted). Appends ticket, dispatch, message,
--- pushed (1/0) for each grant to `out`. `kept_ms` > 0: the caller keeps the first grant to run it
--- itself (a worker's local handoff): it is not pushed, and is published again `kept_ms` from now
--- if it has not started by then.
-local function grant_waiting(meta_key, queue_key, messages_key, holders_key, wires_key, limit, deadline, out, kept_ms)
+-- pushed (1/0) for each grant to `out`. `keep`, if given: the caller keeps the first grant to run it
+-- itself (a worker's local handoff): it is not pushed, and its holder is `keep(ticket)`'s.
+local function grant_waiting(meta_key, queue_key, messages_key, holders_key, wires_key, limit, deadline, out, keep)
   if grants_held(meta_key) then
     return out
   end
-  local keep = (kept_ms or 0) > 0
   while redis.call('HLEN', holders_key) < limit do
     local ticket = redis.call('LPOP', queue_key)
     if not ticket then
@@ -218,8 +216,8 @@ local function grant_waiting(meta_key, queue_key, messages_key, holders_key, wir
     end
     local pushed = 0
     if keep then
-      redis.call('HSET', holders_key, ticket, encode_holder(new_holder('g', 0, now_ms() + kept_ms, 0, 0, 0)))
-      keep = false
+      redis.call('HSET', holders_key, ticket, encode_holder(keep(ticket)))
+      keep = nil
     else
       redis.call('HSET', holders_key, ticket, encode_holder(new_holder('g', 0, deadline, 0, 0, 0)))
       pushed = push_granted(wires_key, ticket, 1) > 0 and 1 or 0
