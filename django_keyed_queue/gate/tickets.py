@@ -13,8 +13,8 @@ from dataclasses import replace
 from typing import Any
 
 from . import calls
-from .base import GateBase, grants
-from .keys import BLOCKED_KEYS
+from .base import GateBase, grants, text
+from .keys import BLOCKED_KEYS, KeyNames
 from .results import FinishResult, KeptStart, Lease, Outcome, QueueFull, StartResult, Submission, SubmitResult
 from .scripts import Code, ms_to_seconds, seconds_to_ms
 from .transport import Command
@@ -216,6 +216,15 @@ class TicketCalls(GateBase):
         tickets = [g.ticket for g in granted]
         logger.debug("finish key=%r ticket=%s code=%s granted=%s", key, ticket, result.code.name, tickets)
         return result
+
+    def kept_by(self, key: str, token: int) -> tuple[int, int] | None:
+        """The (ticket, token) that the finish of the run holding ``token`` started for its caller, if it
+        was the key's last such start: for a caller whose reply to that finish was lost."""
+        raw = self.client.hget(KeyNames(key).meta, "kept")
+        parts = text(raw).split("|") if raw else []
+        if len(parts) != 3 or not all(p.isdigit() for p in parts) or int(parts[0]) != token:
+            return None
+        return int(parts[1]), int(parts[2])
 
     def retry(self, key: str, ticket: int, token: int, message: bytes, *, countdown_seconds: float) -> int | None:
         """Keep ``ticket``'s slot through a retry; returns the retry's dispatch, None if fenced."""

@@ -115,8 +115,7 @@ class LocalHandoff(threading.local):
 
     def hand_over(self, app: Celery, finished_request: Context, grants: list[Grant]) -> Dispatched:
         """Dispatch what a run's finish granted: the first grant may be kept to run here, next."""
-        left = self._keep(app, finished_request, grants)
-        return publish_grants(app, [g for g in map(_not_kept, left) if g is not None])
+        return _publish(app, self._keep(app, finished_request, grants))
 
     def _keep(self, app: Celery, finished_request: Context, grants: list[Grant]) -> list[Grant]:
         """Keep the first grant to run in this process if it may; returns the grants left to publish."""
@@ -158,7 +157,7 @@ class LocalHandoff(threading.local):
             self.running, self.tracing = False, None
             left, self.kept = self.kept, None
             if left is not None:  # the loop was interrupted: the grant goes out as usual
-                publish_grants(app, [left.grant])
+                _publish(app, [left.grant])
 
     def started(self, task_id: str, key: str, ticket: int, dispatch: int) -> Grant | None:
         """The kept grant running now, if the finish that kept it started it for this run (once)."""
@@ -195,6 +194,11 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _publish(app: Celery, grants: list[Grant]) -> Dispatched:
+    """Publish grants this process does not run itself."""
+    return publish_grants(app, [g for g in map(_not_kept, grants) if g is not None])
 
 
 def _not_kept(grant: Grant) -> Grant | None:

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
-from django_keyed_queue.gate import Code, Gate, Lease, RecoveryAction, Submission
+from django_keyed_queue.gate import Code, Gate, KeptStart, Lease, RecoveryAction, Submission
 from django_keyed_queue.gate.keys import BLOCKED_KEYS, PAUSED_KEYS, KeyNames
 
 
@@ -102,9 +102,13 @@ class ModelKey:
         holder.token = 0
 
 
+#: The task of every model message: a finish keeping a grant for its caller may start it (``KeptStart``).
+MODEL_TASK = "model.task"
+
+
 def _message(task_id: str, attempt: int = 0) -> bytes:
-    # start.lua and cancel.lua read the task id of a stored message as JSON.
-    return json.dumps({"id": task_id, "attempt": attempt}).encode()
+    # start.lua and cancel.lua read the task id of a stored message as JSON, finish.lua its task.
+    return json.dumps({"task": MODEL_TASK, "id": task_id, "attempt": attempt}).encode()
 
 
 class GateModel(RuleBasedStateMachine):
@@ -265,12 +269,18 @@ class GateModel(RuleBasedStateMachine):
         assert self.gate.start(km.name, ticket, dispatch, task_id=task_id).code is expected
 
     @precondition(lambda self: self._holders("running"))
-    @rule(pick=PICK, failed=st.booleans())
-    def finish(self, pick: int, failed: bool) -> None:
-        """A run ends; one that failed for good and whose task blocks keeps its slot, and its key grants nothing."""
+    @rule(pick=PICK, failed=st.booleans(), keep=st.sampled_from(["none", "keep", "keep and start"]))
+    def finish(self, pick: int, failed: bool, keep: str) -> None:
+        """A run ends; one that failed for good and whose task blocks keeps its slot, and its key grants nothing.
+        A worker's local handoff keeps the first grant, and may have the finish start it for it."""
         km, ticket = self._pick(pick, self._holders("running"))
         blocks = failed and km.blocks[ticket]
-        done = self.gate.finish(km.name, ticket, km.holders[ticket].token, limit=km.policy.limit, block=blocks)
+        kept_blocks = bool(km.waiting) and km.blocks[km.waiting[0]]
+        start_kept = KeptStart(MODEL_TASK, max_lost=1, block=kept_blocks) if keep == "keep and start" else None
+        done = self.gate.finish(
+            km.name, ticket, km.holders[ticket].token, limit=km.policy.limit, block=blocks,
+            keep_first_seconds=30 if keep != "none" else 0, start_kept=start_kept,
+        )  # fmt: skip
         if blocks:
             assert (done.code, done.granted) == (Code.BLOCKED, [])
             km.fence(ticket)
@@ -278,7 +288,15 @@ class GateModel(RuleBasedStateMachine):
             return
         assert done.code is Code.OK
         km.end(ticket, "failed" if failed else "succeeded")
-        self._check_grants(km, done.granted, km.grant_waiting())
+        expected = km.grant_waiting()
+        self._check_grants(km, done.granted, expected)
+        assert [g.token > 0 for g in done.granted] == [start_kept is not None and i == 0 for i in range(len(expected))]
+        if start_kept is not None and expected:
+            kept, holder = done.granted[0], km.holders[expected[0]]
+            assert kept.attempts == holder.attempts + 1
+            self._started(km, kept.ticket, kept.token)
+            holder.state, holder.token, holder.attempts = "running", kept.token, kept.attempts
+            holder.max_lost, holder.blocks = 1, kept_blocks
 
     @precondition(lambda self: self._holders("running"))
     @rule(pick=PICK)

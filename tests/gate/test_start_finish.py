@@ -127,6 +127,8 @@ def test_finish_keeping_the_next_grant_starts_it_for_its_caller_when_of_the_same
     assert (running.state, running.token, running.attempts, running.dispatch) == ("running", kept.token, 1, 1)
     assert 29 < running.deadline_in <= 30, "a lease from the finish"
     assert gate.start("k", 2, 1).code is Code.ALREADY_STARTED, "its message cannot start it twice"
+    assert gate.kept_by("k", first.token) == (2, kept.token), "for a caller whose reply was lost"
+    assert gate.kept_by("k", kept.token) is None
     assert gate.finish("k", 2, kept.token).ok, "its token ends it"
 
 

@@ -21,7 +21,8 @@
           is published again this long from now if it has not started (0 = push every grant)
   ARGV[10] start_kept: 'lease_ms|max_lost|block|task name' = the kept grant is also started here, for
           the caller, if its stored message is of that task (the finishing task's policy is then its
-          own): its lease runs, and its token is returned ('' = it is started by its own start call)
+          own): its lease runs, and its token is returned ('' = it is started by its own start call);
+          meta's "kept" says "<token of the run ended>|<kept ticket>|<its token>" until the next such start
 
   Returns {code, token, attempts, ticket1, dispatch1, message1, pushed1, ticket2, ...}
     code 0 OK           finished; the listed tickets are now granted: those not pushed must be published.
@@ -63,6 +64,8 @@ local function keep(kept)
     if ok and type(stored) == 'table' and stored.task == task then
       local holder = new_holder('r', next_token(meta_key), now + tonumber(lease), 1, tonumber(max_lost), tonumber(block))
       out[2], out[3] = holder.token, holder.attempts
+      -- For a caller whose reply is lost: which run it ended started which ticket (Gate.kept_by).
+      redis.call('HSET', meta_key, 'kept', string.format('%d|%s|%d', token, kept, holder.token))
       return holder
     end
   end
