@@ -206,6 +206,10 @@ class Bench:
         self.history.clear()  # the worker is idle: the last round waited for it (a failed round is the last)
         (self.project.directory / "plan.json").write_text(json.dumps(plan))
         deadline = time.monotonic() + self.args.timeout
+        if self.postgres is not None:
+            # Statistics as a database in service keeps them: a fresh server's first autovacuum ANALYZE
+            # comes a minute in, and a round planned on an empty table's ran a peer's job fetches 8x slower.
+            self.pg_execute("ANALYZE")
         cpu0 = group_cpu_seconds(self.cpu_groups)
         sent = self.produce(variant, result)
         if sent is None:
@@ -276,12 +280,19 @@ class Bench:
         return with_missing(Counter(dict(rows)), ids)
 
     def pg_rows(self, query: str, params: list) -> list[tuple]:
+        with self.pg_connection() as conn:
+            return conn.execute(query, params).fetchall()
+
+    def pg_execute(self, statement: str) -> None:
+        with self.pg_connection() as conn:
+            conn.execute(statement)
+
+    def pg_connection(self):  # a psycopg.Connection (imported here: only the PostgreSQL runs need it)
         import psycopg
 
         pg = self.postgres
         assert pg is not None
-        with psycopg.connect(host=str(pg.directory), port=pg.port, user=pg.user, dbname=PG_DATABASE) as conn:
-            return conn.execute(query, params).fetchall()
+        return psycopg.connect(host=str(pg.directory), port=pg.port, user=pg.user, dbname=PG_DATABASE)
 
     def wait_recorded(self, variant: str, ids: list, deadline: float, result: Round) -> float:
         """time.time() when every keyed record, or the peer's job, of ``ids`` was terminal (or at the
