@@ -220,8 +220,7 @@ class Run:
                 # timeout. If a copy did go out, the first to start runs and the other is dropped.
                 # One it started for this process to keep is given back first, unstarted.
                 kept = gate.kept_by(lease.key, lease.token)
-                if kept and (holder := snapshot.holders.get(kept[0])) and holder.token == kept[1]:
-                    gate.requeue(lease.key, kept[0], kept[1], unstarted=True)
+                if kept and gate.requeue(lease.key, *kept, unstarted=True):  # the script checks it still runs
                     snapshot = gate.inspect(lease.key, waiting_shown=0)
                 granted = [t for t, holder in snapshot.holders.items() if holder.state == "granted"]
                 publish_grants(task.app, [r for t in granted for r in gate.release(lease.key, t)])
