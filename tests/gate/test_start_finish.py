@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from django_keyed_queue.gate import Code, Grant, KeptStart
 from django_keyed_queue.gate.keys import KeyNames
 from tests.gate_redis import message_of, redis_names
@@ -315,3 +317,19 @@ def test_only_the_ticket_s_own_message_may_start_it(gate):
     assert gate.start("other", other, 1, task_id="any").code is Code.FOREIGN_MESSAGE, "an unreadable stored message"
     assert gate.inspect("k").holders[ticket].state == "granted", "a refused start changes nothing"
     assert gate.start("k", ticket, 1, task_id="own-id").ok
+
+
+@pytest.mark.parametrize("task", ["t|with|bars", "tâche \u2603", "nul\x00inside", "x" * 5000])
+def test_a_kept_start_takes_any_task_name_and_only_a_stored_message_of_it(gate, gate_redis, task):
+    first = gate.submit("k", _envelope(task), start=True)
+    gate.submit("k", _envelope(task))
+    gate.submit("k", b"not json \xff")
+    gate.submit("k", _envelope(task))
+    start = KeptStart(task, max_lost=1)
+
+    kept = gate.finish("k", 1, first.token, keep_first_seconds=30, start_kept=start).granted[0]
+    assert (kept.ticket, kept.attempts) == (2, 1) and kept.token > 0
+    garbled = gate.finish("k", 2, kept.token, keep_first_seconds=30, start_kept=start).granted[0]
+    assert (garbled.ticket, garbled.token) == (3, 0), "a stored message that is not JSON is only granted"
+    gate_redis.hset(KeyNames("k").meta, "kept", b"1|2|x")  # someone else's write
+    assert gate.kept_by("k", 1) is None
