@@ -255,3 +255,22 @@ def test_a_worker_s_transition_waits_for_its_submission_s_row_then_makes_it(monk
     time.sleep(0.35)
     recorder.flush()  # no row came: it makes one
     assert KeyedTask.objects.get(task_id="t3").worker == "w1"
+
+
+def test_submission_rows_written_in_one_batch_merge_with_rows_a_worker_made_first():
+    """The submissions' writer inserts a batch at once; where a worker's row came first, that row keeps
+    its status, and no row is doubled."""
+    enqueued = timezone.now() - timedelta(seconds=3)
+    create = {"task_name": "demo.step", "enqueued_at": enqueued, "arguments": "args=('k',)"}
+    make_row(task_id="t2", ticket=2, status="running", attempts=1, arguments="args=('k',)", worker="w1")
+    rows = [Transition(f"t{i}", "k", i, "waiting", 0, create=create) for i in (1, 2, 3)]
+    KeyedTask.objects.apply(*rows, new=True)
+    found = {r.task_id: (r.status, r.attempts, r.worker, r.enqueued_at) for r in KeyedTask.objects.all()}
+    assert found == {
+        "t1": ("waiting", 0, "", enqueued),
+        "t2": ("running", 1, "w1", found["t2"][3]),
+        "t3": ("waiting", 0, "", enqueued),
+    }
+    KeyedTask.objects.apply(*rows, new=True)  # written again (a writer's claim ran out): no change, no new row
+    assert KeyedTask.objects.count() == 3
+    assert {r.task_id: (r.status, r.attempts, r.worker, r.enqueued_at) for r in KeyedTask.objects.all()} == found
