@@ -54,6 +54,7 @@ def submit(
     record: bytes,
     block: bool,
     wire: bytes,
+    coalesce: str,
 ) -> ScriptCall:
     n = KeyNames(key)
     return ScriptCall(
@@ -61,7 +62,7 @@ def submit(
         [n.meta, n.queue, n.messages, n.holders, n.joined, n.recent, n.recent_older, n.unwritten, n.wires],
         [
             message, limit, dispatch_timeout_ms, lease_ms, join_id, idle_horizon_ms, max_lost,
-            "1" if retried else "", task_id, max_waiting, generation_ms, record, _flag(block), wire,
+            "1" if retried else "", task_id, max_waiting, generation_ms, record, _flag(block), wire, coalesce,
         ],
     )  # fmt: skip
 

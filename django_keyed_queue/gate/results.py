@@ -50,6 +50,9 @@ class Submission:
     max_waiting: int = 0
     #: The message's broker template (``messaging/wire.py``); empty: none, its grant is published.
     wire: bytes = b""
+    #: The task's name if it coalesces: this ticket, if it must wait, replaces the one of that task
+    #: waiting (``SubmitResult.superseded``); empty: it does not.
+    coalesce: str = ""
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,8 @@ class SubmitResult:
     token: int = 0
     #: Granted, and its message pushed onto the broker's queue by the same call.
     pushed: bool = False
+    #: The waiting ticket of the same task this one replaced (coalescing), and its task id.
+    superseded: tuple[int, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,9 @@ class Unwritten:
     record: bytes
     #: The ticket's stored message; None once it finished or was withdrawn.
     message: bytes | None
+    #: A coalescing submission replaced it before it ran (``at_ms`` is then when): its record is
+    #: the submission's with ``superseded_by`` and ``enqueued_ms`` added (see ``submit.lua``).
+    superseded: bool = False
 
 
 @dataclass(frozen=True)

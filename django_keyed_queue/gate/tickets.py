@@ -43,6 +43,7 @@ class TicketCalls(GateBase):
         max_waiting: int = 0,
         record: bytes = b"",
         wire: bytes = b"",
+        coalesce: str = "",
     ) -> SubmitResult | None:
         """Take the next ticket of ``key`` and store ``message`` with it.
 
@@ -59,12 +60,16 @@ class TicketCalls(GateBase):
         (see :meth:`claim_unwritten`).
         A non-empty ``wire`` (``messaging/wire.py``) is pushed onto the broker's queue by the call
         that grants the ticket (``SubmitResult.pushed``, ``Grant.pushed``).
+        A non-empty ``coalesce`` (the task's name): a ticket that must wait replaces the one of that
+        task waiting, whose record is kept as superseded (``SubmitResult.superseded``).
         """
         call = self._submit_call(
             key, message, limit=limit, lease_ms=self.lease_ms if start else 0, join_id=join_id, max_lost=max_lost,
             block=block, task_id=task_id, retried=retried, max_waiting=max_waiting, record=record, wire=wire,
+            coalesce=coalesce,
         )  # fmt: skip
-        [reply] = self._pipelined([call], index=key, also=self._index_unwritten([key] if record else []))
+        recorded = [key] if record or coalesce else []  # a superseded ticket's record is kept too
+        [reply] = self._pipelined([call], index=key, also=self._index_unwritten(recorded))
         if reply[0] == Code.DUPLICATE:
             logger.debug("submit key=%r join_id=%s duplicate", key, join_id)
             return None
@@ -90,12 +95,13 @@ class TicketCalls(GateBase):
                 max_waiting=s.max_waiting,
                 record=s.record,
                 wire=s.wire,
+                coalesce=s.coalesce,
             )  # fmt: skip
             for s in submissions
         ]
         if not batch:
             return []
-        recorded = [s.key for s in submissions if s.record]
+        recorded = [s.key for s in submissions if s.record or s.coalesce]
         replies = self._pipelined(batch, index=[s.key for s in submissions], also=self._index_unwritten(recorded))
         return [_submit_result(s.key, reply) for s, reply in zip(submissions, replies, strict=True)]
 
@@ -114,13 +120,14 @@ class TicketCalls(GateBase):
         max_waiting: int,
         record: bytes,
         wire: bytes = b"",
+        coalesce: str = "",
     ) -> calls.ScriptCall:
         """``submit.lua``'s call with this gate's durations filled in."""
         return calls.submit(
             key, message=message, limit=limit, dispatch_timeout_ms=self.dispatch_timeout_ms, lease_ms=lease_ms,
             join_id=join_id, idle_horizon_ms=self.idle_horizon_ms, max_lost=max_lost, retried=retried,
             task_id=task_id, max_waiting=max_waiting, generation_ms=seconds_to_ms(RECENT_SUBMISSION_SECONDS),
-            record=record, block=block, wire=wire,
+            record=record, block=block, wire=wire, coalesce=coalesce,
         )  # fmt: skip
 
     def start(
@@ -339,9 +346,12 @@ class TicketCalls(GateBase):
 
 
 def _submit_result(key: str, reply: list[Any]) -> SubmitResult | QueueFull:
-    code, ticket, token, _, pushed = reply
+    code, ticket, token, _, pushed, *replaced = reply
     if code == Code.QUEUE_FULL:
         return QueueFull(key, int(ticket))
-    result = SubmitResult(ticket=int(ticket), granted=code == Code.OK, token=int(token), pushed=pushed == 1)
+    superseded = (int(replaced[0]), text(replaced[1])) if replaced and int(replaced[0]) else None
+    result = SubmitResult(
+        ticket=int(ticket), granted=code == Code.OK, token=int(token), pushed=pushed == 1, superseded=superseded
+    )
     logger.debug("submit key=%r ticket=%s granted=%s", key, result.ticket, result.granted)
     return result

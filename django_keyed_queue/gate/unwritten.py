@@ -49,11 +49,13 @@ class UnwrittenCalls(GateBase):
             if left:
                 more.add(key)
             for ticket, kept, message in zip(flat[0::3], flat[1::3], flat[2::3], strict=True):
-                # "<d (granted) or w (waiting)>|<server ms>|<record>", as submit.lua keeps it.
+                # "<d (granted), w (waiting) or s (superseded)>|<server ms>|<record>", as submit.lua keeps it.
                 parts = kept.split(b"|", 2)
                 # Not as submit keeps it (someone else wrote it): handed on whole, for the caller to refuse.
                 state, at_ms, record = parts if len(parts) == 3 and parts[1].isdigit() else (b"", b"0", kept)
-                found.append(Unwritten(key, int(ticket), state == b"d", int(at_ms), record, message or None))
+                found.append(
+                    Unwritten(key, int(ticket), state == b"d", int(at_ms), record, message or None, state == b"s")
+                )
         return UnwrittenRecords(found, frozenset(more))
 
     def unclaim_unwritten(self, claims: Iterable[tuple[str, int]]) -> None:

@@ -30,6 +30,7 @@ def keyed_serial_task(
     limit: int = 1,
     rate: str | None = None,
     on_failure: str = "continue",
+    coalesce: bool = False,
     **options: Any,
 ) -> Callable[[Callable[..., Any]], Any]:
     """Make ``fun`` a Celery task whose runs sharing ``key`` are serialized.
@@ -46,6 +47,11 @@ def keyed_serial_task(
     operator retries it (it runs again, first) or cancels it (``"continue"``, the
     default: the key's next task runs).
 
+    ``coalesce=True``: a key holds at most one waiting task of this task. A newer
+    submission replaces the one waiting, which never runs: its record ends
+    ``superseded``, naming its replacement, its result reads ``REVOKED``, and an
+    idempotency key that gave it gives its replacement. A running task is not touched.
+
     Other options go to ``shared_task`` unchanged (``bind``, ``max_retries``,
     ``queue`` ...), or set the task class's own (``max_recoveries``, ``idempotent``,
     ``max_waiting``, and a ``base=`` class's attributes); any other name raises
@@ -60,6 +66,8 @@ def keyed_serial_task(
     interval_ms = rate_interval_ms(rate)
     if on_failure not in FAILURE_POLICIES:
         raise ValueError(f"on_failure must be one of {', '.join(map(repr, FAILURE_POLICIES))}, got {on_failure!r}")
+    if not isinstance(coalesce, bool):
+        raise TypeError(f"coalesce must be True or False, got {coalesce!r}")
     base = options.pop("base", None)
     if base is not None and not (isinstance(base, type) and issubclass(base, Task)):
         raise TypeError(f"base must be a Celery task class (a subclass of celery.Task), got {base!r}")
@@ -78,6 +86,7 @@ def keyed_serial_task(
             "serial_rate": rate,
             "serial_interval_ms": interval_ms,
             "serial_on_failure": on_failure,
+            "serial_coalesce": coalesce,
         }
         return _shared(fun, base, {**ours, **options})
 
@@ -163,7 +172,7 @@ def _check_options(options: dict[str, Any], base: type | None) -> None:
             hints.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
         raise TypeError(
             f"@keyed_serial_task got unknown option{'s' if len(unknown) > 1 else ''} {', '.join(hints)}: "
-            "neither one of its own (key, limit, rate, on_failure, max_recoveries, idempotent, max_waiting) "
+            "neither one of its own (key, limit, rate, on_failure, coalesce, max_recoveries, idempotent, max_waiting) "
             "nor a Celery task option"
         )
     for name, value in options.items():

@@ -58,6 +58,9 @@ class KeyedSerialTask(TaskBase):
     #: ``"continue"``, the key's next task runs; ``"block"``, it keeps its key held, and the key
     #: runs nothing until an operator retries it (it runs again first) or cancels it.
     serial_on_failure: str = "continue"
+    #: ``coalesce=True``: a key holds at most one waiting task of this task; a newer submission
+    #: replaces it (it never runs; its record ends ``superseded``), the running one is not touched.
+    serial_coalesce: bool = False
     #: A duplicate submission (same task, same arguments) within the idempotency
     #: window returns the original task instead of running again.
     idempotent: bool = False

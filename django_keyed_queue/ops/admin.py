@@ -60,7 +60,7 @@ PERMISSIONS = {
 DETAIL_FIELDS = (
     *("task_id", "task_name", "key", "ticket", "status", "attempts", "worker", "arguments"),
     *("enqueued", "due", "dispatched", "started", "heartbeat", "finished", "waited", "ran", "error"),
-    *("retried_as_link", "retry_of_link"),
+    *("retried_as_link", "retry_of_link", "superseded_by_link"),
 )
 
 #: What a page shows for a time or a span that has none yet.
@@ -132,6 +132,11 @@ class KeyedTaskAdmin(admin.ModelAdmin):
     def retry_of_link(self, task: KeyedTask) -> str:
         """The failed task an operator retried as this one."""
         return _task_link(task.retry_of) if task.retry_of else NOTHING
+
+    @admin.display(description=_("superseded by"))
+    def superseded_by_link(self, task: KeyedTask) -> str:
+        """The task of a coalescing key whose submission replaced this one while it waited."""
+        return _task_link(task.superseded_by) if task.superseded_by else NOTHING
 
     enqueued = _at("enqueued_at", _("enqueued at"))
     due = _at("due_at", _("due at"))

@@ -214,4 +214,6 @@ def _ended(task: KeyedTask) -> Explanation:
     reasons = [f"it {task.status} at {at(task.finished_at)}" if task.finished_at else f"it {task.status}"]
     if task.retried_as:
         reasons.append(f"an operator retried it as {task.retried_as}")
+    if task.superseded_by:
+        reasons.append(f"a newer submission of its task, {task.superseded_by}, replaced it while it waited")
     return Explanation(task, task.status, reasons)

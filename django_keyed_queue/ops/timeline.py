@@ -21,6 +21,7 @@ COLOURS: dict[str, str] = {  # by status
     Status.CANCELLED: "#999999",
     Status.IGNORED: "#999999",
     Status.REJECTED: "#999999",
+    Status.SUPERSEDED: "#999999",
     Status.RUNNING: "#e0a800",
     Status.RETRYING: "#e0a800",
 }

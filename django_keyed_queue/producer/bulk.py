@@ -13,6 +13,7 @@ from celery.result import AsyncResult
 from ..conf import settings
 from ..exceptions import GateUnavailable, InvalidArguments
 from ..gate import NotSent, QueueFull, Submission, SubmitResult
+from ..messaging import superseded
 from ..messaging.building import build, gate_wire, publish_stored
 from ..messaging.message import TaskMessage, is_delayed, ticket_header
 from ..process.outage import asked_again
@@ -118,6 +119,9 @@ def _submit_batch(
     except BaseException:
         _unclaim(sending)
         raise
+    for item, outcome in zip(sending, outcomes, strict=True):
+        if not isinstance(outcome, QueueFull) and outcome.superseded is not None:
+            superseded.replaced(task, item.submission.key, outcome.superseded[1], by=item.checked.task_id)
     for i, (item, outcome) in enumerate(zip(sending, outcomes, strict=True)):
         key = item.submission.key
         try:

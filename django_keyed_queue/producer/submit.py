@@ -20,6 +20,7 @@ from django.utils import timezone
 from ..conf import settings
 from ..exceptions import GateUnavailable, InvalidArguments, KeyQueueFull
 from ..gate import QueueFull, Submission
+from ..messaging import superseded
 from ..messaging.building import SendNow, send_to_gate
 from ..messaging.dispatch import publish_grants
 from ..messaging.message import TaskMessage, gate_message, is_delayed, ticket_header
@@ -141,12 +142,15 @@ def _enqueue(
             submitted = take_ticket(
                 gate, task.name, key, sub.message, task_id=task_id, limit=sub.limit,
                 max_waiting=sub.max_waiting, record=sub.record, wire=send_now.wire(key, gate.client),
+                coalesce=sub.coalesce,
             )  # fmt: skip
         except QueueFull as full:
             raise queue_full(task, full, sub, "; nothing was submitted") from full
         except redis.RedisError as exc:
             raise GateUnavailable(f"{task.name}: the keyed queue's Redis is unreachable: {exc}") from exc
         assert submitted is not None  # only joins can be duplicates
+        if submitted.superseded is not None:
+            superseded.replaced(task, key, submitted.superseded[1], by=task_id)
         if not submitted.granted or submitted.pushed:
             return
         try:
@@ -172,7 +176,7 @@ def gate_submission(task: KeyedTaskProtocol, key: str, message: TaskMessage, opt
     return Submission(
         key, row["message"].encode(), message.task_id,
         record=submissions.encode_record(message.task_id, task.name, row["arguments"]),
-        limit=task.serial_limit, max_waiting=waiting_limit(task),
+        limit=task.serial_limit, max_waiting=waiting_limit(task), coalesce=task.name if task.serial_coalesce else "",
     )  # fmt: skip
 
 

@@ -38,6 +38,8 @@ class KeyedTask(models.Model):
     retried_as = models.CharField(_("retried as"), max_length=TASK_ID_MAX_LENGTH, blank=True, default="")
     #: The failed task an operator's retry submitted this one for (set once its row is written).
     retry_of = models.CharField(_("retry of"), max_length=TASK_ID_MAX_LENGTH, blank=True, default="")
+    #: The task whose submission replaced this one while it waited (a coalescing task's).
+    superseded_by = models.CharField(_("superseded by"), max_length=TASK_ID_MAX_LENGTH, blank=True, default="")
 
     objects = KeyedTaskManager()
 

@@ -18,9 +18,13 @@ class Status(models.TextChoices):
     IGNORED = "ignored", _("ignored")
     #: The task raised Celery's ``Reject(requeue=False)``: its message was dropped.
     REJECTED = "rejected", _("rejected")
+    #: A newer submission of its coalescing task replaced it while it waited: it never ran.
+    SUPERSEDED = "superseded", _("superseded")
 
 
-TERMINAL_STATUSES = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.IGNORED, Status.REJECTED)
+TERMINAL_STATUSES = (
+    Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.IGNORED, Status.REJECTED, Status.SUPERSEDED,
+)  # fmt: skip
 ACTIVE_STATUSES = (Status.WAITING, Status.DISPATCHED, Status.RUNNING, Status.RETRYING)
 
 #: Order of statuses within one attempt; a record never moves back in it.
@@ -34,4 +38,5 @@ STATUS_RANK: dict[str, int] = {
     Status.CANCELLED: 4,
     Status.IGNORED: 4,
     Status.REJECTED: 4,
+    Status.SUPERSEDED: 4,
 }

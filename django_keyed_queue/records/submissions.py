@@ -23,6 +23,7 @@ from django.db import close_old_connections
 
 from ..conf import settings
 from ..gate import Unwritten
+from . import idempotency
 from .models import KeyedTask
 from .statuses import Status
 from .transitions import Transition
@@ -56,6 +57,18 @@ def transition(unwritten: Unwritten) -> Transition:
     if not isinstance(data, dict) or not all(isinstance(data.get(f), str) for f in _RECORD_FIELDS):
         raise ValueError(f"not a keyed task submission record: {unwritten.record[:200]!r}")
     at = datetime.fromtimestamp(unwritten.at_ms / 1000, tz=UTC)
+    create = {"task_name": data["task_name"], "enqueued_at": at, "arguments": data["arguments"]}
+    message = unwritten.message.decode() if unwritten.message is not None else None
+    if unwritten.superseded:  # ``at`` is when it was replaced; its submission's time is kept beside
+        by, enqueued_ms = data.get("superseded_by"), data.get("enqueued_ms")
+        if not isinstance(by, str) or not (
+            enqueued_ms is None or (isinstance(enqueued_ms, str) and enqueued_ms.isdigit())
+        ):
+            raise ValueError(f"not a superseded submission's record: {unwritten.record[:200]!r}")
+        if enqueued_ms is not None:
+            create["enqueued_at"] = datetime.fromtimestamp(int(enqueued_ms) / 1000, tz=UTC)
+        fields = {"finished_at": at, "superseded_by": by}
+        return Transition(data["task_id"], unwritten.key, unwritten.ticket, Status.SUPERSEDED, 0, fields, create=create)
     granted = unwritten.granted
     return Transition(
         data["task_id"],
@@ -64,8 +77,8 @@ def transition(unwritten: Unwritten) -> Transition:
         Status.DISPATCHED if granted else Status.WAITING,
         0,
         {"dispatched_at": at} if granted else {},
-        create={"task_name": data["task_name"], "enqueued_at": at, "arguments": data["arguments"]},
-        message=unwritten.message.decode() if unwritten.message is not None else None,
+        create=create,
+        message=message,
     )
 
 
@@ -84,6 +97,9 @@ def write(gate: Gate, keys: Sequence[str], claims: Sequence[tuple[str, int]] = (
                 )
         if rows:  # a row the database refuses is set aside: it holds back no other, and is not tried again
             KeyedTask.objects.apply_setting_aside(rows, new=True)
+        for row in rows:  # written again if this pass fails after: each hand-over is done once however often
+            if row.status == Status.SUPERSEDED:
+                idempotency.repoint(row.task_id, row.fields["superseded_by"])
     except BaseException:
         gate.unclaim_unwritten(claims)  # the next pass, of any writer, tries them again
         raise

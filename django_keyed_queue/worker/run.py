@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from ..exceptions import InvalidArguments, InvalidKey
 from ..gate import Code, FinishResult, Grant, KeptStart, Lease, Outcome, SubmitResult
+from ..messaging import superseded
 from ..messaging.building import SendNow, delivered, send_to_gate
 from ..messaging.dispatch import publish, publish_grants
 from ..messaging.message import (
@@ -377,7 +378,10 @@ def join(
         join_id=join_id,
         max_lost=task.max_recoveries,
         block=task.blocks_on_failure,
+        coalesce=task.name if task.serial_coalesce else "",
     )
+    if submitted is not None and submitted.superseded is not None:
+        superseded.replaced(task, key, submitted.superseded[1], by=cast(str, request.id))
     if submitted is None:
         logger.info("dropping duplicate of %s[%s] key=%r", task.name, request.id, key)
     elif not submitted.granted:

@@ -100,6 +100,12 @@ def failing_step(key: str, n: int) -> None:
     raise RuntimeError(f"step {n} of {key} fails on purpose")
 
 
+@keyed_serial_task(key="{key}", coalesce=True)
+def latest_step(key: str, n: int, duration: float = 0.0) -> int:
+    """A step of a coalescing key: one runs, the latest waits, the rest are superseded."""
+    return logged_step(key, n, duration)
+
+
 @keyed_serial_task(key="{key}")
 def keyed_noop(key: str, i: int) -> None:
     return None

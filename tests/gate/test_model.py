@@ -74,6 +74,8 @@ class ModelKey:
     last_new_grant: int = 0
     #: (ticket, token) of attempts that were fenced: their ends must change nothing.
     fenced: list[tuple[int, int]] = field(default_factory=list)
+    #: The ticket a coalescing submission last parked: the next one replaces it while it waits.
+    coalesced: int | None = None
 
     def task_id(self, ticket: int) -> str:
         return f"{self.name}#{ticket}"
@@ -204,16 +206,26 @@ class GateModel(RuleBasedStateMachine):
         else:
             km.waiting.append(ticket)
 
-    @rule(policy=st.sampled_from(POLICIES), blocks=st.booleans(), start=st.booleans(), max_lost=st.integers(0, 1))
-    def submit(self, policy: KeyPolicy, blocks: bool, start: bool, max_lost: int) -> None:
-        """A new task; with ``start``, one that starts at once if granted (a delayed task joining on its worker)."""
+    @rule(
+        policy=st.sampled_from(POLICIES), blocks=st.booleans(), start=st.booleans(), max_lost=st.integers(0, 1),
+        coalesce=st.booleans(),
+    )  # fmt: skip
+    def submit(self, policy: KeyPolicy, blocks: bool, start: bool, max_lost: int, coalesce: bool) -> None:
+        """A new task; with ``start``, one that starts at once if granted (a delayed task joining on its worker);
+        with ``coalesce``, one that replaces the waiting ticket a coalescing submission parked last."""
         km = self.keys[policy.name]
         ticket, free = self._next_submission(km, blocks)
+        replaced = km.coalesced if coalesce and not free and km.coalesced in km.waiting else None
         result = self.gate.submit(
             km.name, km.messages[ticket], limit=policy.limit, task_id=km.task_id(ticket),
-            start=start, max_lost=max_lost, block=blocks,
+            start=start, max_lost=max_lost, block=blocks, coalesce=MODEL_TASK if coalesce else "",
         )  # fmt: skip
         assert (result.ticket, result.granted) == (ticket, free)
+        assert result.superseded == (None if replaced is None else (replaced, km.task_id(replaced)))
+        if replaced is not None:
+            km.end(replaced, "superseded")
+        if coalesce and not free:
+            km.coalesced = ticket
         self._submitted(km, ticket, free)
         if start and free:
             self._started(km, ticket, result.token)

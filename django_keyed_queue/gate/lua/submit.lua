@@ -31,11 +31,13 @@
   ARGV[13] block: 1 = the task blocks its key when it fails for good (used when started at once)
   ARGV[14] wire: the message's broker template ('' = none): kept with the ticket, and pushed to
           the broker when it is granted (not when started at once: its caller runs it)
+  ARGV[15] coalesce: the task's name if it coalesces ('' = it does not): a ticket that must wait
+          replaces the one of the same task already waiting (see "Coalescing" below)
 
-  Returns {code, ticket, token, deadline_ms, pushed}
+  Returns {code, ticket, token, deadline_ms, pushed, superseded ticket, superseded task id}
     code 0 OK          granted (token > 0 when started, deadline = lease end); pushed 1 = its
                        message is on the broker's queue, 0 = the caller publishes it
-    code 1 PARKED      waiting in the queue
+    code 1 PARKED      waiting in the queue; with a superseded ticket > 0, in place of that one
     code 7 DUPLICATE   the join id was seen before; nothing changed
     code 10 QUEUE_FULL {10, tickets waiting}; nothing changed
 ]]
@@ -71,10 +73,29 @@ end
 local free = redis.call('LLEN', queue_key) == 0
   and redis.call('HLEN', holders_key) < limit
   and not grants_held(meta_key)
+
+-- Coalescing: meta's "coalesce:<task>" names the ticket of that task last parked. If it still
+-- waits (its message is stored and it holds no slot), and its stored message says it is that
+-- task's, this ticket takes its place: it leaves the queue, its message goes, and its record is
+-- kept as superseded (state "s") for the writer. A message not as submit stores it is left alone.
+local coalesce = ARGV[15] or ''
+local replaced, replaced_id
+if not free and coalesce ~= '' then
+  local last = redis.call('HGET', meta_key, 'coalesce:' .. coalesce)
+  local stored = last and redis.call('HEXISTS', holders_key, last) == 0 and redis.call('HGET', messages_key, last)
+  if stored then
+    local ok, envelope = pcall(cjson.decode, stored)
+    if ok and type(envelope) == 'table' and envelope.task == coalesce and type(envelope.id) == 'string'
+      and redis.call('LPOS', queue_key, last, 'RANK', -1) then
+      replaced, replaced_id = last, envelope.id
+    end
+  end
+end
+
 local max_waiting = tonumber(ARGV[10])
 if not free and max_waiting > 0 then
   local waiting = redis.call('LLEN', queue_key)
-  if waiting >= max_waiting then
+  if waiting - (replaced and 1 or 0) >= max_waiting then
     return {10, waiting, 0, 0, 0}
   end
 end
@@ -118,8 +139,18 @@ if ARGV[12] ~= '' then
 end
 
 if not free then
+  if replaced then
+    redis.call('LREM', queue_key, -1, replaced)
+    drop_message(messages_key, KEYS[9], replaced)
+    supersede_record(KEYS[8], replaced, replaced_id, coalesce, task_id, now)
+  else
+    replaced, replaced_id = 0, ''
+  end
+  if coalesce ~= '' then
+    redis.call('HSET', meta_key, 'coalesce:' .. coalesce, ticket)
+  end
   redis.call('RPUSH', queue_key, ticket)
-  return {1, ticket, 0, 0, 0}
+  return {1, ticket, 0, 0, 0, tonumber(replaced), replaced_id}
 end
 
 if lease > 0 then

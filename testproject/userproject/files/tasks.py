@@ -42,6 +42,12 @@ def plain_step(self, key: str, n: int, seconds: float = 0.0) -> int:
     return logged(self.request.id, key, n, seconds)
 
 
+@keyed_serial_task(key="{key}", bind=True, coalesce=True)
+def latest_step(self, key: str, n: int, seconds: float = 0.0) -> int:
+    """A step of a coalescing key: one runs, the latest waits, the rest are superseded."""
+    return logged(self.request.id, key, n, seconds)
+
+
 @keyed_serial_task(key="{key}", bind=True, rate="5/s")
 def paced_step(self, key: str, n: int, seconds: float = 0.0) -> int:
     """A step of an interval queue: one key's starts at least 200 ms apart."""

@@ -236,6 +236,22 @@ local function drop_message(messages_key, wires_key, ticket)
   redis.call('HDEL', wires_key, ticket)
 end
 
+-- Keep the record of `ticket` (task `task_id`, of task `task_name`), which never ran, as
+-- superseded by task `by` at server ms `now`: "s|<now>|<record>", its record as submit kept it
+-- (or, its row written already, the fields that find the row) with "superseded_by" and
+-- "enqueued_ms" added, for the writer (records/submissions.py).
+local function supersede_record(unwritten_key, ticket, task_id, task_name, by, now)
+  local kept = redis.call('HGET', unwritten_key, ticket)
+  local enqueued, record = string.match(kept or '', '^%a|(%d+)|(.*)$')
+  local ok, data = pcall(cjson.decode, record or '')
+  if not (ok and type(data) == 'table') then
+    data = {task_id = task_id, task_name = task_name, arguments = ''}
+  end
+  data.superseded_by = by
+  data.enqueued_ms = enqueued
+  redis.call('HSET', unwritten_key, ticket, 's|' .. now .. '|' .. cjson.encode(data))
+end
+
 -- One step of an HSCAN of `hash_key` (about `count` fields) that goes on where the last step of
 -- `name` stopped, its cursor kept in `cursors_key` for `keep_ms`: the caller deletes what it read,
 -- and steps that always began at cursor 0 would soon find only emptied buckets. Returns the

@@ -1,0 +1,35 @@
+"""What a coalescing submission does at once for the waiting task it replaced (``SubmitResult.superseded``).
+
+Its result reads ``REVOKED``, as Celery's own revoke leaves it, and its idempotency
+keys give the task that replaced it. The replaced task's row ends ``superseded``
+through the record the gate keeps for it (``records.submissions``), which also hands its
+idempotency keys over, so a producer that dies right after the gate's call leaves
+the row and the keys right; only its result then stays ``PENDING``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from celery.backends.base import DisabledBackend
+
+from ..records import idempotency
+
+if TYPE_CHECKING:
+    from .task_type import KeyedTaskProtocol
+
+logger = logging.getLogger(__name__)
+
+
+def replaced(task: KeyedTaskProtocol, key: str, task_id: str, by: str) -> None:
+    """Task ``task_id`` of ``key`` was replaced by task ``by`` while it waited."""
+    logger.info("%s[%s] key=%r is superseded by %s: it will not run", task.name, task_id, key, by)
+    idempotency.repoint(task_id, by)
+    backend = task.backend
+    if task.ignore_result or isinstance(backend, DisabledBackend):
+        return
+    try:
+        backend.mark_as_revoked(task_id, f"superseded by {by}")
+    except Exception:  # the result backend is down: the row says it, and the task never runs
+        logger.warning("%s[%s]: its result could not be marked REVOKED", task.name, task_id, exc_info=True)

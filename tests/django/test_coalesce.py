@@ -1,0 +1,115 @@
+"""``coalesce=True`` without workers: rows, results, idempotency keys, and what the option refuses."""
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from django_keyed_queue import keyed_serial_task
+from django_keyed_queue.gate.keys import KeyNames
+from django_keyed_queue.process.state import current
+from django_keyed_queue.records.models import IdempotencyKey, KeyedTask
+from django_keyed_queue.testing import write_submission_rows
+from testproject.demo.tasks import latest_step, step
+from tests.django.queues import QUEUE
+
+pytestmark = pytest.mark.django_db
+
+
+def test_one_runs_the_latest_waits_and_the_rest_are_superseded_each_naming_its_replacement(gate_redis, broker):
+    running = latest_step.apply_async(("a", 0), queue=QUEUE)
+    results = [latest_step.apply_async(("a", n), queue=QUEUE) for n in range(1, 6)]
+
+    assert write_submission_rows() == 6
+    rows = {r.task_id: r for r in KeyedTask.objects.all()}
+    assert rows[running.id].status == "dispatched"
+    assert rows[results[-1].id].status == "waiting"
+    for replaced, replacement in zip(results, results[1:], strict=False):
+        row = rows[replaced.id]
+        assert (row.status, row.superseded_by, row.attempts) == ("superseded", replacement.id, 0)
+        assert row.finished_at is not None and row.started_at is None
+        assert row.enqueued_at <= row.finished_at and f"args=('a', {results.index(replaced) + 1})" in row.arguments
+    assert broker.llen(QUEUE) == 1, "only the running one's message went out"
+    assert gate_redis.lrange(KeyNames("a").queue, 0, -1) == [str(rows[results[-1].id].ticket).encode()]
+
+
+# Celery's Redis result backend calls redis-py's SETEX, which redis-py 8 deprecates.
+@pytest.mark.filterwarnings("ignore:Call to deprecated setex:DeprecationWarning")
+def test_a_superseded_tasks_result_reads_revoked(gate_redis, broker):
+    latest_step.apply_async(("a", 0), queue=QUEUE)
+    replaced = latest_step.apply_async(("a", 1), queue=QUEUE)
+    latest_step.apply_async(("a", 2), queue=QUEUE)
+
+    assert replaced.state == "REVOKED"
+
+
+def test_an_idempotency_key_that_gave_the_replaced_task_gives_its_replacement(gate_redis, broker):
+    latest_step.apply_async(("a", 0), queue=QUEUE)
+    replaced = latest_step.apply_async(("a", 1), queue=QUEUE, idempotency_key="edit-1")
+    replacement = latest_step.apply_async(("a", 2), queue=QUEUE)
+
+    again = latest_step.apply_async(("a", 1), queue=QUEUE, idempotency_key="edit-1")
+
+    assert again.id == replacement.id != replaced.id
+    assert len(gate_redis.lrange(KeyNames("a").queue, 0, -1)) == 1, "the duplicate took no ticket"
+
+
+def test_the_writer_hands_the_keys_over_when_the_producer_did_not(gate_redis, broker):
+    """A producer killed right after the gate's call: the row and the keys still end right."""
+    latest_step.apply_async(("a", 0), queue=QUEUE)
+    replaced = latest_step.apply_async(("a", 1), queue=QUEUE, idempotency_key="edit-1")
+    gate = current().gate
+    message = gate_redis.hget(KeyNames("a").messages, 2)
+    envelope = json.loads(message)
+    envelope["id"] = "by-gate-alone"
+    gate.submit("a", json.dumps(envelope).encode(), task_id="by-gate-alone", coalesce=latest_step.name)
+
+    write_submission_rows()
+
+    assert KeyedTask.objects.get(task_id=replaced.id).superseded_by == "by-gate-alone"
+    assert IdempotencyKey.objects.get().task_id == "by-gate-alone"
+
+
+def test_tasks_that_do_not_coalesce_share_the_key_and_keep_their_place(gate_redis, broker):
+    latest_step.apply_async(("a", 0), queue=QUEUE)
+    first = latest_step.apply_async(("a", 1), queue=QUEUE)
+    other = step.apply_async(("a", 1), queue=QUEUE)
+    latest = latest_step.apply_async(("a", 2), queue=QUEUE)
+
+    write_submission_rows()
+    rows = {r.task_id: r for r in KeyedTask.objects.all()}
+    assert rows[first.id].status == "superseded" and rows[other.id].status == "waiting"
+    waiting = [int(t) for t in gate_redis.lrange(KeyNames("a").queue, 0, -1)]
+    assert waiting == [rows[other.id].ticket, rows[latest.id].ticket], "submission order"
+
+
+def test_bulk_submission_coalesces(gate_redis, broker):
+    results = latest_step.apply_async_many([("a", n) for n in range(4)], queue=QUEUE)
+
+    write_submission_rows()
+    statuses = [KeyedTask.objects.get(task_id=r.id).status for r in results]
+    assert statuses == ["dispatched", "superseded", "superseded", "waiting"]
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None, 0.0])
+def test_coalesce_must_be_a_bool(value):
+    with pytest.raises(TypeError, match="coalesce must be True or False"):
+        keyed_serial_task(key="{key}", coalesce=value)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(max_size=3000), n=st.integers() | st.floats(allow_nan=False) | st.none())
+def test_any_arguments_come_back_on_the_superseded_row(gate_redis, broker, text, n):
+    """Whatever the arguments, the superseded row shows them as the submission's row would."""
+    key = f"k{len(text)}-{hash((text, n))}"
+    latest_step.apply_async((key, 0), queue=QUEUE)
+    replaced = latest_step.apply_async((key, n, text), queue=QUEUE)
+    latest_step.apply_async((key, 2), queue=QUEUE)
+    write_submission_rows()
+
+    row = KeyedTask.objects.get(task_id=replaced.id)
+    assert row.status == "superseded"
+    waiting = latest_step.apply_async((key + "w", n, text), queue=QUEUE)
+    write_submission_rows()
+    assert row.arguments == KeyedTask.objects.get(task_id=waiting.id).arguments.replace(key + "w", key)

@@ -1,0 +1,167 @@
+"""submit.lua's coalescing: a ticket that must wait replaces the one of the same task waiting."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from django_keyed_queue.gate import QueueFull, Submission
+from django_keyed_queue.gate.keys import KeyNames
+from tests.gate_redis import message_of
+
+
+def stored(task: str, task_id: str) -> bytes:
+    """A stored message as ``TaskMessage.encode`` makes its envelope (the gate reads only task and id)."""
+    return json.dumps({"task": task, "id": task_id, "content_type": "application/json", "body": ""}).encode()
+
+
+def record(task_id: str) -> bytes:
+    return json.dumps({"task_id": task_id, "task_name": "t", "arguments": f"args=({task_id!r},)"}).encode()
+
+
+def submit(gate, key: str, task_id: str, task: str = "t", *, coalesce: bool = True, **options):
+    return gate.submit(
+        key,
+        stored(task, task_id),
+        task_id=task_id,
+        record=record(task_id),
+        coalesce=task if coalesce else "",
+        **options,
+    )
+
+
+def test_a_waiting_ticket_is_replaced_by_the_next_and_the_running_one_is_not(gate, gate_redis):
+    running = submit(gate, "k", "t0")
+    first = submit(gate, "k", "t1")
+    assert running.granted and not first.granted and first.superseded is None
+
+    results = [submit(gate, "k", f"t{i}") for i in range(2, 6)]
+
+    tickets = [first.ticket, *(r.ticket for r in results)]
+    assert [r.superseded for r in results] == [(tickets[i], f"t{i + 1}") for i in range(4)]
+    state = gate.inspect("k")
+    assert state.waiting == [results[-1].ticket], "one waits: the latest"
+    assert list(state.holders) == [running.ticket], "the running one is not touched"
+    for replaced in (first, *results[:-1]):
+        assert message_of(gate_redis, "k", replaced.ticket) is None
+
+
+def test_the_replaced_tickets_records_are_kept_as_superseded_by_their_replacement(gate):
+    submit(gate, "k", "t0")
+    first = submit(gate, "k", "t1")
+    second = submit(gate, "k", "t2")
+
+    kept = {u.ticket: u for u in gate.unwritten(["k"]).records}
+
+    assert kept[second.ticket].superseded is False and kept[second.ticket].granted is False
+    replaced = kept[first.ticket]
+    assert replaced.superseded and not replaced.granted
+    data = json.loads(replaced.record)
+    assert data["task_id"] == "t1" and data["superseded_by"] == "t2"
+    assert data["arguments"] == "args=('t1',)", "the producer's record, kept"
+    assert int(data["enqueued_ms"]) <= replaced.at_ms
+
+
+def test_a_replaced_ticket_whose_row_is_written_keeps_what_finds_its_row(gate):
+    submit(gate, "k", "t0")
+    first = submit(gate, "k", "t1")
+    gate.forget_unwritten(gate.unwritten(["k"]).records)  # both rows written
+
+    submit(gate, "k", "t2")
+
+    [replaced] = [u for u in gate.unwritten(["k"]).records if u.superseded]
+    data = json.loads(replaced.record)
+    assert replaced.ticket == first.ticket
+    assert (data["task_id"], data["task_name"], data["superseded_by"]) == ("t1", "t", "t2")
+    assert "enqueued_ms" not in data
+
+
+def test_a_granted_ticket_is_not_replaced(gate):
+    """Limit 2: two are granted; the third waits; only waiting tickets are ever replaced."""
+    granted = [submit(gate, "k", f"t{i}", limit=2) for i in range(2)]
+    waiting = submit(gate, "k", "t2", limit=2)
+    latest = submit(gate, "k", "t3", limit=2)
+
+    assert all(g.granted for g in granted)
+    assert latest.superseded == (waiting.ticket, "t2")
+    state = gate.inspect("k")
+    assert set(state.holders) == {g.ticket for g in granted} and state.waiting == [latest.ticket]
+
+
+def test_another_tasks_waiting_ticket_is_not_replaced_and_order_is_submission_order(gate):
+    submit(gate, "k", "a0", "a")
+    a1 = submit(gate, "k", "a1", "a")
+    b1 = submit(gate, "k", "b1", "b")
+    a2 = submit(gate, "k", "a2", "a")
+    b2 = submit(gate, "k", "b2", "b", coalesce=False)
+
+    assert a2.superseded == (a1.ticket, "a1") and b2.superseded is None
+    assert gate.inspect("k").waiting == [b1.ticket, a2.ticket, b2.ticket]
+
+
+def test_a_task_that_does_not_coalesce_replaces_nothing(gate):
+    submit(gate, "k", "t0")
+    first = submit(gate, "k", "t1")
+    second = submit(gate, "k", "t2", coalesce=False)
+
+    assert second.superseded is None
+    assert gate.inspect("k").waiting == [first.ticket, second.ticket]
+
+
+def test_a_stored_message_not_as_submit_stores_it_is_left_waiting(gate, gate_redis):
+    submit(gate, "k", "t0")
+    first = submit(gate, "k", "t1")
+    gate_redis.hset(KeyNames("k").messages, first.ticket, b"\x00not json{")
+
+    second = submit(gate, "k", "t2")
+
+    assert second.superseded is None
+    assert gate.inspect("k").waiting == [first.ticket, second.ticket]
+
+
+def test_coalescing_at_max_waiting_replaces_instead_of_refusing(gate):
+    submit(gate, "k", "t0", max_waiting=1)
+    submit(gate, "k", "t1", max_waiting=1)
+
+    latest = submit(gate, "k", "t2", max_waiting=1)
+
+    assert latest.superseded is not None and gate.inspect("k").waiting == [latest.ticket]
+    with pytest.raises(QueueFull):  # a task that does not coalesce is still refused
+        submit(gate, "k", "x", "other", coalesce=False, max_waiting=1)
+
+
+def test_a_paused_keys_waiting_ticket_is_replaced_too(gate):
+    gate.pause("k")
+    first = submit(gate, "k", "t1")
+    second = submit(gate, "k", "t2")
+
+    assert second.superseded == (first.ticket, "t1")
+    assert gate.inspect("k").waiting == [second.ticket]
+
+
+def test_submit_many_coalesces_within_one_batch(gate):
+    subs = [Submission("k", stored("t", f"t{i}"), f"t{i}", record=record(f"t{i}"), coalesce="t") for i in range(4)]
+    results = gate.submit_many(subs)
+
+    assert results[0].granted
+    assert [r.superseded for r in results[1:]] == [None, (results[1].ticket, "t1"), (results[2].ticket, "t2")]
+    assert gate.inspect("k").waiting == [results[3].ticket]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(task=st.text(min_size=1, max_size=300), task_id=st.text(min_size=1, max_size=300))
+def test_any_task_name_and_id_coalesce_and_come_back_whole(gate, task, task_id):
+    key = f"k{uuid.uuid4()}"
+    submit(gate, key, "first", task)
+    submit(gate, key, task_id, task)
+
+    latest = submit(gate, key, "latest", task)
+
+    assert latest.superseded is not None and latest.superseded[1] == task_id
+    [replaced] = [u for u in gate.unwritten([key]).records if u.superseded]
+    data = json.loads(replaced.record)
+    assert (data["task_id"], data["superseded_by"]) == (task_id, "latest")
