@@ -14,7 +14,11 @@ keys, one after another:
 - over ``--horizon-keys`` more keys, run to idle by a gate whose idle horizon is 2 s: what is
   left of an idle key once the horizon has passed and the reaper visited it;
 - over ``--horizon-keys`` more keys, one task each with the record a producer keeps for its row,
-  before and after the rows are written.
+  before and after the rows are written;
+- first of all, one key of a ``coalesce=True`` task, one running, then ``--coalesce-submissions``
+  more: the stored messages it holds, and its bytes with the superseded tasks' records kept for
+  their rows and once the rows are written; beside it, the same submissions on a key that does
+  not coalesce. ``--keys 0`` runs this part alone.
 
 Each figure is ``used_memory`` growth divided by the count.
 """
@@ -22,6 +26,7 @@ Each figure is ``used_memory`` growth divided by the count.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 
@@ -36,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keys", type=int, default=100_000)
     parser.add_argument("--horizon-keys", type=int, default=10_000)
+    parser.add_argument("--coalesce-submissions", type=int, default=10_000)
     args = parser.parse_args(argv)
 
     cluster = Cluster(workers=0, concurrency=1)
@@ -65,8 +71,11 @@ def main(argv: list[str] | None = None) -> int:
             started = g.start(key, ticket, 1)
             g.finish(key, ticket, started.token)
 
-        keys = [f"account:{i}" for i in range(args.keys)]
         print(f"Redis {client.info('server')['redis_version']}, {args.keys} keys, message of {len(message)} bytes")
+        coalescing_key(gate, copy, used, args.coalesce_submissions)
+        if not args.keys:
+            return 0
+        keys = [f"account:{i}" for i in range(args.keys)]
         base = used()
         for key in keys:
             task_id, copied = copy()
@@ -136,6 +145,31 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         cluster.stop()
     return 0
+
+
+def coalescing_key(gate, copy, used, n: int) -> None:
+    """One key, one running task, then ``n`` submissions of a coalescing task, and of one that does not."""
+    from django_keyed_queue.gate.keys import KeyNames
+    from django_keyed_queue.records import submissions
+
+    task = json.loads(copy()[1])["task"]  # the stored message's own: the gate coalesces a task's tickets
+    for key, coalesce in (("coalesced", task), ("queued", "")):
+        before = used()
+        running = gate.submit(key, copy()[1], task_id="running")
+        gate.start(key, running.ticket, 1)
+        for i in range(n):
+            task_id, copied = copy()
+            record = submissions.encode_record(task_id, task, f"args=('{key}', {i}) kwargs={{}}")
+            gate.submit(key, copied, task_id=task_id, record=record, coalesce=coalesce)
+        kept, messages = used(), gate.client.hlen(KeyNames(key).messages)
+        while submissions.write_due(gate):
+            pass
+        written = used()
+        print(
+            f"  {n} submissions to a key {'that coalesces' if coalesce else 'that does not coalesce'}, one running: "
+            f"{messages} stored messages, {(kept - before) / 1024:.0f} KiB with their records kept, "
+            f"{(written - before) / 1024:.0f} KiB once their rows were written"
+        )
 
 
 if __name__ == "__main__":

@@ -55,6 +55,7 @@ def submit(
     block: bool,
     wire: bytes,
     coalesce: str,
+    debounce_ms: int,
 ) -> ScriptCall:
     n = KeyNames(key)
     return ScriptCall(
@@ -63,6 +64,7 @@ def submit(
         [
             message, limit, dispatch_timeout_ms, lease_ms, join_id, idle_horizon_ms, max_lost,
             "1" if retried else "", task_id, max_waiting, generation_ms, record, _flag(block), wire, coalesce,
+            debounce_ms,
         ],
     )  # fmt: skip
 
@@ -168,6 +170,11 @@ def unblock(key: str, *, ticket: int, retry: bool, dispatch_timeout_ms: int, idl
         [n.meta, n.queue, n.messages, n.holders, n.wires],
         [ticket, _flag(retry), dispatch_timeout_ms, idle_horizon_ms],
     )
+
+
+def newer_waiting(key: str, *, task_name: str, ticket: int) -> ScriptCall:
+    n = KeyNames(key)
+    return ScriptCall("newer_waiting", [n.meta, n.messages, n.holders], [task_name, ticket])
 
 
 def give_up(key: str, *, ticket: int, grace_ms: int, dispatch: int) -> ScriptCall:

@@ -1,9 +1,10 @@
 """Reading a key's state without changing it: snapshots for the admin, the live pages and recovery.
 
-Reads only, pipelined, no script: a snapshot must not take the key's slot for longer than its
-reads. The holder record is therefore parsed here, in Python: :func:`decode_holder` is its one
-home on this side, ``decode_holder`` in ``lua/includes/common.lua`` the one on the Lua side
-(which also describes the format). Change both together.
+Reads only, pipelined, no script (but ``newer_waiting``, a few reads that depend on each other):
+a snapshot must not take the key's slot for longer than its reads. The holder record is
+therefore parsed here, in Python: :func:`decode_holder` is its one home on this side,
+``decode_holder`` in ``lua/includes/common.lua`` the one on the Lua side (which also describes
+the format). Change both together.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Sequence
 
 from redis.cluster import RedisCluster
 
+from . import calls
 from .base import GateBase, text
 from .keys import KeyNames
 from .results import Holder, HolderState, KeySnapshot, Lease
@@ -78,6 +80,11 @@ class InspectCalls(GateBase):
                 )
             )
         return snapshots
+
+    def newer_waiting(self, key: str, task_name: str, ticket: int) -> bool:
+        """Whether a submission of coalescing task ``task_name`` newer than ``ticket`` waits in ``key``'s
+        queue (``submit(coalesce=...)`` parked it); one script call, reads only."""
+        return bool(self._call(calls.newer_waiting(key, task_name=task_name, ticket=ticket)))
 
     def holds(self, lease: Lease) -> bool:
         """True while ``lease`` is the running holder of its ticket (not fenced)."""

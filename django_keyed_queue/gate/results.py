@@ -53,6 +53,9 @@ class Submission:
     #: The task's name if it coalesces: this ticket, if it must wait, replaces the one of that task
     #: waiting (``SubmitResult.superseded``); empty: it does not.
     coalesce: str = ""
+    #: > 0: the task is debounced by that many ms (its message carries the eta): a granted ticket of it
+    #: not started yet is replaced too, and a grant's dispatch deadline runs from the eta.
+    debounce_ms: int = 0
 
 
 @dataclass(frozen=True)

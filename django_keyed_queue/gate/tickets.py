@@ -44,6 +44,7 @@ class TicketCalls(GateBase):
         record: bytes = b"",
         wire: bytes = b"",
         coalesce: str = "",
+        debounce_ms: int = 0,
     ) -> SubmitResult | None:
         """Take the next ticket of ``key`` and store ``message`` with it.
 
@@ -61,12 +62,13 @@ class TicketCalls(GateBase):
         A non-empty ``wire`` (``messaging/wire.py``) is pushed onto the broker's queue by the call
         that grants the ticket (``SubmitResult.pushed``, ``Grant.pushed``).
         A non-empty ``coalesce`` (the task's name): a ticket that must wait replaces the one of that
-        task waiting, whose record is kept as superseded (``SubmitResult.superseded``).
+        task waiting, whose record is kept as superseded (``SubmitResult.superseded``); with
+        ``debounce_ms`` > 0 also its granted ticket not started yet (its message waits out its eta).
         """
         call = self._submit_call(
             key, message, limit=limit, lease_ms=self.lease_ms if start else 0, join_id=join_id, max_lost=max_lost,
             block=block, task_id=task_id, retried=retried, max_waiting=max_waiting, record=record, wire=wire,
-            coalesce=coalesce,
+            coalesce=coalesce, debounce_ms=debounce_ms,
         )  # fmt: skip
         recorded = [key] if record or coalesce else []  # a superseded ticket's record is kept too
         [reply] = self._pipelined([call], index=key, also=self._index_unwritten(recorded))
@@ -96,6 +98,7 @@ class TicketCalls(GateBase):
                 record=s.record,
                 wire=s.wire,
                 coalesce=s.coalesce,
+                debounce_ms=s.debounce_ms,
             )  # fmt: skip
             for s in submissions
         ]
@@ -121,13 +124,14 @@ class TicketCalls(GateBase):
         record: bytes,
         wire: bytes = b"",
         coalesce: str = "",
+        debounce_ms: int = 0,
     ) -> calls.ScriptCall:
         """``submit.lua``'s call with this gate's durations filled in."""
         return calls.submit(
             key, message=message, limit=limit, dispatch_timeout_ms=self.dispatch_timeout_ms, lease_ms=lease_ms,
             join_id=join_id, idle_horizon_ms=self.idle_horizon_ms, max_lost=max_lost, retried=retried,
             task_id=task_id, max_waiting=max_waiting, generation_ms=seconds_to_ms(RECENT_SUBMISSION_SECONDS),
-            record=record, block=block, wire=wire, coalesce=coalesce,
+            record=record, block=block, wire=wire, coalesce=coalesce, debounce_ms=debounce_ms,
         )  # fmt: skip
 
     def start(

@@ -30,7 +30,8 @@ def keyed_serial_task(
     limit: int = 1,
     rate: str | None = None,
     on_failure: str = "continue",
-    coalesce: bool = False,
+    coalesce: bool | None = None,
+    debounce: float | None = None,
     **options: Any,
 ) -> Callable[[Callable[..., Any]], Any]:
     """Make ``fun`` a Celery task whose runs sharing ``key`` are serialized.
@@ -52,6 +53,10 @@ def keyed_serial_task(
     ``superseded``, naming its replacement, its result reads ``REVOKED``, and an
     idempotency key that gave it gives its replacement. A running task is not touched.
 
+    ``debounce=SECONDS`` (implies ``coalesce``): a key's task starts only once no newer
+    submission of it came for that long; of a burst, only the last runs. The wait
+    holds no worker process, and other keys are not delayed.
+
     Other options go to ``shared_task`` unchanged (``bind``, ``max_retries``,
     ``queue`` ...), or set the task class's own (``max_recoveries``, ``idempotent``,
     ``max_waiting``, and a ``base=`` class's attributes); any other name raises
@@ -66,8 +71,11 @@ def keyed_serial_task(
     interval_ms = rate_interval_ms(rate)
     if on_failure not in FAILURE_POLICIES:
         raise ValueError(f"on_failure must be one of {', '.join(map(repr, FAILURE_POLICIES))}, got {on_failure!r}")
-    if not isinstance(coalesce, bool):
+    if coalesce is not None and not isinstance(coalesce, bool):
         raise TypeError(f"coalesce must be True or False, got {coalesce!r}")
+    debounce_ms = debounce_interval_ms(debounce)
+    if debounce_ms and coalesce is False:
+        raise ValueError("debounce implies coalesce=True: of a burst only the last runs; leave coalesce out")
     base = options.pop("base", None)
     if base is not None and not (isinstance(base, type) and issubclass(base, Task)):
         raise TypeError(f"base must be a Celery task class (a subclass of celery.Task), got {base!r}")
@@ -86,7 +94,8 @@ def keyed_serial_task(
             "serial_rate": rate,
             "serial_interval_ms": interval_ms,
             "serial_on_failure": on_failure,
-            "serial_coalesce": coalesce,
+            "serial_coalesce": bool(coalesce) or bool(debounce_ms),
+            "serial_debounce_ms": debounce_ms,
         }
         return _shared(fun, base, {**ours, **options})
 
@@ -137,6 +146,20 @@ def rate_interval_ms(rate: str | None) -> int:
     return max(1, round(RATE_PERIODS_MS[period] / int(count)))
 
 
+#: The longest ``debounce=``: a worker holds the message of a debounced task in memory until then.
+MAX_DEBOUNCE_SECONDS = 86_400
+
+
+def debounce_interval_ms(debounce: float | None) -> int:
+    """``debounce=SECONDS`` in ms (0 for None), refused unless a number of seconds > 0 and at most a day."""
+    if debounce is None:
+        return 0
+    number = isinstance(debounce, (int, float)) and not isinstance(debounce, bool)
+    if not (number and 0 < debounce <= MAX_DEBOUNCE_SECONDS):
+        raise ValueError(f"debounce must be a number of seconds > 0 and at most {MAX_DEBOUNCE_SECONDS}: {debounce!r}")
+    return max(1, round(debounce * 1000))
+
+
 #: ``on_failure=``: what a task that fails for good does to its key (see ``KeyedSerialTask.serial_on_failure``).
 FAILURE_POLICIES = ("continue", "block")
 
@@ -172,7 +195,8 @@ def _check_options(options: dict[str, Any], base: type | None) -> None:
             hints.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
         raise TypeError(
             f"@keyed_serial_task got unknown option{'s' if len(unknown) > 1 else ''} {', '.join(hints)}: "
-            "neither one of its own (key, limit, rate, on_failure, coalesce, max_recoveries, idempotent, max_waiting) "
+            "neither one of its own (key, limit, rate, on_failure, coalesce, debounce, max_recoveries, idempotent, "
+            "max_waiting) "
             "nor a Celery task option"
         )
     for name, value in options.items():

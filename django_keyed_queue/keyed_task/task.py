@@ -61,6 +61,9 @@ class KeyedSerialTask(TaskBase):
     #: ``coalesce=True``: a key holds at most one waiting task of this task; a newer submission
     #: replaces it (it never runs; its record ends ``superseded``), the running one is not touched.
     serial_coalesce: bool = False
+    #: ``debounce=SECONDS``, in ms (0: none): a key's task starts only once no newer submission of it
+    #: came for that long (its message carries that eta); implies ``serial_coalesce``.
+    serial_debounce_ms: int = 0
     #: A duplicate submission (same task, same arguments) within the idempotency
     #: window returns the original task instead of running again.
     idempotent: bool = False
@@ -272,6 +275,19 @@ class KeyedSerialTask(TaskBase):
             return True  # an eager run (tests) runs inline, without the gate
         run: Run | None = getattr(self.request, "keyed_run", None)
         return run is not None and run.holds_key()
+
+    def superseded(self) -> bool:
+        """On a task with ``coalesce=True``: True once a newer submission of it waits behind this run,
+        so that a long run may stop early and let the newer one run. Cooperative: nothing is
+        killed, and the run ends as the task decides. Read from the gate at most every 100 ms
+        (``worker.run.SUPERSEDED_READ_SECONDS``), so it may be asked in a loop; False in an eager run.
+        """
+        if not self.serial_coalesce:
+            raise TypeError(f"{self.name}: superseded() is for tasks with coalesce=True")
+        if self.request.is_eager:
+            return False
+        run: Run | None = getattr(self.request, "keyed_run", None)
+        return run is not None and run.superseded()
 
 
 def _fitting(

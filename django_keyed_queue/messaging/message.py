@@ -47,6 +47,14 @@ def is_delayed(options: Mapping[str, Any]) -> bool:
     return any(options.get(name) is not None for name in DELAY_OPTIONS)
 
 
+def with_debounce(task: KeyedTaskProtocol, options: dict[str, Any]) -> dict[str, Any]:
+    """The options Celery builds a task's message with: a debounced task's carries an eta its
+    ``debounce`` ahead (its ticket is taken now; the message waits out the eta in the broker or a
+    worker's main process, and a newer submission's grant replaces it meanwhile)."""
+    ms = task.serial_debounce_ms
+    return {**options, "countdown": ms / 1000} if ms else options
+
+
 #: What a stored message's ``sent`` holds: Celery's broker message but for its arguments (``args`` and
 #: ``kwargs`` of the message): its headers, properties, the body's third part (callbacks, errbacks,
 #: chain, chord), where it goes, the names of the queues to declare, and how to publish it.

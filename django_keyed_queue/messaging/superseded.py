@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 def replaced(task: KeyedTaskProtocol, key: str, task_id: str, by: str) -> None:
     """Task ``task_id`` of ``key`` was replaced by task ``by`` while it waited."""
-    logger.info("%s[%s] key=%r is superseded by %s: it will not run", task.name, task_id, key, by)
+    logger.debug("%s[%s] key=%r is superseded by %s: it will not run", task.name, task_id, key, by)
     idempotency.repoint(task_id, by)
     backend = task.backend
     if task.ignore_result or isinstance(backend, DisabledBackend):

@@ -16,6 +16,11 @@ class Migration(migrations.Migration):
             field=models.CharField(blank=True, default='', max_length=255, verbose_name='superseded by'),
         ),
         migrations.AlterField(
+            model_name='idempotencykey',
+            name='task_id',
+            field=models.CharField(db_index=True, max_length=255, verbose_name='task id'),
+        ),
+        migrations.AlterField(
             model_name='keyedtask',
             name='status',
             field=models.CharField(choices=[('waiting', 'waiting'), ('dispatched', 'dispatched'), ('running', 'running'), ('retrying', 'retrying'), ('succeeded', 'succeeded'), ('failed', 'failed'), ('cancelled', 'cancelled'), ('ignored', 'ignored'), ('rejected', 'rejected'), ('superseded', 'superseded')], default='waiting', max_length=16, verbose_name='status'),

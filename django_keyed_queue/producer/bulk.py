@@ -15,7 +15,7 @@ from ..exceptions import GateUnavailable, InvalidArguments
 from ..gate import NotSent, QueueFull, Submission, SubmitResult
 from ..messaging import superseded
 from ..messaging.building import build, gate_wire, publish_stored
-from ..messaging.message import TaskMessage, is_delayed, ticket_header
+from ..messaging.message import TaskMessage, is_delayed, ticket_header, with_debounce
 from ..process.outage import asked_again
 from ..process.state import current
 from ..records import idempotency
@@ -92,7 +92,8 @@ class _Prepared:
 
 def _prepared(task: KeyedTaskProtocol, checked: Checked) -> _Prepared:
     """A checked call with the message Celery builds for it (the publish signals fire now), stored form checked."""
-    message, result = build(task.app, task, checked.task_id, checked.args, checked.kwargs, checked.options)
+    options = with_debounce(task, checked.options)
+    message, result = build(task.app, task, checked.task_id, checked.args, checked.kwargs, options)
     return _Prepared(checked, message, gate_submission(task, checked.key, message, checked.options), result)
 
 

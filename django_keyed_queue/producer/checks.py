@@ -79,6 +79,11 @@ def check(
     check_storable(task, task_id, options)
     options = send_options(task, args, kwargs, options)
     call = keyed_arguments(task, args, kwargs, options.get("serializer"))
+    if task.serial_debounce_ms and is_delayed(options):
+        raise InvalidArguments(
+            f"{task.name}: a debounced task starts {task.serial_debounce_ms / 1000:g}s after its key's last "
+            "submission of it; countdown and eta cannot be given"
+        )
     if is_delayed(options):
         options["headers"] = {**(options.get("headers") or {}), JOIN_HEADER: uuid()}
     fingerprint, claimed_with = None, {}

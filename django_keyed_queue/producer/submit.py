@@ -23,7 +23,7 @@ from ..gate import QueueFull, Submission
 from ..messaging import superseded
 from ..messaging.building import SendNow, send_to_gate
 from ..messaging.dispatch import publish_grants
-from ..messaging.message import TaskMessage, gate_message, is_delayed, ticket_header
+from ..messaging.message import TaskMessage, gate_message, is_delayed, ticket_header, with_debounce
 from ..process.outage import take_ticket
 from ..process.state import current
 from ..records import idempotency, submissions
@@ -142,7 +142,7 @@ def _enqueue(
             submitted = take_ticket(
                 gate, task.name, key, sub.message, task_id=task_id, limit=sub.limit,
                 max_waiting=sub.max_waiting, record=sub.record, wire=send_now.wire(key, gate.client),
-                coalesce=sub.coalesce,
+                coalesce=sub.coalesce, debounce_ms=sub.debounce_ms,
             )  # fmt: skip
         except QueueFull as full:
             raise queue_full(task, full, sub, "; nothing was submitted") from full
@@ -167,7 +167,7 @@ def _enqueue(
                 ) from exc
             raise
 
-    return send_to_gate(task.app, task, task_id, args, kwargs, options, take_and_publish)
+    return send_to_gate(task.app, task, task_id, args, kwargs, with_debounce(task, options), take_and_publish)
 
 
 def gate_submission(task: KeyedTaskProtocol, key: str, message: TaskMessage, options: dict[str, Any]) -> Submission:
@@ -177,6 +177,7 @@ def gate_submission(task: KeyedTaskProtocol, key: str, message: TaskMessage, opt
         key, row["message"].encode(), message.task_id,
         record=submissions.encode_record(message.task_id, task.name, row["arguments"]),
         limit=task.serial_limit, max_waiting=waiting_limit(task), coalesce=task.name if task.serial_coalesce else "",
+        debounce_ms=task.serial_debounce_ms,
     )  # fmt: skip
 
 

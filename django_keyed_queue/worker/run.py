@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 import traceback
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
@@ -55,6 +56,8 @@ logger = logging.getLogger(__name__)
 
 #: How much of a failed run's traceback its record keeps (the end of it, where the error is).
 TRACEBACK_CHARS = 4000
+#: How long ``Run.superseded`` answers from what it last read: a task may ask in a tight loop.
+SUPERSEDED_READ_SECONDS = 0.1
 
 
 class Run:
@@ -64,6 +67,7 @@ class Run:
         self.attempts = attempts
         #: ``self.retry()`` handed the slot to the retry: this attempt's end finishes nothing.
         self.retried = False
+        self._superseded, self._superseded_read_at = False, -SUPERSEDED_READ_SECONDS
 
     @classmethod
     def begin(cls, task: KeyedTaskProtocol, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Run:
@@ -116,6 +120,20 @@ class Run:
         if process.leases.is_lost(self.lease):
             return False
         return outlast_restart(lambda: process.gate.holds(self.lease))[0]
+
+    def superseded(self) -> bool:
+        """Whether a newer submission of this coalescing task waits behind this run: read from the gate
+        at most every ``SUPERSEDED_READ_SECONDS``, and True for good once it was. False while Redis is
+        out of reach (a hint: the run goes on)."""
+        now = time.monotonic()
+        if self._superseded or now - self._superseded_read_at < SUPERSEDED_READ_SECONDS:
+            return self._superseded
+        self._superseded_read_at = now
+        try:
+            self._superseded = current().gate.newer_waiting(self.lease.key, self.task.name, self.lease.ticket)
+        except redis.RedisError:
+            logger.debug("%s key=%r: whether it was superseded is not known", self.task.name, self.lease.key)
+        return self._superseded
 
     def let_go(self) -> None:
         """Stop renewing the lease without ending the run: a retry went out, or the process is going down."""
@@ -186,11 +204,12 @@ class Run:
         outcome = Outcome(end.outcome_field, end.to_json())
         # A grant kept here has a lease's time to start; if this process dies first, the reaper publishes it.
         # One of this task the finish starts itself (no start call): a kill before it runs is then a lost
-        # run, recovered as one. Not for a paced key (its rate decides when) nor a task never recovered.
+        # run, recovered as one. Not for a paced or debounced key (its rate or eta decides when) nor a task
+        # never recovered.
         keeping = handoff.local().may_keep(request)
         keep_seconds = gate.lease_ms / 1000 if keeping else 0.0
         start_kept = None
-        if keeping and not task.serial_interval_ms and task.max_recoveries > 0:
+        if keeping and not task.serial_interval_ms and not task.serial_debounce_ms and task.max_recoveries > 0:
             start_kept = KeptStart(task.name, task.max_recoveries, task.blocks_on_failure)
         try:
             finished, retried = outlast_restart(

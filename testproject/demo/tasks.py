@@ -106,6 +106,12 @@ def latest_step(key: str, n: int, duration: float = 0.0) -> int:
     return logged_step(key, n, duration)
 
 
+@keyed_serial_task(key="{key}", debounce=1.5)
+def debounced_step(key: str, n: int, duration: float = 0.0) -> int:
+    """A step of a debounced key: of a burst, only the last runs, 1.5 s after it."""
+    return logged_step(key, n, duration)
+
+
 @keyed_serial_task(key="{key}")
 def keyed_noop(key: str, i: int) -> None:
     return None

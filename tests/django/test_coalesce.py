@@ -6,12 +6,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from django_keyed_queue import keyed_serial_task
+from django_keyed_queue import InvalidArguments, keyed_serial_task
 from django_keyed_queue.gate.keys import KeyNames
 from django_keyed_queue.process.state import current
 from django_keyed_queue.records.models import IdempotencyKey, KeyedTask
 from django_keyed_queue.testing import write_submission_rows
-from testproject.demo.tasks import latest_step, step
+from testproject.demo.tasks import debounced_step, latest_step, step
 from tests.django.queues import QUEUE
 
 pytestmark = pytest.mark.django_db
@@ -92,7 +92,12 @@ def test_bulk_submission_coalesces(gate_redis, broker):
     assert statuses == ["dispatched", "superseded", "superseded", "waiting"]
 
 
-@pytest.mark.parametrize("value", ["yes", 1, None, 0.0])
+def test_superseded_is_for_coalescing_tasks():
+    with pytest.raises(TypeError, match="superseded\\(\\) is for tasks with coalesce=True"):
+        step.superseded()
+
+
+@pytest.mark.parametrize("value", ["yes", 1, 0.0, "false"])
 def test_coalesce_must_be_a_bool(value):
     with pytest.raises(TypeError, match="coalesce must be True or False"):
         keyed_serial_task(key="{key}", coalesce=value)
@@ -113,3 +118,58 @@ def test_any_arguments_come_back_on_the_superseded_row(gate_redis, broker, text,
     waiting = latest_step.apply_async((key + "w", n, text), queue=QUEUE)
     write_submission_rows()
     assert row.arguments == KeyedTask.objects.get(task_id=waiting.id).arguments.replace(key + "w", key)
+
+
+# --- debounce ------------------------------------------------------------------------------------------
+
+
+def test_a_debounced_burst_keeps_one_grant_whose_message_waits_out_the_eta(gate_redis, broker):
+    from datetime import UTC, datetime
+
+    results = [debounced_step.apply_async(("a", n), queue=QUEUE) for n in range(3)]
+    sent = datetime.now(UTC)
+
+    write_submission_rows()
+    rows = {r.task_id: r for r in KeyedTask.objects.all()}
+    assert [rows[r.id].status for r in results] == ["superseded", "superseded", "dispatched"]
+    assert rows[results[0].id].superseded_by == results[1].id
+    holders = gate_redis.hgetall(KeyNames("a").holders)
+    assert list(holders) == [str(rows[results[-1].id].ticket).encode()]
+    last = [json.loads(m) for m in broker.lrange(QUEUE, 0, -1) if json.loads(m)["headers"]["id"] == results[-1].id]
+    eta = datetime.fromisoformat(last[0]["headers"]["eta"])
+    assert 1.0 < (eta - sent).total_seconds() <= 1.5, "its message carries the eta"
+
+
+def test_a_debounced_task_refuses_a_countdown_or_an_eta_and_writes_nothing(gate_redis, broker):
+    from datetime import UTC, datetime
+
+    for options in ({"countdown": 5}, {"eta": datetime.now(UTC)}):
+        with pytest.raises(InvalidArguments, match="debounced task starts 1.5s after"):
+            debounced_step.apply_async(("a", 1), queue=QUEUE, **options)
+    assert gate_redis.dbsize() == 0 and broker.llen(QUEUE) == 0 and not KeyedTask.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"debounce": 0}, ValueError),
+        ({"debounce": -1}, ValueError),
+        ({"debounce": True}, ValueError),
+        ({"debounce": "1s"}, ValueError),
+        ({"debounce": float("nan")}, ValueError),
+        ({"debounce": float("inf")}, ValueError),
+        ({"debounce": 86_401}, ValueError),
+        ({"debounce": 1, "coalesce": False}, ValueError),
+    ],
+)
+def test_bad_debounce_fails_at_import(options, error):
+    with pytest.raises(error, match="debounce"):
+        keyed_serial_task(key="{key}", **options)
+
+
+def test_debounce_implies_coalesce():
+    @keyed_serial_task(key="{key}", debounce=0.5, name="tests.debounced_alone")
+    def debounced_alone(key):
+        return key
+
+    assert debounced_alone.serial_coalesce and debounced_alone.serial_debounce_ms == 500

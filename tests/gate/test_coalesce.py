@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from django_keyed_queue.gate import QueueFull, Submission
+from django_keyed_queue.gate import Code, QueueFull, Submission
 from django_keyed_queue.gate.keys import KeyNames
 from tests.gate_redis import message_of
 
@@ -165,3 +165,94 @@ def test_any_task_name_and_id_coalesce_and_come_back_whole(gate, task, task_id):
     [replaced] = [u for u in gate.unwritten([key]).records if u.superseded]
     data = json.loads(replaced.record)
     assert (data["task_id"], data["superseded_by"]) == (task_id, "latest")
+
+
+# --- newer_waiting: what a running task's superseded() reads ------------------------------------------
+
+
+def test_a_run_learns_a_newer_submission_of_its_task_waits(gate):
+    running = submit(gate, "k", "t0")
+    assert not gate.newer_waiting("k", "t", running.ticket)
+
+    newer = submit(gate, "k", "t1")
+
+    assert gate.newer_waiting("k", "t", running.ticket)
+    assert not gate.newer_waiting("k", "t", newer.ticket), "not newer than itself"
+    assert not gate.newer_waiting("k", "other", running.ticket), "another task's"
+    assert not gate.newer_waiting("other-key", "t", running.ticket)
+
+
+def test_a_granted_newer_ticket_no_longer_waits(gate):
+    running = gate.submit("k", stored("t", "t0"), task_id="t0", coalesce="t", start=True)
+    newer = submit(gate, "k", "t1")
+
+    finished = gate.finish("k", running.ticket, running.token)
+
+    assert [g.ticket for g in finished.granted] == [newer.ticket]
+    assert not gate.newer_waiting("k", "t", running.ticket)
+
+
+def test_a_newer_submission_that_does_not_coalesce_is_not_one(gate):
+    running = submit(gate, "k", "t0")
+    submit(gate, "k", "t1", coalesce=False)
+
+    assert not gate.newer_waiting("k", "t", running.ticket)
+
+
+def test_a_pointer_not_as_submit_writes_it_reads_as_none_waiting(gate, gate_redis):
+    running = submit(gate, "k", "t0")
+    gate_redis.hset(KeyNames("k").meta, "coalesce:t", "not a ticket")
+
+    assert not gate.newer_waiting("k", "t", running.ticket)
+
+
+# --- debounce: a granted ticket not started yet is replaced too ------------------------------------------
+
+
+def debounced(gate, key: str, task_id: str, debounce_ms: int = 1500):
+    return gate.submit(key, stored("t", task_id), task_id=task_id, record=record(task_id), coalesce="t",
+                       debounce_ms=debounce_ms)  # fmt: skip
+
+
+def test_debounce_replaces_the_granted_ticket_not_started_and_its_message_is_refused_when_due(gate):
+    first = debounced(gate, "k", "t0")
+    second = debounced(gate, "k", "t1")
+
+    assert first.granted and second.granted
+    assert second.superseded == (first.ticket, "t0")
+    state = gate.inspect("k")
+    assert list(state.holders) == [second.ticket] and state.waiting == []
+    assert 60 + 1.4 < state.holders[second.ticket].deadline_in <= 60 + 1.5, "its dispatch deadline runs from the eta"
+    assert gate.start("k", first.ticket, 1).code is Code.NOT_GRANTED, "the replaced one's message is dropped"
+    assert gate.start("k", second.ticket, 1).ok
+
+
+def test_debounce_never_replaces_a_running_ticket(gate):
+    running = debounced(gate, "k", "t0")
+    gate.start("k", running.ticket, 1)
+
+    waiting = debounced(gate, "k", "t1")
+    latest = debounced(gate, "k", "t2")
+
+    assert not waiting.granted and waiting.superseded is None
+    assert latest.superseded == (waiting.ticket, "t1")
+    state = gate.inspect("k")
+    assert state.holders[running.ticket].state == "running" and state.waiting == [latest.ticket]
+
+
+def test_without_debounce_a_granted_ticket_is_not_replaced(gate):
+    granted = submit(gate, "k", "t0")
+    parked = submit(gate, "k", "t1")
+
+    assert parked.superseded is None and not parked.granted
+    assert list(gate.inspect("k").holders) == [granted.ticket]
+
+
+def test_debounce_on_a_shared_key_replaces_only_its_own_tasks_ticket(gate):
+    other = gate.submit("k", stored("other", "o0"), task_id="o0")  # another task holds the key's slot
+    first = debounced(gate, "k", "t0")
+    second = debounced(gate, "k", "t1")
+
+    assert other.granted and not first.granted
+    assert second.superseded == (first.ticket, "t0") and not second.granted
+    assert gate.inspect("k").waiting == [second.ticket]

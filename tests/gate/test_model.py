@@ -192,11 +192,24 @@ class GateModel(RuleBasedStateMachine):
 
     # --- a task's life -------------------------------------------------------------------------
 
-    def _next_submission(self, km: ModelKey, blocks: bool) -> tuple[int, bool]:
-        """The ticket the next submission of ``km`` takes, and whether the model expects it granted at once."""
+    def _next_submission(self, km: ModelKey, blocks: bool, freed: int = 0) -> tuple[int, bool]:
+        """The ticket the next submission of ``km`` takes, and whether the model expects it granted at once
+        (``freed``: slots it frees by replacing a ticket)."""
         ticket = km.last_ticket + 1
         km.messages[ticket], km.blocks[ticket] = _message(km.task_id(ticket)), blocks
-        return ticket, not km.waiting and len(km.holders) < km.policy.limit and not km.paused and km.blocked is None
+        slots = len(km.holders) - freed < km.policy.limit
+        return ticket, not km.waiting and slots and not km.paused and km.blocked is None
+
+    def _replaceable(self, km: ModelKey, debounce: bool) -> int | None:
+        """The ticket a coalescing (``debounce``: debounced) submission replaces: the task's last one, if it
+        waits, or, debounced, if it is granted and never started."""
+        last = km.coalesced
+        if last in km.waiting:
+            return last
+        holder = km.holders.get(last) if last is not None else None
+        if debounce and holder is not None and holder.state == "granted" and holder.attempts == 0:
+            return last
+        return None
 
     def _submitted(self, km: ModelKey, ticket: int, granted: bool) -> None:
         km.last_ticket = ticket
@@ -208,23 +221,24 @@ class GateModel(RuleBasedStateMachine):
 
     @rule(
         policy=st.sampled_from(POLICIES), blocks=st.booleans(), start=st.booleans(), max_lost=st.integers(0, 1),
-        coalesce=st.booleans(),
+        coalesce=st.sampled_from(["no", "coalesce", "debounce"]),
     )  # fmt: skip
-    def submit(self, policy: KeyPolicy, blocks: bool, start: bool, max_lost: int, coalesce: bool) -> None:
+    def submit(self, policy: KeyPolicy, blocks: bool, start: bool, max_lost: int, coalesce: str) -> None:
         """A new task; with ``start``, one that starts at once if granted (a delayed task joining on its worker);
-        with ``coalesce``, one that replaces the waiting ticket a coalescing submission parked last."""
+        coalescing, one that replaces the task's last ticket if it waits (debounced: or is granted, unstarted)."""
         km = self.keys[policy.name]
-        ticket, free = self._next_submission(km, blocks)
-        replaced = km.coalesced if coalesce and not free and km.coalesced in km.waiting else None
+        replaced = self._replaceable(km, coalesce == "debounce") if coalesce != "no" else None
+        ticket, free = self._next_submission(km, blocks, freed=int(replaced in km.holders))
         result = self.gate.submit(
             km.name, km.messages[ticket], limit=policy.limit, task_id=km.task_id(ticket),
-            start=start, max_lost=max_lost, block=blocks, coalesce=MODEL_TASK if coalesce else "",
+            start=start, max_lost=max_lost, block=blocks, coalesce=MODEL_TASK if coalesce != "no" else "",
+            debounce_ms=1000 if coalesce == "debounce" else 0,
         )  # fmt: skip
         assert (result.ticket, result.granted) == (ticket, free)
         assert result.superseded == (None if replaced is None else (replaced, km.task_id(replaced)))
         if replaced is not None:
             km.end(replaced, "superseded")
-        if coalesce and not free:
+        if coalesce != "no":
             km.coalesced = ticket
         self._submitted(km, ticket, free)
         if start and free:

@@ -33,11 +33,14 @@
           the broker when it is granted (not when started at once: its caller runs it)
   ARGV[15] coalesce: the task's name if it coalesces ('' = it does not): a ticket that must wait
           replaces the one of the same task already waiting (see "Coalescing" below)
+  ARGV[16] debounce_ms: > 0 for a debounced task (it coalesces too): its message carries an eta
+          that far ahead, and a granted ticket of the task not started yet is replaced as well
 
   Returns {code, ticket, token, deadline_ms, pushed, superseded ticket, superseded task id}
     code 0 OK          granted (token > 0 when started, deadline = lease end); pushed 1 = its
                        message is on the broker's queue, 0 = the caller publishes it
-    code 1 PARKED      waiting in the queue; with a superseded ticket > 0, in place of that one
+    code 1 PARKED      waiting in the queue
+    a superseded ticket > 0: this one replaced it (coalescing), and it will never run
     code 7 DUPLICATE   the join id was seen before; nothing changed
     code 10 QUEUE_FULL {10, tickets waiting}; nothing changed
 ]]
@@ -70,32 +73,38 @@ if ARGV[8] == '1' then
   end
 end
 
-local free = redis.call('LLEN', queue_key) == 0
-  and redis.call('HLEN', holders_key) < limit
-  and not grants_held(meta_key)
-
--- Coalescing: meta's "coalesce:<task>" names the ticket of that task last parked. If it still
--- waits (its message is stored and it holds no slot), and its stored message says it is that
--- task's, this ticket takes its place: it leaves the queue, its message goes, and its record is
--- kept as superseded (state "s") for the writer. A message not as submit stores it is left alone.
+-- Coalescing: meta's "coalesce:<task>" names the task's last submitted ticket. If it still waits
+-- (parked: its message is stored, it holds no slot, it is in the queue) or, debounced, it is
+-- granted and never started (its message waits out its eta in the broker or a worker; a retry
+-- or a recovery of a run that started is not replaced), and its
+-- stored message says it is that task's, this ticket takes its place: it leaves the queue or its
+-- slot, its message goes (a copy still on its way is refused at its start), and its record is kept
+-- as superseded (state "s") for the writer. A message not as submit stores it is left alone.
 local coalesce = ARGV[15] or ''
-local replaced, replaced_id
-if not free and coalesce ~= '' then
+local debounce = tonumber(ARGV[16]) or 0
+local replaced, replaced_id, replaced_granted
+if coalesce ~= '' then
   local last = redis.call('HGET', meta_key, 'coalesce:' .. coalesce)
-  local stored = last and redis.call('HEXISTS', holders_key, last) == 0 and redis.call('HGET', messages_key, last)
-  if stored then
+  local raw = last and redis.call('HGET', holders_key, last)
+  local holder = raw and decode_holder(raw) or nil  -- HGET gives false for a missing field
+  local stored = last and redis.call('HGET', messages_key, last)
+  if stored and (not holder or (debounce > 0 and holder.state == 'g' and holder.attempts == 0)) then
     local ok, envelope = pcall(cjson.decode, stored)
     if ok and type(envelope) == 'table' and envelope.task == coalesce and type(envelope.id) == 'string'
-      and redis.call('LPOS', queue_key, last, 'RANK', -1) then
-      replaced, replaced_id = last, envelope.id
+      and (holder or redis.call('LPOS', queue_key, last, 'RANK', -1)) then
+      replaced, replaced_id, replaced_granted = last, envelope.id, holder ~= nil
     end
   end
 end
 
+local free = redis.call('LLEN', queue_key) == 0
+  and redis.call('HLEN', holders_key) - (replaced_granted and 1 or 0) < limit
+  and not grants_held(meta_key)
+
 local max_waiting = tonumber(ARGV[10])
 if not free and max_waiting > 0 then
   local waiting = redis.call('LLEN', queue_key)
-  if waiting - (replaced and 1 or 0) >= max_waiting then
+  if waiting - ((replaced and not replaced_granted) and 1 or 0) >= max_waiting then
     return {10, waiting, 0, 0, 0}
   end
 end
@@ -138,17 +147,22 @@ if ARGV[12] ~= '' then
   redis.call('HSET', KEYS[8], ticket, (free and 'd|' or 'w|') .. now .. '|' .. ARGV[12])
 end
 
-if not free then
-  if replaced then
-    redis.call('LREM', queue_key, -1, replaced)
-    drop_message(messages_key, KEYS[9], replaced)
-    supersede_record(KEYS[8], replaced, replaced_id, coalesce, task_id, now)
+if replaced then
+  if replaced_granted then
+    redis.call('HDEL', holders_key, replaced)
   else
-    replaced, replaced_id = 0, ''
+    redis.call('LREM', queue_key, -1, replaced)
   end
-  if coalesce ~= '' then
-    redis.call('HSET', meta_key, 'coalesce:' .. coalesce, ticket)
-  end
+  drop_message(messages_key, KEYS[9], replaced)
+  supersede_record(KEYS[8], replaced, replaced_id, coalesce, task_id, now)
+else
+  replaced, replaced_id = 0, ''
+end
+if coalesce ~= '' then
+  redis.call('HSET', meta_key, 'coalesce:' .. coalesce, ticket)
+end
+
+if not free then
   redis.call('RPUSH', queue_key, ticket)
   return {1, ticket, 0, 0, 0, tonumber(replaced), replaced_id}
 end
@@ -156,8 +170,10 @@ end
 if lease > 0 then
   local token = next_token(meta_key)
   redis.call('HSET', holders_key, ticket, encode_holder(new_holder('r', token, now + lease, 1, max_lost, tonumber(ARGV[13]) or 0)))
-  return {0, ticket, token, now + lease, 0}
+  return {0, ticket, token, now + lease, 0, tonumber(replaced), replaced_id}
 end
-redis.call('HSET', holders_key, ticket, encode_holder(new_holder('g', 0, now + dispatch_timeout, 0, 0, 0)))
+-- A debounced grant's message waits out its eta first: its dispatch deadline runs from then.
+local deadline = now + debounce + dispatch_timeout
+redis.call('HSET', holders_key, ticket, encode_holder(new_holder('g', 0, deadline, 0, 0, 0)))
 local pushed = push_granted(KEYS[9], ticket, 1) > 0 and 1 or 0
-return {0, ticket, 0, now + dispatch_timeout, pushed}
+return {0, ticket, 0, deadline, pushed, tonumber(replaced), replaced_id}

@@ -10,7 +10,7 @@
   ARGV[2] keep_ms: how long a scan's cursor is kept, ms
 
   Returns {more, ticket1, record1, message1, ticket2, ...}; more is 1 if the key may keep
-  records not returned, else 0; a record is "<d or w>|<server ms>|<record>" as submit keeps it.
+  records not returned, else 0; a record is "<d, w or s>|<server ms>|<record>" as submit keeps it.
 ]]
 --- @include "common"
 

@@ -48,6 +48,26 @@ def latest_step(self, key: str, n: int, seconds: float = 0.0) -> int:
     return logged(self.request.id, key, n, seconds)
 
 
+@keyed_serial_task(key="{key}", bind=True, debounce=1.5)
+def debounced_step(self, key: str, n: int, seconds: float = 0.0) -> int:
+    """A step of a debounced key: of a burst, only the last runs, 1.5 s after it."""
+    return logged(self.request.id, key, n, seconds)
+
+
+@keyed_serial_task(key="{key}", bind=True, coalesce=True)
+def stoppable_step(self, key: str, n: int, seconds: float = 0.0) -> int:
+    """A long step of a coalescing key that stops early, polling every 50 ms, once a newer one waits."""
+    log("start", key, n, self.request.id)
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if self.superseded():
+            log("end", key, n, self.request.id, superseded=True)
+            return n
+        time.sleep(0.05)
+    log("end", key, n, self.request.id)
+    return n
+
+
 @keyed_serial_task(key="{key}", bind=True, rate="5/s")
 def paced_step(self, key: str, n: int, seconds: float = 0.0) -> int:
     """A step of an interval queue: one key's starts at least 200 ms apart."""
