@@ -10,7 +10,7 @@ for its place in the queue).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.utils import timezone
@@ -172,7 +172,12 @@ def _holding(key_state: Explanation, own: Holding, snapshot: KeySnapshot) -> Exp
         worker = f" on {task.worker}" if task.worker else ""
         return replace(key_state, state=state, reasons=[f"it holds its key: {state} for {since(own.since)}{worker}"])
     reasons = [f"it holds its key: dispatched {since(own.since)} ago, waiting for a worker to start it"]
-    interval_ms = getattr(registered_task(None, task.task_name), "serial_interval_ms", 0)
+    registered = registered_task(None, task.task_name)
+    interval_ms = getattr(registered, "serial_interval_ms", 0)
+    debounce_ms = getattr(registered, "serial_debounce_ms", 0)
+    if debounce_ms and task.status == Status.DISPATCHED and task.dispatched_at is not None:
+        starts = task.dispatched_at + timedelta(milliseconds=debounce_ms)
+        reasons.append(f"debounced: it starts at {at(starts)} unless a newer submission of its task replaces it")
     next_slot = None
     if interval_ms and snapshot.since_last_start is not None:
         next_slot = max(interval_ms / 1000 - snapshot.since_last_start, 0.0)

@@ -1,12 +1,15 @@
 """``coalesce=True`` without workers: rows, results, idempotency keys, and what the option refuses."""
 
+import io
 import json
+from datetime import UTC, datetime
 
 import pytest
+from django.core.management import call_command
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from django_keyed_queue import InvalidArguments, keyed_serial_task
+from django_keyed_queue import InvalidArguments, explain, keyed_serial_task
 from django_keyed_queue.gate.keys import KeyNames
 from django_keyed_queue.process.state import current
 from django_keyed_queue.records.models import IdempotencyKey, KeyedTask
@@ -124,8 +127,6 @@ def test_any_arguments_come_back_on_the_superseded_row(gate_redis, broker, text,
 
 
 def test_a_debounced_burst_keeps_one_grant_whose_message_waits_out_the_eta(gate_redis, broker):
-    from datetime import UTC, datetime
-
     results = [debounced_step.apply_async(("a", n), queue=QUEUE) for n in range(3)]
     sent = datetime.now(UTC)
 
@@ -141,8 +142,6 @@ def test_a_debounced_burst_keeps_one_grant_whose_message_waits_out_the_eta(gate_
 
 
 def test_a_debounced_task_refuses_a_countdown_or_an_eta_and_writes_nothing(gate_redis, broker):
-    from datetime import UTC, datetime
-
     for options in ({"countdown": 5}, {"eta": datetime.now(UTC)}):
         with pytest.raises(InvalidArguments, match="debounced task starts 1.5s after"):
             debounced_step.apply_async(("a", 1), queue=QUEUE, **options)
@@ -173,3 +172,28 @@ def test_debounce_implies_coalesce():
         return key
 
     assert debounced_alone.serial_coalesce and debounced_alone.serial_debounce_ms == 500
+
+
+def test_the_explanation_and_the_status_command_name_the_replacement(gate_redis, broker):
+    latest_step.apply_async(("a", 0), queue=QUEUE)
+    replaced = latest_step.apply_async(("a", 1), queue=QUEUE)
+    replacement = latest_step.apply_async(("a", 2), queue=QUEUE)
+    write_submission_rows()
+
+    explained = explain(replaced.id)
+    assert explained.state == "superseded"
+    assert any(replacement.id in reason and "replaced it while it waited" in reason for reason in explained.reasons)
+    out = io.StringIO()
+    call_command("keyed_queue_status", "--task", replaced.id, stdout=out)
+    assert replacement.id in out.getvalue()
+
+
+def test_the_explanation_of_a_debounced_grant_says_when_it_starts(gate_redis, broker):
+    debounced_step.apply_async(("a", 0), queue=QUEUE)
+    latest = debounced_step.apply_async(("a", 1), queue=QUEUE)
+    write_submission_rows()
+
+    explained = explain(latest.id)
+
+    assert explained.state == "dispatched"
+    assert any(r.startswith("debounced: it starts at ") for r in explained.reasons), explained.reasons
