@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from .keyed_task.decorators import keyed_serial_task
     from .keyed_task.task import KeyedSerialTask
     from .ops.explain import explain
+    from .ops.limits import set_key_limit, set_key_rate
     from .ops.recovery import cancel, pause, reap, rebuild, release, resume, retry
     from .ops.views import health
     from .process.state import get_gate
@@ -48,6 +49,8 @@ __all__ = [
     "release",
     "resume",
     "retry",
+    "set_key_limit",
+    "set_key_rate",
 ]
 
 #: Loaded on first use, after Django's apps: they import the models.
@@ -57,6 +60,8 @@ _LAZY = {
     "health": ".ops.views",
     "get_gate": ".process.state",
     "explain": ".ops.explain",
+    "set_key_limit": ".ops.limits",
+    "set_key_rate": ".ops.limits",
     **{name: ".ops.recovery" for name in ("cancel", "pause", "reap", "rebuild", "release", "resume", "retry")},
 }
 

@@ -6,6 +6,7 @@
 
 from .gate import Gate, NotSent, ReplicasBehind
 from .keys import MAX_KEY_LENGTH
+from .operator import UNCHANGED
 from .results import (
     FinishResult,
     Grant,
@@ -28,6 +29,7 @@ from .scripts import Code
 
 __all__ = [
     "MAX_KEY_LENGTH",
+    "UNCHANGED",
     "Code",
     "FinishResult",
     "Gate",

@@ -172,6 +172,15 @@ def unblock(key: str, *, ticket: int, retry: bool, dispatch_timeout_ms: int, idl
     )
 
 
+def override(key: str, *, limit: str, interval_ms: str, dispatch_timeout_ms: int, idle_horizon_ms: int) -> ScriptCall:
+    n = KeyNames(key)
+    return ScriptCall(
+        "override",
+        [n.meta, n.queue, n.messages, n.holders, n.wires],
+        [limit, interval_ms, dispatch_timeout_ms, idle_horizon_ms],
+    )
+
+
 def newer_waiting(key: str, *, task_name: str, ticket: int) -> ScriptCall:
     n = KeyNames(key)
     return ScriptCall("newer_waiting", [n.meta, n.messages, n.holders], [task_name, ticket])

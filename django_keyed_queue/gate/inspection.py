@@ -77,6 +77,8 @@ class InspectCalls(GateBase):
                     holders={int(t): decode_holder(raw, now_ms) for t, raw in holders.items()},
                     messages=messages,
                     idle_expires_in=ms_to_seconds(ttl_ms) if ttl_ms >= 0 else None,
+                    limit_override=_int_or_none(meta.get(b"limit_override")),
+                    interval_override_ms=_int_or_none(meta.get(b"interval_override")),
                 )
             )
         return snapshots
@@ -93,6 +95,14 @@ class InspectCalls(GateBase):
             return False
         holder = decode_holder(raw, now_ms=0)  # its deadline is not read
         return holder.state == "running" and holder.token == lease.token
+
+
+def _int_or_none(raw: bytes | None) -> int | None:
+    """A number meta keeps, None if it keeps none (or not a number: anyone may have written it)."""
+    try:
+        return int(raw) if raw is not None else None
+    except ValueError:
+        return None
 
 
 def decode_holder(raw: bytes | str, now_ms: int) -> Holder:

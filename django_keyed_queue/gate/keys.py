@@ -31,6 +31,10 @@ PAUSED_KEYS = f"{PREFIX}:paused"
 #: failed and until an operator acts (its own slot); the live keys page lists those still blocked.
 BLOCKED_KEYS = f"{PREFIX}:blocked"
 
+#: SET of the logical keys an operator gave a limit or a rate of their own (its own slot); the live
+#: keys page lists them.
+OVERRIDDEN_KEYS = f"{PREFIX}:overridden"
+
 #: Longest logical key accepted, in characters (before escaping).
 MAX_KEY_LENGTH = 200
 

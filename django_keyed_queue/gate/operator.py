@@ -9,12 +9,13 @@ says which).
 
 from __future__ import annotations
 
+import enum
 import logging
 
 from . import calls
 from .base import grants, text
 from .inspection import InspectCalls
-from .keys import BLOCKED_KEYS, PAUSED_KEYS
+from .keys import BLOCKED_KEYS, OVERRIDDEN_KEYS, PAUSED_KEYS
 from .results import Grant
 from .scripts import Code, seconds_to_ms
 
@@ -22,6 +23,26 @@ logger = logging.getLogger(__name__)
 
 #: Who paused a key is kept to this many characters (an operator's name; a command's own words).
 PAUSED_BY_MAX = 200
+
+
+class Unchanged(enum.Enum):
+    """``set_overrides``'s word for "leave it as it is"."""
+
+    UNCHANGED = "unchanged"
+
+
+UNCHANGED = Unchanged.UNCHANGED
+
+
+def _override_value(value: int | None | Unchanged) -> str:
+    """An override as ``override.lua`` takes it: '-' unchanged, '' cleared, else the number."""
+    if value is UNCHANGED:
+        return "-"
+    if value is None:
+        return ""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"an override is an int >= 1 or None, got {value!r}")
+    return str(value)
 
 
 class OperatorCalls(InspectCalls):
@@ -60,6 +81,35 @@ class OperatorCalls(InspectCalls):
         self.client.srem(PAUSED_KEYS, key)
         logger.debug("resume key=%r code=%s", key, Code(reply[0]).name)
         return None if reply[0] == Code.NOT_PAUSED else grants(key, reply[1:])
+
+    def set_overrides(self, key: str, *, limit: int | None | Unchanged = UNCHANGED,
+                      interval_ms: int | None | Unchanged = UNCHANGED) -> list[Grant]:  # fmt: skip
+        """Give ``key`` an operator's ``limit`` and rate (``interval_ms``, the least ms between two starts)
+        over its tasks' own, or None to go back to them; ``UNCHANGED`` leaves one as it is. They apply
+        from the next grant and start on; a raised limit grants waiting tickets at once, returned to be
+        published. Setting the same again changes nothing."""
+        args = [_override_value(value) for value in (limit, interval_ms)]
+        # Listed first, in a call of its own, so that every overridden key is listed.
+        self.client.sadd(OVERRIDDEN_KEYS, key)
+        call = calls.override(
+            key, limit=args[0], interval_ms=args[1], dispatch_timeout_ms=self.dispatch_timeout_ms,
+            idle_horizon_ms=self.idle_horizon_ms,
+        )  # fmt: skip
+        reply = self._call_and_index(call, key)
+        if not self._overridden(key):
+            self.client.srem(OVERRIDDEN_KEYS, key)
+            if self._overridden(key):  # another operator's set came between: listed again
+                self.client.sadd(OVERRIDDEN_KEYS, key)
+        logger.debug("overrides of key=%r: limit=%s interval_ms=%s", key, *args)
+        return grants(key, reply[1:])
+
+    def _overridden(self, key: str) -> bool:
+        snapshot = self.inspect(key, waiting_shown=0)
+        return snapshot.limit_override is not None or snapshot.interval_override_ms is not None
+
+    def overridden_keys(self, *, limit: int | None = None) -> list[str]:
+        """The keys given a limit or rate of their own (:meth:`set_overrides`); at most ``limit`` of them."""
+        return self._listed(OVERRIDDEN_KEYS, limit)
 
     def is_paused(self, key: str) -> bool:
         """Whether :meth:`pause` paused ``key`` and :meth:`resume` did not resume it since."""

@@ -246,6 +246,10 @@ class KeySnapshot:
     messages: int
     #: Seconds until the idle key's counters expire; None while the key has work (or no state).
     idle_expires_in: float | None
+    #: An operator's limit for the key, over its tasks' own (``Gate.set_overrides``), else None.
+    limit_override: int | None = None
+    #: An operator's least ms between two starts of the key, over its tasks' rate, else None.
+    interval_override_ms: int | None = None
 
     def blocks(self, ticket: int) -> bool:
         """Whether ``ticket`` failed for good and keeps its slot, blocking the key."""

@@ -10,7 +10,7 @@ _INCLUDE = re.compile(r'^--- @include "([a-z_]+)"$', re.MULTILINE)
 SCRIPT_NAMES = (
     *("submit", "start", "finish", "retry", "requeue", "renew"),
     *("cancel", "refuse_join", "reap", "reindex", "rebuild", "stage_rebuild", "pause", "give_up", "republish_soon"),
-    *("claim_unwritten", "unwritten", "unblock", "wait_to_start", "newer_waiting"),
+    *("claim_unwritten", "unwritten", "unblock", "wait_to_start", "newer_waiting", "override"),
 )
 
 

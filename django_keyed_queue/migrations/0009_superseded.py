@@ -10,6 +10,10 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.AlterModelOptions(
+            name='keyedtask',
+            options={'ordering': ['-id'], 'permissions': [('cancel_keyedtask', 'Can cancel a waiting keyed task'), ('retry_keyedtask', 'Can retry a failed keyed task'), ('release_keyedtask', 'Can release the stuck holder of a key'), ('pause_key', 'Can pause a key'), ('resume_key', 'Can resume a key'), ('change_key_limits', "Can set a key's limit and rate")], 'verbose_name': 'keyed task', 'verbose_name_plural': 'keyed tasks'},
+        ),
         migrations.AddField(
             model_name='keyedtask',
             name='superseded_by',

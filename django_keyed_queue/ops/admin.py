@@ -27,7 +27,7 @@ from django.views.decorators.http import require_POST
 from ..exceptions import ActionRefused
 from ..records.models import IdempotencyKey, KeyedTask, LiveKey
 from ..records.statuses import ACTIVE_STATUSES, Status
-from . import recovery, task_actions
+from . import limits, recovery, task_actions
 from .changelist import CursorChangeList, TaskNameFilter
 from .display import at, epoch_ms, took
 from .explain import explain_row
@@ -53,6 +53,7 @@ PERMISSIONS = {
     "release": "release_keyedtask",
     "pause": "pause_key",
     "resume": "resume_key",
+    "limit": "change_key_limits",
 }
 
 
@@ -252,12 +253,27 @@ class KeyedTaskAdmin(admin.ModelAdmin):
                 dispatched = recovery.resume(key, by=by)
                 text = f"Key {key!r} resumed by {by}; {dispatched}"
                 level = messages.WARNING if dispatched.broker_refused or dispatched.message_refused else level
+            elif action == "limit":
+                text = self._set_limits(request, key, by)
             else:
                 assert ticket is not None
                 recovery.release(key, ticket, dispatch=dispatch, by=by)
                 text = f"Ticket {ticket} of key {key!r} released by {by}"
             _log_key(request, key, text)
             self.message_user(request, text, level)
+
+    @staticmethod
+    def _set_limits(request, key: str, by: str) -> str:
+        """The live keys page's limit and rate of one key: a number or "default" each, blank to leave it."""
+        said = []
+        limit, rate = (request.POST.get(name, "").strip() for name in ("limit", "rate"))
+        if limit:
+            number = None if limit == limits.DEFAULT else int(limit) if _number(limit) else limit  # text: refused
+            said.append(f"limit {limit}; {limits.set_key_limit(key, number, by=by)}")
+        if rate:
+            limits.set_key_rate(key, None if rate == limits.DEFAULT else rate, by=by)
+            said.append(f"rate {rate}")
+        return f"Key {key!r}: {', '.join(said) or 'nothing changed'}, set by {by}"
 
     @contextmanager
     def _refusals(self, request) -> Iterator[None]:
@@ -377,8 +393,12 @@ class KeyedTaskAdmin(admin.ModelAdmin):
 
     def key_action_view(self, request):
         action, key, ticket, dispatch = (request.POST.get(name, "") for name in ("action", "key", "ticket", "dispatch"))
-        if action not in ("pause", "resume", "release") or not key or (action == "release" and not _number(ticket)):
-            return HttpResponseBadRequest("an action (pause, resume, release), a key and, to release, a ticket")
+        if (
+            action not in ("pause", "resume", "release", "limit")
+            or not key
+            or (action == "release" and not _number(ticket))
+        ):
+            return HttpResponseBadRequest("an action (pause, resume, release, limit), a key and, to release, a ticket")
         if dispatch and not _number(dispatch):
             return HttpResponseBadRequest("a dispatch is a number")
         if not self._allowed(request, action):

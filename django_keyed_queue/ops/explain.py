@@ -154,8 +154,10 @@ def explain_row(task: KeyedTask) -> Explanation:
         reasons.append(blocked_by.describe())
     reasons += [h.describe() for h in others if h is not blocked_by]
     if not others and not snapshot.paused:
-        limit = getattr(registered_task(None, task.task_name), "serial_limit", 1)
+        limit = _limit(snapshot, task)
         reasons.append(f"no task holds its key (limit {limit}): it is granted at the key's next finish or reaper pass")
+    elif snapshot.limit_override is not None:
+        reasons.append(f"its key's limit is {_limit(snapshot, task)}")
     reasons.append(f"{ahead} task{'s' if ahead != 1 else ''} of the key wait{'s' if ahead == 1 else ''} ahead of it"
                    if ahead else "it is next in its key's queue")  # fmt: skip
     return replace(key_state, state="waiting", reasons=reasons, waiting_ahead=ahead)
@@ -173,7 +175,7 @@ def _holding(key_state: Explanation, own: Holding, snapshot: KeySnapshot) -> Exp
         return replace(key_state, state=state, reasons=[f"it holds its key: {state} for {since(own.since)}{worker}"])
     reasons = [f"it holds its key: dispatched {since(own.since)} ago, waiting for a worker to start it"]
     registered = registered_task(None, task.task_name)
-    interval_ms = getattr(registered, "serial_interval_ms", 0)
+    interval_ms = snapshot.interval_override_ms or getattr(registered, "serial_interval_ms", 0)
     debounce_ms = getattr(registered, "serial_debounce_ms", 0)
     if debounce_ms and task.status == Status.DISPATCHED and task.dispatched_at is not None:
         starts = task.dispatched_at + timedelta(milliseconds=debounce_ms)
@@ -182,10 +184,19 @@ def _holding(key_state: Explanation, own: Holding, snapshot: KeySnapshot) -> Exp
     if interval_ms and snapshot.since_last_start is not None:
         next_slot = max(interval_ms / 1000 - snapshot.since_last_start, 0.0)
         if next_slot > 0:
-            reasons.append(f"its key's rate lets the next task start in {took(next_slot)}")
+            by = " (an operator's, over its task's)" if snapshot.interval_override_ms else ""
+            reasons.append(f"its key's rate{by} lets the next task start in {took(next_slot)}")
     if task.status == Status.RETRYING:
         reasons.append("its retry's countdown runs: it keeps its key until then")
     return replace(key_state, state="dispatched", reasons=reasons, next_slot_in=next_slot)
+
+
+def _limit(snapshot: KeySnapshot, task: KeyedTask) -> str:
+    """The key's limit as an explanation says it: an operator's, naming its task's own, or its task's."""
+    own = getattr(registered_task(None, task.task_name), "serial_limit", 1)
+    if snapshot.limit_override is None:
+        return str(own)
+    return f"{snapshot.limit_override}, set by an operator over its task's own {own}"
 
 
 def _holdings(snapshot: KeySnapshot) -> list[Holding]:

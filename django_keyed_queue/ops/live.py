@@ -89,6 +89,8 @@ class KeyState:
     blocked_by: HolderRow | None = None  # the failed task that blocks the key (``on_failure="block"``)
     paused_by: str = ""  # who paused it, as the pause said
     paused_since: datetime | None = None
+    limit_override: int | None = None  # an operator's limit for the key (``set_key_limit``)
+    interval_override_ms: int | None = None  # an operator's least ms between two starts (``set_key_rate``)
 
     @property
     def waited_for(self) -> str | None:
@@ -111,7 +113,8 @@ class KeyState:
 
 
 def live_keys(*, limit: int = 100, key: str | None = None) -> tuple[list[KeyState], bool]:
-    """The keys with unfinished tasks, paused or blocked, most blocked first; and whether more were left out.
+    """The keys with unfinished tasks, paused, blocked or given an operator's limit or rate, most blocked
+    first; and whether more were left out.
 
     Two database queries and a few Redis round trips whatever the number of keys shown, each
     bounded: at most ``limit`` paused and ``limit`` blocked keys, and a key's waiting tasks are
@@ -135,11 +138,12 @@ def live_keys(*, limit: int = 100, key: str | None = None) -> tuple[list[KeyStat
     more = len(found) > limit
     if key is None:
         paused, blocked = gate.paused_keys(limit=limit), gate.blocked_keys(limit=limit)
-        more = more or len(paused) == limit or len(blocked) == limit
+        overridden = gate.overridden_keys(limit=limit)
+        more = more or len(paused) == limit or len(blocked) == limit or len(overridden) == limit
     else:
         paused = [key] if gate.is_paused(key) else []
-        blocked = [key]  # shown if the gate says it is blocked
-    keys = list(dict.fromkeys([*list(found)[:limit], *paused, *blocked]))
+        blocked = overridden = [key]  # shown if the gate says it is blocked, or has an operator's limit
+    keys = list(dict.fromkeys([*list(found)[:limit], *paused, *blocked, *overridden]))
     snapshots = gate.inspect_many(keys, waiting_shown=0)
     held = Q(pk__in=[])
     for snapshot in snapshots:
@@ -154,7 +158,8 @@ def live_keys(*, limit: int = 100, key: str | None = None) -> tuple[list[KeyStat
             for ticket, h in sorted(snapshot.holders.items())
         ]
         blocked_by = next((h for h in holders if h.ticket == snapshot.blocked), None)
-        if not (holders or snapshot.paused or k in found):
+        has_override = snapshot.limit_override is not None or snapshot.interval_override_ms is not None
+        if not (holders or snapshot.paused or k in found or has_override):
             continue  # a key searched for that has nothing now
         states.append(
             KeyState(
@@ -167,6 +172,8 @@ def live_keys(*, limit: int = 100, key: str | None = None) -> tuple[list[KeyStat
                 blocked_by,
                 snapshot.paused_by,
                 from_epoch(snapshot.paused_since),
+                snapshot.limit_override,
+                snapshot.interval_override_ms,
             )  # fmt: skip
         )
     states.sort(key=KeyState.blocked_order)

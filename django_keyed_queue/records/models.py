@@ -67,6 +67,7 @@ class KeyedTask(models.Model):
             ("release_keyedtask", _("Can release the stuck holder of a key")),
             ("pause_key", _("Can pause a key")),
             ("resume_key", _("Can resume a key")),
+            ("change_key_limits", _("Can set a key's limit and rate")),
         ]
 
     def __str__(self) -> str:

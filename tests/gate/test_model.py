@@ -76,6 +76,14 @@ class ModelKey:
     fenced: list[tuple[int, int]] = field(default_factory=list)
     #: The ticket a coalescing submission last parked: the next one replaces it while it waits.
     coalesced: int | None = None
+    #: An operator's limit for the key (``Gate.set_overrides``), over its policy's.
+    limit_override: int | None = None
+    #: The most slots the key may have had held at once: a lowered limit lets the running finish.
+    most_held: int = 0
+
+    @property
+    def limit(self) -> int:
+        return self.limit_override or self.policy.limit
 
     def task_id(self, ticket: int) -> str:
         return f"{self.name}#{ticket}"
@@ -85,7 +93,7 @@ class ModelKey:
         granted: list[int] = []
         if self.paused or self.blocked is not None:
             return granted
-        while self.waiting and len(self.holders) < self.policy.limit:
+        while self.waiting and len(self.holders) < self.limit:
             ticket = self.waiting.pop(0)
             self.holders[ticket] = ModelHolder("granted")
             granted.append(ticket)
@@ -197,7 +205,7 @@ class GateModel(RuleBasedStateMachine):
         (``freed``: slots it frees by replacing a ticket)."""
         ticket = km.last_ticket + 1
         km.messages[ticket], km.blocks[ticket] = _message(km.task_id(ticket)), blocks
-        slots = len(km.holders) - freed < km.policy.limit
+        slots = len(km.holders) - freed < km.limit
         return ticket, not km.waiting and slots and not km.paused and km.blocked is None
 
     def _replaceable(self, km: ModelKey, debounce: bool) -> int | None:
@@ -244,6 +252,15 @@ class GateModel(RuleBasedStateMachine):
         if start and free:
             self._started(km, ticket, result.token)
             km.holders[ticket] = ModelHolder("running", 1, result.token, 1, 0, max_lost, blocks)
+
+    @rule(policy=st.sampled_from(POLICIES), limit=st.sampled_from([None, 1, 2, 3]))
+    def override(self, policy: KeyPolicy, limit: int | None) -> None:
+        """An operator sets the key's limit (None: back to its tasks' own): a raised one grants at once."""
+        km = self.keys[policy.name]
+        km.most_held = max(km.most_held, km.limit, len(km.holders))
+        km.limit_override = limit
+        granted = self.gate.set_overrides(km.name, limit=limit)
+        self._check_grants(km, granted, km.grant_waiting())
 
     @rule(policies=st.lists(st.sampled_from(POLICIES), min_size=1, max_size=4), blocks=st.booleans())
     def submit_many(self, policies: list[KeyPolicy], blocks: bool) -> None:
@@ -474,8 +491,10 @@ class GateModel(RuleBasedStateMachine):
             assert (seen.waiting, seen.depth) == (km.waiting, len(km.waiting)), f"{km.name} queue"
             assert (seen.last_ticket, seen.last_token) == (km.last_ticket, km.last_token)
             assert (seen.paused, seen.blocked) == (km.paused, km.blocked)
-            # G1: never more slots held than the limit.
-            assert len(seen.holders) <= km.policy.limit
+            # G1: never more slots held than the limit (a lowered one: than before, until they finish).
+            if len(seen.holders) <= km.limit:
+                km.most_held = 0
+            assert len(seen.holders) <= max(km.limit, km.most_held)
             # G2: the queue is in ticket order and behind every holder (a retried holder kept its place).
             assert seen.waiting == sorted(seen.waiting)
             assert not seen.holders or not seen.waiting or max(seen.holders) < min(seen.waiting)

@@ -86,3 +86,34 @@ def test_debounce_runs_only_the_last_of_a_burst_about_its_debounce_after_it_and_
 
     wait_until(rows_settled, 20, 0.2, "the superseded tasks' rows")
     assert project.rows()[last["id"]]["status"] == "succeeded"
+
+
+def most_at_once(events: list[dict], ids: set[str]) -> int:
+    """The most of ``ids`` running at once, from the history's starts and ends in file order."""
+    running = most = 0
+    for e in events:
+        if e["id"] in ids and e["event"] in ("start", "end"):
+            running += 1 if e["event"] == "start" else -1
+            most = max(most, running)
+    return most
+
+
+def test_an_operator_raises_one_keys_limit_at_runtime_and_sets_it_back(make_project):
+    project = make_project()
+    project.worker("a", concurrency=4)
+    said = project.manage("keyed_queue_limit", "tenant:0", "3").stdout
+    assert "limit 3" in said
+
+    raised = accepted_by(project.produce("step", 6, 1, 0, 1.0, prefix="tenant"))
+    other = accepted_by(project.produce("step", 3, 1, 0, 1.0, prefix="other"))
+    ids = {a["id"] for a in raised + other}
+    wait_until(lambda: ids <= {e["id"] for e in project.history() if e["event"] == "end"}, 60, 0.1, "every task")
+    events = project.history()
+    assert most_at_once(events, {a["id"] for a in raised}) == 3, "three of the raised key at once"
+    assert most_at_once(events, {a["id"] for a in other}) == 1, "another key still one at a time"
+
+    project.manage("keyed_queue_limit", "tenant:0", "default")
+    again = accepted_by(project.produce("step", 3, 1, 0, 0.5, prefix="tenant"))
+    wait_until(lambda: {a["id"] for a in again} <= {e["id"] for e in project.history() if e["event"] == "end"},
+               60, 0.1, "the key's tasks after default")  # fmt: skip
+    assert most_at_once(project.history(), {a["id"] for a in again}) == 1, "one at a time again"

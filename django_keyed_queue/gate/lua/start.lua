@@ -35,7 +35,7 @@ local lease = tonumber(ARGV[3])
 local max_lost = tonumber(ARGV[4])
 local task_id = ARGV[5]
 local block = tonumber(ARGV[6]) or 0
-local interval = tonumber(ARGV[7]) or 0
+local interval = effective_interval(meta_key, tonumber(ARGV[7]) or 0)
 
 local raw = redis.call('HGET', holders_key, ticket)
 if not raw then

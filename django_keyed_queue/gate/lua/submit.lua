@@ -48,7 +48,7 @@
 
 local meta_key, queue_key, messages_key, holders_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local message = ARGV[1]
-local limit = tonumber(ARGV[2])
+local limit = tonumber(ARGV[2])  -- kept in meta for the reaper; an operator's override decides
 local dispatch_timeout = tonumber(ARGV[3])
 local lease = tonumber(ARGV[4])
 local join_id = ARGV[5]
@@ -98,7 +98,7 @@ if coalesce ~= '' then
 end
 
 local free = redis.call('LLEN', queue_key) == 0
-  and redis.call('HLEN', holders_key) - (replaced_granted and 1 or 0) < limit
+  and redis.call('HLEN', holders_key) - (replaced_granted and 1 or 0) < effective_limit(meta_key, limit)
   and not grants_held(meta_key)
 
 local max_waiting = tonumber(ARGV[10])

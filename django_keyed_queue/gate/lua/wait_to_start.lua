@@ -20,7 +20,8 @@ local raw = redis.call('HGET', holders_key, ticket)
 local holder = raw and decode_holder(raw)
 local wait = 0
 if holder and holder.state == 'g' and holder.dispatch == tonumber(ARGV[2]) then
-  wait = rate_wait(meta_key, holders_key, ticket, holder, tonumber(ARGV[3]), tonumber(ARGV[4]), now_ms())
+  local interval = effective_interval(meta_key, tonumber(ARGV[3]))
+  wait = rate_wait(meta_key, holders_key, ticket, holder, interval, tonumber(ARGV[4]), now_ms())
 end
 if wait > 0 then
   return {wait, redis.call('HGET', KEYS[3], ticket)}

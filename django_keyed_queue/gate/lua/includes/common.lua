@@ -96,6 +96,16 @@ local function rate_wait(meta_key, holders_key, ticket, holder, interval, lease,
   return wait
 end
 
+-- An operator's limit and rate for the key (meta's "limit_override" and "interval_override", see
+-- override.lua), over what its tasks give.
+local function effective_limit(meta_key, limit)
+  return tonumber(redis.call('HGET', meta_key, 'limit_override')) or limit
+end
+
+local function effective_interval(meta_key, interval)
+  return tonumber(redis.call('HGET', meta_key, 'interval_override')) or interval
+end
+
 -- Whether the key grants nothing now: paused by an operator, or blocked by a failed ticket.
 local function grants_held(meta_key)
   return redis.call('HEXISTS', meta_key, 'paused') == 1 or redis.call('HEXISTS', meta_key, 'blocked') == 1
@@ -209,6 +219,7 @@ local function grant_waiting(meta_key, queue_key, messages_key, holders_key, wir
   if grants_held(meta_key) then
     return out
   end
+  limit = effective_limit(meta_key, limit)
   while redis.call('HLEN', holders_key) < limit do
     local ticket = redis.call('LPOP', queue_key)
     if not ticket then
@@ -280,6 +291,10 @@ end
 -- every earlier one (epoch_base).
 local function expire_if_idle(meta_key, queue_key, holders_key, horizon_ms)
   if redis.call('HLEN', holders_key) ~= 0 or redis.call('LLEN', queue_key) ~= 0 then
+    return
+  end
+  if redis.call('HEXISTS', meta_key, 'limit_override') == 1 or redis.call('HEXISTS', meta_key, 'interval_override') == 1 then
+    redis.call('PERSIST', meta_key)  -- an operator's word outlives the key's idle periods
     return
   end
   local keep = horizon_ms

@@ -1,0 +1,35 @@
+--[[
+  Set or clear an operator's limit and rate for a key, over what its tasks give. They apply from
+  the next grant and start on; a raised limit grants the waiting tickets up to it at once. They
+  are kept in meta, which then does not expire (expire_if_idle), until cleared.
+
+  KEYS[1] meta      KEYS[2] queue      KEYS[3] messages      KEYS[4] holders
+  KEYS[5] wires     HASH ticket -> its message's broker template (see common.lua's push_granted)
+  ARGV[1] limit: slots per key ('' = its tasks' own again, '-' = unchanged)
+  ARGV[2] interval_ms: least ms between two starts ('' = its tasks' own again, '-' = unchanged)
+  ARGV[3] dispatch_timeout_ms
+  ARGV[4] idle_horizon_ms
+
+  Returns {code, ticket1, dispatch1, message1, pushed1, ...}
+    code 0 OK          set; the listed tickets are now granted: those not pushed must be published
+]]
+--- @include "common"
+
+local meta_key, queue_key, messages_key, holders_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+for i, field in ipairs({'limit_override', 'interval_override'}) do
+  if ARGV[i] == '' then
+    redis.call('HDEL', meta_key, field)
+  elseif ARGV[i] ~= '-' then
+    redis.call('HSET', meta_key, field, tonumber(ARGV[i]))
+  end
+end
+local limit = tonumber(redis.call('HGET', meta_key, 'limit') or '1')
+local out = grant_waiting(meta_key, queue_key, messages_key, holders_key, KEYS[5], limit,
+  now_ms() + tonumber(ARGV[3]), {0})
+if redis.call('HLEN', holders_key) == 0 and redis.call('LLEN', queue_key) == 0
+  and redis.call('HLEN', meta_key) == 0 then
+  redis.call('DEL', meta_key)  -- a key that never had a task: nothing to keep
+else
+  expire_if_idle(meta_key, queue_key, holders_key, tonumber(ARGV[4]))
+end
+return out

@@ -1,0 +1,39 @@
+from django.core.management.base import CommandError
+
+from django_keyed_queue.ops.limits import DEFAULT, set_key_limit, set_key_rate
+from django_keyed_queue.process.state import get_gate
+
+from ._key import KeyCommand, operator
+
+
+class Command(KeyCommand):
+    help = (
+        "Give a key a limit (tasks at once) or a rate of its own, over its tasks' (kept in Redis, not in the "
+        f"database), or '{DEFAULT}' for theirs again; with neither, show what the key has."
+    )
+
+    def add_arguments(self, parser):
+        super().add_arguments(parser)
+        parser.add_argument("limit", nargs="?", help=f"how many of the key's tasks may run at once, or {DEFAULT}")
+        parser.add_argument("--rate", help=f'the most starts of the key: "10/s", "30/m", "100/h", or {DEFAULT}')
+
+    def handle(self, *args, key: str, limit: str | None = None, rate: str | None = None, **options):
+        if limit is not None and limit != DEFAULT and not (limit.isascii() and limit.isdigit()):
+            raise CommandError(f"the limit is a whole number >= 1 or {DEFAULT!r}, got {limit!r}")
+        self._limit, self._rate = limit, rate
+        super().handle(*args, key=key, **options)
+
+    def act(self, key: str) -> str:
+        by = operator("keyed_queue_limit")
+        said = []
+        if self._limit is not None:
+            dispatched = set_key_limit(key, None if self._limit == DEFAULT else int(self._limit), by=by)
+            said.append(f"limit {self._limit}; {dispatched}")
+        if self._rate is not None:
+            set_key_rate(key, None if self._rate == DEFAULT else self._rate, by=by)
+            said.append(f"rate {self._rate}")
+        state = get_gate().inspect(key, waiting_shown=0)
+        limit = state.limit_override or f"{DEFAULT} (its tasks')"
+        rate = f"one start every {state.interval_override_ms} ms" if state.interval_override_ms else f"{DEFAULT}"
+        done = f"key {key!r}: " + ("; ".join(said) + " -> " if said else "")
+        return f"{done}limit {limit}, rate {rate}"

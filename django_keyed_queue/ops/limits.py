@@ -1,0 +1,55 @@
+"""An operator's limit and rate for one key, over its tasks' own, set at runtime without a deploy.
+
+Kept in the gate's Redis with the key (``Gate.set_overrides``) until set back to the tasks' own
+(None); they apply from the key's next grant and start on, and a raised limit dispatches its
+waiting tasks at once. They are not in the database: a total loss of Redis loses them, and
+``keyed_queue_rebuild`` does not restore them. Each change is logged for the audit trail by the
+operator's recovery logger, as the other actions are.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from celery import Celery, current_app
+
+from ..exceptions import ActionRefused
+from ..gate import UNCHANGED
+from ..keyed_task.decorators import rate_interval_ms
+from ..messaging.dispatch import Dispatched, publish_grants
+from ..process.state import current, get_gate
+from . import recovery
+from .recovery import operator_key
+
+#: The operator's actions' audit trail, one logger for all of them.
+logger = logging.getLogger(recovery.__name__)
+
+#: The highest limit an operator may give a key.
+MAX_KEY_LIMIT = 1_000_000
+#: The word that sets a key's limit or rate back to its tasks' own, in the command and the admin.
+DEFAULT = "default"
+
+
+def set_key_limit(key: str, limit: int | None, *, by: str = "an operator", app: Celery | None = None) -> Dispatched:
+    """At most ``limit`` tasks of ``key`` run at once, whatever their tasks' ``limit`` (None: their own
+    again); a raised limit dispatches the key's waiting tasks up to it now. Repeating it changes nothing."""
+    key = operator_key(key)
+    whole = isinstance(limit, int) and not isinstance(limit, bool)
+    if limit is not None and not (whole and 1 <= limit <= MAX_KEY_LIMIT):
+        raise ActionRefused(f"a key's limit is a whole number from 1 to {MAX_KEY_LIMIT}, or its tasks' own: {limit!r}")
+    done = publish_grants(app or current_app, get_gate().set_overrides(key, limit=limit, interval_ms=UNCHANGED))
+    current().recorder.flush()
+    logger.info("keyed queue key %r: limit %s, set by %s; %s", key, limit or "of its tasks (default)", by, done)
+    return done
+
+
+def set_key_rate(key: str, rate: str | None, *, by: str = "an operator") -> None:
+    """At most ``rate`` starts of ``key`` (``"10/s"``, ``"30/m"``, ``"100/h"``), whatever their tasks'
+    ``rate`` (None: their own again), from its next start on. Repeating it changes nothing."""
+    key = operator_key(key)
+    try:
+        interval_ms = rate_interval_ms(rate)
+    except ValueError as exc:
+        raise ActionRefused(f"a key's {exc}") from None
+    get_gate().set_overrides(key, limit=UNCHANGED, interval_ms=interval_ms or None)
+    logger.info("keyed queue key %r: rate %s, set by %s", key, rate or "of its tasks (default)", by)
