@@ -248,6 +248,19 @@ def test_without_debounce_a_granted_ticket_is_not_replaced(gate):
     assert list(gate.inspect("k").holders) == [granted.ticket]
 
 
+def test_debounce_does_not_replace_a_granted_ticket_another_tasks_ticket_waits_behind(gate):
+    """Its slot would be freed with the other task's ticket first in the queue, and nothing would grant it:
+    the granted one runs at its eta, and the newer one waits behind the other task's."""
+    granted = debounced(gate, "k", "t0")
+    other = gate.submit("k", stored("other", "o0"), task_id="o0")
+    newer = debounced(gate, "k", "t1")
+
+    assert granted.granted and not other.granted
+    assert newer.superseded is None and not newer.granted
+    state = gate.inspect("k")
+    assert list(state.holders) == [granted.ticket] and state.waiting == [other.ticket, newer.ticket]
+
+
 def test_debounce_on_a_shared_key_replaces_only_its_own_tasks_ticket(gate):
     other = gate.submit("k", stored("other", "o0"), task_id="o0")  # another task holds the key's slot
     first = debounced(gate, "k", "t0")

@@ -210,12 +210,12 @@ class GateModel(RuleBasedStateMachine):
 
     def _replaceable(self, km: ModelKey, debounce: bool) -> int | None:
         """The ticket a coalescing (``debounce``: debounced) submission replaces: the task's last one, if it
-        waits, or, debounced, if it is granted and never started."""
+        waits, or, debounced, if it is granted and never started and nothing waits behind it."""
         last = km.coalesced
         if last in km.waiting:
             return last
         holder = km.holders.get(last) if last is not None else None
-        if debounce and holder is not None and holder.state == "granted" and holder.attempts == 0:
+        if debounce and holder is not None and holder.state == "granted" and holder.attempts == 0 and not km.waiting:
             return last
         return None
 

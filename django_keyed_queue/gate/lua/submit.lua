@@ -76,7 +76,7 @@ end
 -- Coalescing: meta's "coalesce:<task>" names the task's last submitted ticket. If it still waits
 -- (parked: its message is stored, it holds no slot, it is in the queue) or, debounced, it is
 -- granted and never started (its message waits out its eta in the broker or a worker; a retry
--- or a recovery of a run that started is not replaced), and its
+-- or a recovery of a run that started is not replaced) and nothing waits behind it, and its
 -- stored message says it is that task's, this ticket takes its place: it leaves the queue or its
 -- slot, its message goes (a copy still on its way is refused at its start), and its record is kept
 -- as superseded (state "s") for the writer. A message not as submit stores it is left alone.
@@ -88,7 +88,9 @@ if coalesce ~= '' then
   local raw = last and redis.call('HGET', holders_key, last)
   local holder = raw and decode_holder(raw) or nil  -- HGET gives false for a missing field
   local stored = last and redis.call('HGET', messages_key, last)
-  if stored and (not holder or (debounce > 0 and holder.state == 'g' and holder.attempts == 0)) then
+  local unstarted = holder and holder.state == 'g' and holder.attempts == 0
+    and redis.call('LLEN', queue_key) == 0  -- else its freed slot would be the queue head's, ungranted
+  if stored and (not holder or (debounce > 0 and unstarted)) then
     local ok, envelope = pcall(cjson.decode, stored)
     if ok and type(envelope) == 'table' and envelope.task == coalesce and type(envelope.id) == 'string'
       and (holder or redis.call('LPOS', queue_key, last, 'RANK', -1)) then
