@@ -5,6 +5,7 @@ import json
 from datetime import UTC, datetime
 
 import pytest
+from celery.backends.base import DisabledBackend
 from django.core.management import call_command
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -40,6 +41,8 @@ def test_one_runs_the_latest_waits_and_the_rest_are_superseded_each_naming_its_r
 # Celery's Redis result backend calls redis-py's SETEX, which redis-py 8 deprecates.
 @pytest.mark.filterwarnings("ignore:Call to deprecated setex:DeprecationWarning")
 def test_a_superseded_tasks_result_reads_revoked(gate_redis, broker):
+    if isinstance(latest_step.backend, DisabledBackend):  # tox's oldest runs this tier without one
+        pytest.skip("no result backend is configured (TESTPROJECT_RESULTS=0)")
     latest_step.apply_async(("a", 0), queue=QUEUE)
     replaced = latest_step.apply_async(("a", 1), queue=QUEUE)
     latest_step.apply_async(("a", 2), queue=QUEUE)
