@@ -87,6 +87,8 @@ class Unwritten:
     #: A coalescing submission replaced it before it ran (``at_ms`` is then when): its record is
     #: the submission's with ``superseded_by`` and ``enqueued_ms`` added (see ``submit.lua``).
     superseded: bool = False
+    #: The field of the key's unwritten hash it was read from, deleted once written ("" : the ticket).
+    field: str = ""
 
 
 @dataclass(frozen=True)

@@ -48,13 +48,26 @@ class UnwrittenCalls(GateBase):
         for key, (left, *flat) in zip(keys, self._pipelined(batch), strict=True):
             if left:
                 more.add(key)
-            for ticket, kept, message in zip(flat[0::3], flat[1::3], flat[2::3], strict=True):
-                # "<d (granted), w (waiting) or s (superseded)>|<server ms>|<record>", as submit.lua keeps it.
+            for field, kept, message in zip(flat[0::3], flat[1::3], flat[2::3], strict=True):
+                # "<d (granted), w (waiting) or s (superseded)>|<server ms>|<record>", as submit.lua keeps it,
+                # under the ticket, or "<ticket>s" for a superseded one's (common.lua's supersede_record).
                 parts = kept.split(b"|", 2)
                 # Not as submit keeps it (someone else wrote it): handed on whole, for the caller to refuse.
                 state, at_ms, record = parts if len(parts) == 3 and parts[1].isdigit() else (b"", b"0", kept)
+                ticket = field[:-1] if field.endswith(b"s") else field
+                if not ticket.isdigit():  # someone else's field: refused by the caller, then deleted as it is
+                    ticket, state, record = b"0", b"", b""
                 found.append(
-                    Unwritten(key, int(ticket), state == b"d", int(at_ms), record, message or None, state == b"s")
+                    Unwritten(
+                        key,
+                        int(ticket),
+                        state == b"d",
+                        int(at_ms),
+                        record,
+                        message or None,
+                        state == b"s",
+                        field=field.decode(),
+                    )  # fmt: skip
                 )
         return UnwrittenRecords(found, frozenset(more))
 
@@ -68,7 +81,7 @@ class UnwrittenCalls(GateBase):
         of keys no submission was kept for since; one round trip."""
         # Deleted first (on one server; a cluster's masters each take theirs): a claim released before
         # its records were deleted would leave them unindexed, until the key's next submission.
-        deleted: list[Command] = [("HDEL", KeyNames(w.key).unwritten, w.ticket) for w in written]
+        deleted: list[Command] = [("HDEL", KeyNames(w.key).unwritten, w.field or w.ticket) for w in written]
         released = calls.reindex(self.unwritten_index, moves=((key, claim, -1) for key, claim in claims))  # -1: removed
         if released:
             self._pipelined(released, before=deleted)

@@ -95,6 +95,7 @@ def write(gate: Gate, keys: Sequence[str], claims: Sequence[tuple[str, int]] = (
                 logger.error(
                     "keyed queue key=%r keeps a submission record that is not one: %r", unwritten.key, unwritten
                 )
+        rows = _merged(rows)  # a ticket's submission record and its superseded one, read together
         if rows:  # a row the database refuses is set aside: it holds back no other, and is not tried again
             KeyedTask.objects.apply_setting_aside(rows, new=True)
         for row in rows:  # written again if this pass fails after: each hand-over is done once however often
@@ -107,6 +108,15 @@ def write(gate: Gate, keys: Sequence[str], claims: Sequence[tuple[str, int]] = (
     gate.forget_unwritten(found, [c for c in claims if c[0] not in step.more])
     gate.unclaim_unwritten([c for c in claims if c[0] in step.more])
     return len(rows)
+
+
+def _merged(rows: list[Transition]) -> list[Transition]:
+    """One transition per submission: its records merged, the later status winning."""
+    by_submission: dict[tuple[str, str, int], Transition] = {}
+    for row in rows:
+        earlier = by_submission.get(row.submission)
+        by_submission[row.submission] = earlier.merged_with(row) if earlier else row
+    return list(by_submission.values())
 
 
 def write_key(gate: Gate, key: str) -> int:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from django_keyed_queue import InvalidArguments, explain, keyed_serial_task
 from django_keyed_queue.gate.keys import KeyNames
 from django_keyed_queue.process.state import current
+from django_keyed_queue.records import submissions
 from django_keyed_queue.records.models import IdempotencyKey, KeyedTask
 from django_keyed_queue.testing import write_submission_rows
 from testproject.demo.tasks import debounced_step, latest_step, step
@@ -200,3 +201,22 @@ def test_the_explanation_of_a_debounced_grant_says_when_it_starts(gate_redis, br
 
     assert explained.state == "dispatched"
     assert any(r.startswith("debounced: it starts at ") for r in explained.reasons), explained.reasons
+
+
+def test_a_row_written_while_its_ticket_is_replaced_still_ends_superseded(gate_redis, broker):
+    """The writer read the waiting task's record, then a newer submission replaced it, then the writer
+    wrote the row as waiting and deleted what it read: the next pass makes it superseded."""
+    gate = current().gate
+    latest_step.apply_async(("a", 0), queue=QUEUE)
+    replaced = latest_step.apply_async(("a", 1), queue=QUEUE)
+    claims = gate.claim_unwritten(claim_seconds=10)
+    read = gate.unwritten(["a"])
+    replacement = latest_step.apply_async(("a", 2), queue=QUEUE)
+    KeyedTask.objects.apply_setting_aside([submissions.transition(u) for u in read.records], new=True)
+    gate.forget_unwritten(read.records, claims)
+    assert KeyedTask.objects.get(task_id=replaced.id).status == "waiting"
+
+    write_submission_rows()
+
+    row = KeyedTask.objects.get(task_id=replaced.id)
+    assert (row.status, row.superseded_by) == ("superseded", replacement.id)

@@ -55,11 +55,12 @@ def test_the_replaced_tickets_records_are_kept_as_superseded_by_their_replacemen
     first = submit(gate, "k", "t1")
     second = submit(gate, "k", "t2")
 
-    kept = {u.ticket: u for u in gate.unwritten(["k"]).records}
+    kept = {(u.ticket, u.superseded): u for u in gate.unwritten(["k"]).records}
 
-    assert kept[second.ticket].superseded is False and kept[second.ticket].granted is False
-    replaced = kept[first.ticket]
-    assert replaced.superseded and not replaced.granted
+    assert kept[second.ticket, False].granted is False and (second.ticket, True) not in kept
+    assert not kept[first.ticket, False].superseded, "its own record stays, for a writer that read it"
+    replaced = kept[first.ticket, True]
+    assert replaced.superseded and not replaced.granted and replaced.field == f"{first.ticket}s"
     data = json.loads(replaced.record)
     assert data["task_id"] == "t1" and data["superseded_by"] == "t2"
     assert data["arguments"] == "args=('t1',)", "the producer's record, kept"
@@ -269,3 +270,30 @@ def test_debounce_on_a_shared_key_replaces_only_its_own_tasks_ticket(gate):
     assert other.granted and not first.granted
     assert second.superseded == (first.ticket, "t0") and not second.granted
     assert gate.inspect("k").waiting == [second.ticket]
+
+
+def test_a_writer_that_read_the_replaced_tickets_record_first_does_not_delete_its_superseded_record(gate):
+    """The writer reads a waiting ticket's record, a coalescing submission replaces the ticket, then the
+    writer deletes what it read: the superseded record is kept apart, for the next pass."""
+    submit(gate, "k", "t0")
+    first = submit(gate, "k", "t1")
+    read = gate.unwritten(["k"]).records
+
+    submit(gate, "k", "t2")
+    gate.forget_unwritten(read)
+
+    left = gate.unwritten(["k"]).records
+    [replaced] = [u for u in left if u.ticket == first.ticket]
+    assert replaced.superseded and json.loads(replaced.record)["superseded_by"] == "t2"
+    gate.forget_unwritten(left)
+    assert gate.unwritten(["k"]).records == []
+
+
+def test_a_field_not_as_submit_writes_it_is_handed_on_to_be_refused(gate, gate_redis):
+    gate_redis.hset(KeyNames("k").unwritten, "not-a-ticket", b'{"task_id": "x", "task_name": "t", "arguments": ""}')
+
+    [odd] = gate.unwritten(["k"]).records
+
+    assert (odd.ticket, odd.record, odd.field) == (0, b"", "not-a-ticket")
+    gate.forget_unwritten([odd])
+    assert not gate_redis.exists(KeyNames("k").unwritten)

@@ -248,9 +248,11 @@ local function drop_message(messages_key, wires_key, ticket)
 end
 
 -- Keep the record of `ticket` (task `task_id`, of task `task_name`), which never ran, as
--- superseded by task `by` at server ms `now`: "s|<now>|<record>", its record as submit kept it
--- (or, its row written already, the fields that find the row) with "superseded_by" and
--- "enqueued_ms" added, for the writer (records/submissions.py).
+-- superseded by task `by` at server ms `now`, under the field "<ticket>s" beside the ticket's own:
+-- a writer that read the ticket's own record before deletes only that one once its row is written.
+-- The value is "s|<now>|<record>": the ticket's record as submit kept it (or, its row written
+-- already, the fields that find the row) with "superseded_by" and "enqueued_ms" added, for the
+-- writer (records/submissions.py).
 local function supersede_record(unwritten_key, ticket, task_id, task_name, by, now)
   local kept = redis.call('HGET', unwritten_key, ticket)
   local enqueued, record = string.match(kept or '', '^%a|(%d+)|(.*)$')
@@ -260,7 +262,7 @@ local function supersede_record(unwritten_key, ticket, task_id, task_name, by, n
   end
   data.superseded_by = by
   data.enqueued_ms = enqueued
-  redis.call('HSET', unwritten_key, ticket, 's|' .. now .. '|' .. cjson.encode(data))
+  redis.call('HSET', unwritten_key, ticket .. 's', 's|' .. now .. '|' .. cjson.encode(data))
 end
 
 -- One step of an HSCAN of `hash_key` (about `count` fields) that goes on where the last step of
