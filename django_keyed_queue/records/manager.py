@@ -186,17 +186,22 @@ def _all_at_once(
         return False
     if new and any(t.create is None for t in ordered):
         return False
-    sid = transaction.savepoint(using=db.alias)  # inside ``apply``'s transaction
-    if new:
-        insert = _insert_sql(model, db.alias, ignore_conflicts=True)
-        cursor.executemany(insert, [_insert_params(model, db, t.row_to_create()) for t in ordered])
-    else:
-        cursor.executemany(_update_sql(model, db.alias), updates)
-    if cursor.rowcount == len(ordered):
-        transaction.savepoint_commit(sid, using=db.alias)
-        return True
-    transaction.savepoint_rollback(sid, using=db.alias)
-    return False
+    try:
+        with transaction.atomic(using=db.alias):  # a savepoint inside ``apply``'s transaction
+            if new:
+                insert = _insert_sql(model, db.alias, ignore_conflicts=True)
+                cursor.executemany(insert, [_insert_params(model, db, t.row_to_create()) for t in ordered])
+            else:
+                cursor.executemany(_update_sql(model, db.alias), updates)
+            if cursor.rowcount != len(ordered):
+                raise _NotOneRowEach
+    except _NotOneRowEach:
+        return False
+    return True
+
+
+class _NotOneRowEach(Exception):
+    """A batch's one statement did not change exactly one row for each of its transitions: rolled back."""
 
 
 def _set_aside(t: Transition, error: Exception) -> None:
