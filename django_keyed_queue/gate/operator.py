@@ -15,7 +15,7 @@ import logging
 from . import calls
 from .base import grants, text
 from .inspection import InspectCalls
-from .keys import BLOCKED_KEYS, OVERRIDDEN_KEYS, PAUSED_KEYS
+from .keys import BLOCKED_KEYS, OVERRIDDEN_KEYS, PAUSED_KEYS, KeyNames
 from .results import Grant
 from .scripts import Code, seconds_to_ms
 
@@ -104,8 +104,8 @@ class OperatorCalls(InspectCalls):
         return grants(key, reply[1:])
 
     def _overridden(self, key: str) -> bool:
-        snapshot = self.inspect(key, waiting_shown=0)
-        return snapshot.limit_override is not None or snapshot.interval_override_ms is not None
+        """Whether ``key`` has an operator's limit or rate (one read of its meta)."""
+        return any(v is not None for v in self.client.hmget(KeyNames(key).meta, "limit_override", "interval_override"))
 
     def overridden_keys(self, *, limit: int | None = None) -> list[str]:
         """The keys given a limit or rate of their own (:meth:`set_overrides`); at most ``limit`` of them."""

@@ -254,26 +254,14 @@ class KeyedTaskAdmin(admin.ModelAdmin):
                 text = f"Key {key!r} resumed by {by}; {dispatched}"
                 level = messages.WARNING if dispatched.broker_refused or dispatched.message_refused else level
             elif action == "limit":
-                text = self._set_limits(request, key, by)
+                typed = (request.POST.get(name, "").strip() for name in ("limit", "rate"))
+                text = f"Key {key!r}: {limits.set_typed(key, *typed, by=by) or 'nothing changed'}, set by {by}"
             else:
                 assert ticket is not None
                 recovery.release(key, ticket, dispatch=dispatch, by=by)
                 text = f"Ticket {ticket} of key {key!r} released by {by}"
             _log_key(request, key, text)
             self.message_user(request, text, level)
-
-    @staticmethod
-    def _set_limits(request, key: str, by: str) -> str:
-        """The live keys page's limit and rate of one key: a number or "default" each, blank to leave it."""
-        said = []
-        limit, rate = (request.POST.get(name, "").strip() for name in ("limit", "rate"))
-        if limit:
-            number = None if limit == limits.DEFAULT else int(limit) if _number(limit) else limit  # text: refused
-            said.append(f"limit {limit}; {limits.set_key_limit(key, number, by=by)}")
-        if rate:
-            limits.set_key_rate(key, None if rate == limits.DEFAULT else rate, by=by)
-            said.append(f"rate {rate}")
-        return f"Key {key!r}: {', '.join(said) or 'nothing changed'}, set by {by}"
 
     @contextmanager
     def _refusals(self, request) -> Iterator[None]:

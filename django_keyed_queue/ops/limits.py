@@ -33,14 +33,18 @@ DEFAULT = "default"
 def set_key_limit(key: str, limit: int | None, *, by: str = "an operator", app: Celery | None = None) -> Dispatched:
     """At most ``limit`` tasks of ``key`` run at once, whatever their tasks' ``limit`` (None: their own
     again); a raised limit dispatches the key's waiting tasks up to it now. Repeating it changes nothing."""
-    key = operator_key(key)
-    whole = isinstance(limit, int) and not isinstance(limit, bool)
-    if limit is not None and not (whole and 1 <= limit <= MAX_KEY_LIMIT):
-        raise ActionRefused(f"a key's limit is a whole number from 1 to {MAX_KEY_LIMIT}, or its tasks' own: {limit!r}")
+    key, limit = operator_key(key), _checked_limit(limit)
     done = publish_grants(app or current_app, get_gate().set_overrides(key, limit=limit, interval_ms=UNCHANGED))
     current().recorder.flush()
     logger.info("keyed queue key %r: limit %s, set by %s; %s", key, limit or "of its tasks (default)", by, done)
     return done
+
+
+def _checked_limit(limit: object) -> int | None:
+    """``limit`` if it is one a key may have (None: its tasks' own), else ActionRefused naming it."""
+    if limit is None or (isinstance(limit, int) and not isinstance(limit, bool) and 1 <= limit <= MAX_KEY_LIMIT):
+        return limit
+    raise ActionRefused(f"a key's limit is a whole number from 1 to {MAX_KEY_LIMIT}, or its tasks' own: {limit!r}")
 
 
 def set_key_rate(key: str, rate: str | None, *, by: str = "an operator") -> None:
@@ -53,3 +57,18 @@ def set_key_rate(key: str, rate: str | None, *, by: str = "an operator") -> None
         raise ActionRefused(f"a key's {exc}") from None
     get_gate().set_overrides(key, limit=UNCHANGED, interval_ms=interval_ms or None)
     logger.info("keyed queue key %r: rate %s, set by %s", key, rate or "of its tasks (default)", by)
+
+
+def set_typed(key: str, limit: str, rate: str, *, by: str = "an operator") -> str:
+    """The limit and rate an operator typed (the command's arguments, the live keys page's form): each a
+    number, ``DEFAULT``, or "" to leave it; refused as :func:`set_key_limit` and :func:`set_key_rate`
+    refuse them. What was set, said."""
+    said = []
+    if limit:
+        whole = limit.isascii() and limit.isdigit() and len(limit) <= 18  # a number, not a 5,000-digit text
+        number = _checked_limit(None if limit == DEFAULT else int(limit) if whole else limit)
+        said.append(f"limit {limit}; {set_key_limit(key, number, by=by)}")
+    if rate:
+        set_key_rate(key, None if rate == DEFAULT else rate, by=by)
+        said.append(f"rate {rate}")
+    return ", ".join(said)

@@ -101,14 +101,14 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
         update = _update_sql(self.model, db.alias)
         now, waiting = time.monotonic(), list[Transition]()
         with transaction.atomic(using=db.alias), db.cursor() as cursor:
-            updates = [_update_params(self.model, t, db) for t in ordered]
             if all(t.create is None for t in ordered):
-                cursor.executemany(update, updates)
+                cursor.executemany(update, [_update_params(self.model, t, db) for t in ordered])
                 return waiting
-            if _all_at_once(db, cursor, self.model, ordered, updates, new=new):
+            if _all_at_once(db, cursor, self.model, ordered, new=new):
                 return waiting
             insert = _insert_sql(self.model, db.alias, ignore_conflicts=True)
-            for t, params in zip(ordered, updates, strict=True):
+            for t in ordered:
+                params = _update_params(self.model, t, db)
                 if not (new and t.create is not None):
                     cursor.execute(update, params)
                     if cursor.rowcount or t.create is None:
@@ -171,7 +171,6 @@ def _all_at_once(
     cursor: Any,
     model: type[models.Model],
     ordered: list[Transition],
-    updates: list[dict[str, Any]],
     *,
     new: bool,
 ) -> bool:
@@ -192,7 +191,7 @@ def _all_at_once(
                 insert = _insert_sql(model, db.alias, ignore_conflicts=True)
                 cursor.executemany(insert, [_insert_params(model, db, t.row_to_create()) for t in ordered])
             else:
-                cursor.executemany(_update_sql(model, db.alias), updates)
+                cursor.executemany(_update_sql(model, db.alias), [_update_params(model, t, db) for t in ordered])
             if cursor.rowcount != len(ordered):
                 raise _NotOneRowEach
     except _NotOneRowEach:

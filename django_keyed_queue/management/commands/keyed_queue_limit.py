@@ -1,6 +1,6 @@
 from django.core.management.base import CommandError
 
-from django_keyed_queue.ops.limits import DEFAULT, set_key_limit, set_key_rate
+from django_keyed_queue.ops.limits import DEFAULT, set_typed
 from django_keyed_queue.process.state import get_gate
 
 from ._key import KeyCommand, operator
@@ -24,16 +24,9 @@ class Command(KeyCommand):
         super().handle(*args, key=key, **options)
 
     def act(self, key: str) -> str:
-        by = operator("keyed_queue_limit")
-        said = []
-        if self._limit is not None:
-            dispatched = set_key_limit(key, None if self._limit == DEFAULT else int(self._limit), by=by)
-            said.append(f"limit {self._limit}; {dispatched}")
-        if self._rate is not None:
-            set_key_rate(key, None if self._rate == DEFAULT else self._rate, by=by)
-            said.append(f"rate {self._rate}")
+        said = set_typed(key, self._limit or "", self._rate or "", by=operator("keyed_queue_limit"))
         state = get_gate().inspect(key, waiting_shown=0)
         limit = state.limit_override or f"{DEFAULT} (its tasks')"
         rate = f"one start every {state.interval_override_ms} ms" if state.interval_override_ms else f"{DEFAULT}"
-        done = f"key {key!r}: " + ("; ".join(said) + " -> " if said else "")
+        done = f"key {key!r}: " + (f"{said} -> " if said else "")
         return f"{done}limit {limit}, rate {rate}"
