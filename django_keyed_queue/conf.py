@@ -57,6 +57,11 @@ DEFAULTS: dict[str, Any] = {
     "SUBMIT_ON_COMMIT": False,
     # The health view answers anyone, not only staff (for a load balancer's probe).
     "HEALTH_PUBLIC": False,
+    # The metrics view answers anyone, not only staff (for a Prometheus server without a login).
+    "METRICS_PUBLIC": False,
+    # The metrics also list this many keys whose oldest waiting task waited longest, each key a label
+    # value (at most 50); 0: no key is ever a label.
+    "METRICS_TOP_KEYS": 0,
     # Dotted path or callable (task_name, args, kwargs) -> (args, kwargs) applied
     # before arguments are written to KeyedTask.arguments.
     "REDACT_ARGUMENTS": None,
