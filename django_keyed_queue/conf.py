@@ -11,6 +11,9 @@ from django.conf import settings as django_settings
 
 PREFIX = "KEYED_QUEUE_"
 
+#: Most keys ``METRICS_TOP_KEYS`` may name in the metrics.
+MAX_TOP_KEYS = 50
+
 DEFAULTS: dict[str, Any] = {
     # Redis holding the gate (may differ from the Celery broker): redis://, rediss://, unix://, or
     # "sentinel://host:26379;sentinel://host2:26379" with REDIS_SENTINEL_MASTER.

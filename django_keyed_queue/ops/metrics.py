@@ -29,7 +29,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a process without 
         "django_keyed_queue's metrics view needs prometheus-client: pip install 'django-keyed-queue[metrics]'"
     ) from exc
 
-from ..conf import settings
+from ..conf import MAX_TOP_KEYS, settings
 from ..gate import Gate
 from ..process import totals
 from ..process.state import get_gate
@@ -40,8 +40,6 @@ from .live import stuck_after_seconds
 
 logger = logging.getLogger(__name__)
 
-#: Most keys the opt-in gauge of the keys waiting longest may list.
-MAX_TOP_KEYS = 50
 #: Most keys a scrape checks for a block, or counts overdue (the gauges say "at least" past it).
 MAX_KEYS_READ = 10_000
 
@@ -162,7 +160,8 @@ def _record_gauges(templates: dict[str, str]) -> Iterable[Metric]:
     yield _gauge("keys_active", "Keys with a task waiting or holding a slot.", active.values("key").distinct().count())
     oldest = active.filter(status=Status.WAITING).aggregate(at=Min("enqueued_at"))["at"]
     yield _gauge("oldest_wait_seconds", "How long the longest-waiting task has waited.", _age(oldest))
-    top = min(max(int(settings.METRICS_TOP_KEYS or 0), 0), MAX_TOP_KEYS)
+    top = settings.METRICS_TOP_KEYS
+    top = min(max(top, 0), MAX_TOP_KEYS) if type(top) is int else 0  # a check reports a bad value
     if top:
         family = GaugeMetricFamily(
             "keyed_queue_key_oldest_wait_seconds",

@@ -80,6 +80,9 @@ class Totals:
     def __init__(self, gate: Callable[[], Gate]) -> None:
         self._gate = gate
         self._lock = threading.Lock()
+        # One flush at a time: a flush returns once all counted before it was added (or kept to retry),
+        # also when the background thread took it a moment earlier.
+        self._flushing = threading.Lock()
         self._pending: dict[str, int | float] = {}
         self._templates: dict[str, str] = {}
         self._thread: threading.Thread | None = None
@@ -112,6 +115,10 @@ class Totals:
 
     def flush(self) -> None:
         """Add what was counted to the totals; kept for the next try if Redis does not answer."""
+        with self._flushing:
+            self._flush()
+
+    def _flush(self) -> None:
         with self._lock:
             amounts, self._pending = self._pending, {}
             templates, self._templates = self._templates, {}

@@ -3,13 +3,16 @@ the gate, labels that never carry a key, staff only, and fields that are not our
 
 import json
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.test import override_settings
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from django_keyed_queue.gate.keys import TOTALS, TOTALS_TEMPLATES
@@ -21,6 +24,7 @@ from tests.gate_redis import ON_CLUSTER
 
 pytestmark = pytest.mark.django_db
 URL = "/keyed-queue/metrics/"
+DOCS = Path(__file__).parents[2] / "docs"
 
 
 @pytest.fixture
@@ -174,3 +178,27 @@ def test_any_task_name_and_template_make_the_scrape_that_names_them(staff_client
     assert value(samples, "keyed_queue_finished_total", task=name[:200])  # one series
     assert value(samples, "keyed_queue_wait_seconds_count", task=name[:200], key_template=template) == 1
     assert value(samples, "keyed_queue_wait_seconds_sum", task=name[:200]) == pytest.approx(max(0.0, seconds))
+
+
+def test_the_docs_list_every_series_and_the_dashboard_reads_no_other(staff_client, gate_redis, broker, fresh_totals):
+    counted = current().totals
+    for series in totals.COUNTERS:
+        counted.count(series, step, outcome="succeeded" if series in ("finished", "recovered") else "")
+    for series in totals.HISTOGRAMS:
+        counted.observe(series, step, 1.0, outcome="succeeded" if series == "run_seconds" else "")
+    counted.flush()
+    step.apply_async(("busy", 0), queue=QUEUE)
+    step.apply_async(("busy", 1), queue=QUEUE)
+    with override_settings(KEYED_QUEUE_METRICS_TOP_KEYS=1):
+        response = staff_client.get(URL)
+    served = {family.name for family in text_string_to_metric_families(response.content.decode())}
+
+    page = (DOCS / "metrics.md").read_text()
+    listed = page[page.index("## Every series") : page.index("## Alerts")]
+    documented = {name.removesuffix("_total") for name in re.findall(r"^\| `(keyed_queue_\w+)`", listed, re.MULTILINE)}
+    assert served == documented
+
+    dashboard = (DOCS / "grafana-dashboard.json").read_text()
+    json.loads(dashboard)
+    read = {re.sub(r"_(total|bucket|count|sum)$", "", name) for name in re.findall(r"keyed_queue_\w+", dashboard)}
+    assert read <= served and len(read) >= 10
