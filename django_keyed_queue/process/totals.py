@@ -9,6 +9,7 @@ that exits, or a pool process Celery shuts down, adds it first.
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import logging
 import threading
@@ -40,6 +41,7 @@ class CountedTask(Protocol):
     def serial_key(self) -> Any: ...
 
 
+@functools.lru_cache(maxsize=4096)  # the labels' combinations are few: tasks x outcomes x buckets
 def field(series: str, task_name: str, outcome: str = "", bucket: str = "") -> str:
     """The totals' field of one series and its labels (a task name as long as a record keeps it)."""
     labels = [series, task_name[:TASK_NAME_MAX_LENGTH], outcome, bucket]
