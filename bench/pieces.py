@@ -16,6 +16,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from types import SimpleNamespace
 
 from .harness import DATABASES, Cluster, cpu_seconds
 
@@ -37,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from django_keyed_queue.gate import Outcome
         from django_keyed_queue.process.state import get_gate
+        from django_keyed_queue.process.totals import Totals
         from django_keyed_queue.records import submissions
         from django_keyed_queue.records.models import KeyedTask
         from django_keyed_queue.records.transitions import Transition
@@ -93,6 +95,18 @@ def main(argv: list[str] | None = None) -> int:
             for j in range(0, n, 50):
                 gate.forget_outcomes([(t.key, t.outcome_field) for t in ends[j : j + 50]])
 
+        def count_for_metrics() -> None:
+            counted, task = Totals(lambda: gate), SimpleNamespace(name="demo.step", serial_key="{key}")
+            for i in range(n):
+                counted.count("submitted", task)
+                counted.count("started", task)
+                counted.observe("wait_seconds", task, 0.004)
+                counted.count("finished", task, outcome="succeeded")
+                counted.observe("run_seconds", task, 0.02, outcome="succeeded")
+                if i % 1000 == 999:  # a process adds its counts each second: about 1,000 tasks at this rate
+                    counted.flush()
+            counted.close()
+
         piece("producer: gate.submit with the record (one round trip)", submit)
         piece("worker: gate.start", start)
         piece("worker main process: submissions' rows, 100 keys a pass", write_rows)
@@ -100,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         piece("worker: gate.finish with the outcome (and its JSON)", finish)
         piece("worker: the run's record written, 50 rows a transaction", apply_ends)
         piece("worker: written outcomes forgotten, 50 a round trip", forget_outcomes)
+        piece("producer and worker: a task's counts for the metrics, added every 1000", count_for_metrics)
     finally:
         cluster.stop()
     return 0

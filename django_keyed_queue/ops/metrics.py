@@ -47,7 +47,7 @@ COUNTER_HELP = {
     "submitted": "Tasks submitted (each call that took a ticket, or sent a delayed task).",
     "started": "Runs started (every attempt, by message or by local handoff).",
     "finished": "Runs and tasks ended, by outcome: a run's end, an operator's cancel, a replacement.",
-    "recovered": "The reaper's recoveries, by what it did (outcome): redispatch, republish, grant, fail, ...",
+    "recovered": "The reaper's recoveries, by what it did (outcome): redispatch, republish, grant, fail, block.",
     "fenced": "Ends refused because the attempt no longer held its key (its lease was lost and recovered).",
     "handed_over": "Tasks run by local handoff, in the process that ran their key's previous task.",
     "refused": "Messages a worker dropped at start: a duplicate, or not the ticket's own.",

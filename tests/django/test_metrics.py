@@ -202,3 +202,12 @@ def test_the_docs_list_every_series_and_the_dashboard_reads_no_other(staff_clien
     json.loads(dashboard)
     read = {re.sub(r"_(total|bucket|count|sum)$", "", name) for name in re.findall(r"keyed_queue_\w+", dashboard)}
     assert read <= served and len(read) >= 10
+
+
+def test_without_prometheus_client_the_view_names_the_extra_to_install(monkeypatch):
+    from django.core.exceptions import ImproperlyConfigured
+
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # as if it were not installed
+    monkeypatch.delitem(sys.modules, "django_keyed_queue.ops.metrics")
+    with pytest.raises(ImproperlyConfigured, match=r"pip install 'django-keyed-queue\[metrics\]'"):
+        from django_keyed_queue import metrics  # noqa: F401

@@ -69,3 +69,16 @@ def test_fifty_run_and_three_parked_on_a_paused_key_read_as_such_from_a_process_
     keys = {a["key"] for a in ran + parked}
     label_values = {v for series in samples.values() for found, _ in series for v in found.values()}
     assert keys and not keys & label_values, "no label value is a key"
+
+    # Workers restarted: what they counted stays, and the new ones add to it.
+    for worker in project.workers:
+        worker.stop()
+    project.worker("c")
+    check_run(project, ran + accepted_by(project.produce("step", 5, 5, 0, 0.0, prefix="after")))
+
+    def recounted():
+        samples = scrape(project)
+        return total(samples, "keyed_queue_finished_total", outcome="succeeded", **step) == 55 and samples
+
+    samples = wait_until(recounted, 30, 0.5, "the new worker's counts added to the old ones'")
+    assert total(samples, "keyed_queue_submitted_total", **step) == 58
