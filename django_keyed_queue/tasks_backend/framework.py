@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from django.tasks import DEFAULT_TASK_QUEUE_NAME, Task, TaskContext, TaskResult, TaskResultStatus
     from django.tasks.backends.base import BaseTaskBackend
     from django.tasks.base import DEFAULT_TASK_PRIORITY, TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, TaskError
-    from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+    from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist, TaskResultMismatch
     from django.tasks.signals import task_enqueued, task_finished, task_started
     from django.utils.json import normalize_json
 else:
@@ -20,7 +20,7 @@ else:
         from django.tasks import DEFAULT_TASK_QUEUE_NAME, Task, TaskContext, TaskResult, TaskResultStatus
         from django.tasks.backends.base import BaseTaskBackend
         from django.tasks.base import DEFAULT_TASK_PRIORITY, TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, TaskError
-        from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+        from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist, TaskResultMismatch
         from django.tasks.signals import task_enqueued, task_finished, task_started
         from django.utils.json import normalize_json
     except ImportError:
@@ -29,7 +29,7 @@ else:
             from django_tasks.backends.base import BaseTaskBackend
             from django_tasks.base import DEFAULT_TASK_PRIORITY, TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, Task, TaskError
             from django_tasks.exceptions import InvalidTaskError as InvalidTask
-            from django_tasks.exceptions import TaskResultDoesNotExist
+            from django_tasks.exceptions import TaskResultDoesNotExist, TaskResultMismatch
             from django_tasks.signals import task_enqueued, task_finished, task_started
             from django_tasks.utils import normalize_json
         except ImportError as exc:
@@ -50,6 +50,7 @@ __all__ = [
     "TaskError",
     "TaskResult",
     "TaskResultDoesNotExist",
+    "TaskResultMismatch",
     "TaskResultStatus",
     "normalize_json",
     "task_enqueued",
