@@ -1,7 +1,7 @@
 """Keyed serial execution for Celery tasks in Django projects.
 
 The public API: the decorator and the task base class, the exceptions, the
-operator's actions (the admin's and the commands' own code), the health view and
+operator's actions (the admin's and the commands' own code), the health and metrics views and
 ``get_gate()``, this process's gate client.
 """
 
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from .keyed_task.task import KeyedSerialTask
     from .ops.explain import explain
     from .ops.limits import set_key_limit, set_key_rate
+    from .ops.metrics import metrics
     from .ops.recovery import cancel, pause, reap, rebuild, release, resume, retry
     from .ops.views import health
     from .process.state import get_gate
@@ -43,6 +44,7 @@ __all__ = [
     "get_gate",
     "health",
     "keyed_serial_task",
+    "metrics",
     "pause",
     "reap",
     "rebuild",
@@ -58,6 +60,7 @@ _LAZY = {
     "keyed_serial_task": ".keyed_task.decorators",
     "KeyedSerialTask": ".keyed_task.task",
     "health": ".ops.views",
+    "metrics": ".ops.metrics",
     "get_gate": ".process.state",
     "explain": ".ops.explain",
     "set_key_limit": ".ops.limits",

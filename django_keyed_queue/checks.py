@@ -10,7 +10,7 @@ from django.apps import AppConfig
 from django.conf import settings as django_settings
 from django.core.checks import CheckMessage, Error, Warning, register
 
-from .conf import DEFAULTS, PREFIX, settings
+from .conf import DEFAULTS, MAX_TOP_KEYS, PREFIX, settings
 from .gate.clients import SENTINEL_SCHEME, is_sentinel_url
 
 
@@ -56,6 +56,15 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
                     f"KEYED_QUEUE_{name} must be a positive whole number or None, got {value!r}.", id="keyed_queue.E004"
                 )
             )
+    top = settings.METRICS_TOP_KEYS
+    if not (_is_number(top) and top == int(top) and 0 <= top <= MAX_TOP_KEYS):
+        problems.append(
+            Error(
+                f"KEYED_QUEUE_METRICS_TOP_KEYS must be a whole number from 0 to {MAX_TOP_KEYS}, got {top!r}.",
+                hint="It is how many keys the metrics may name, each a series of its own.",
+                id="keyed_queue.E010",
+            )
+        )
     problems += _database_problems()
     return problems
 

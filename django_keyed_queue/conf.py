@@ -11,6 +11,9 @@ from django.conf import settings as django_settings
 
 PREFIX = "KEYED_QUEUE_"
 
+#: Most keys ``METRICS_TOP_KEYS`` may name in the metrics.
+MAX_TOP_KEYS = 50
+
 DEFAULTS: dict[str, Any] = {
     # Redis holding the gate (may differ from the Celery broker): redis://, rediss://, unix://, or
     # "sentinel://host:26379;sentinel://host2:26379" with REDIS_SENTINEL_MASTER.
@@ -57,6 +60,11 @@ DEFAULTS: dict[str, Any] = {
     "SUBMIT_ON_COMMIT": False,
     # The health view answers anyone, not only staff (for a load balancer's probe).
     "HEALTH_PUBLIC": False,
+    # The metrics view answers anyone, not only staff (for a Prometheus server without a login).
+    "METRICS_PUBLIC": False,
+    # The metrics also list this many keys whose oldest waiting task waited longest, each key a label
+    # value (at most 50); 0: no key is ever a label.
+    "METRICS_TOP_KEYS": 0,
     # Dotted path or callable (task_name, args, kwargs) -> (args, kwargs) applied
     # before arguments are written to KeyedTask.arguments.
     "REDACT_ARGUMENTS": None,

@@ -3,11 +3,12 @@ import os
 from django.contrib import admin
 from django.urls import path
 
-from django_keyed_queue import health
+from django_keyed_queue import health, metrics
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("keyed-queue/health/", health),
+    path("keyed-queue/metrics/", metrics),
 ]
 
 if os.environ.get("TESTPROJECT_FORGET_CONTENT_TYPES") == "1":

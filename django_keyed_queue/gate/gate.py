@@ -10,6 +10,7 @@ tickets.py         a ticket's life: submit, start, renew, retry, requeue, finish
 operator.py        pause and resume, the paused and blocked keys, refused joins
 unwritten.py       records kept until the database has them
 reaping.py         the deadline index, the reaper, releases, rebuilds
+totals.py          the deployment's totals the metrics read
 inspection.py      snapshots, and the holder record's one parser in Python
 base.py            the client, the durations, the indexes, the one script runner
 calls.py           one builder per script, in step with its Lua header
@@ -22,11 +23,12 @@ from .inspection import InspectCalls
 from .operator import OperatorCalls
 from .reaping import ReaperCalls
 from .tickets import TicketCalls
+from .totals import TotalsCalls
 from .transport import NotSent, ReplicasBehind
 from .unwritten import UnwrittenCalls
 
 
-class Gate(TicketCalls, OperatorCalls, UnwrittenCalls, ReaperCalls, InspectCalls):
+class Gate(TicketCalls, OperatorCalls, UnwrittenCalls, ReaperCalls, InspectCalls, TotalsCalls):
     """Per-key FIFO of tickets in Redis; at most ``limit`` tickets of a key hold a slot.
 
     Every method is one script call (one round trip) unless it says otherwise.

@@ -35,6 +35,13 @@ BLOCKED_KEYS = f"{PREFIX}:blocked"
 #: keys page lists them.
 OVERRIDDEN_KEYS = f"{PREFIX}:overridden"
 
+#: HASH of the deployment's totals for the metrics (counters, histogram buckets and sums), summed over
+#: every process; each field names a series and its labels (``process/totals.py``), never a key.
+TOTALS = f"{PREFIX}:{{totals}}"
+
+#: HASH task name -> its key template, the label the totals' series carry (the same slot as ``TOTALS``).
+TOTALS_TEMPLATES = f"{PREFIX}:{{totals}}:templates"
+
 #: Longest logical key accepted, in characters (before escaping).
 MAX_KEY_LENGTH = 200
 

@@ -36,6 +36,10 @@ HEADER = "keyed_queue"
 #: A run whose message carries it is that join's run (``Run.begin`` records it as such).
 JOIN_HEADER = "keyed_queue_join"
 
+#: Header of every submitted message: when its producer submitted it (seconds since the epoch, its
+#: clock), for the metrics' time waited for the key.
+ENQUEUED_HEADER = "keyed_queue_enqueued"
+
 # Options that only make sense in the process that called apply_async.
 LOCAL_OPTIONS = frozenset({"producer", "connection", "router", "publisher", "add_to_parent"})
 #: Options of a delayed task: it takes its ticket when due, and its stored message is published at once.

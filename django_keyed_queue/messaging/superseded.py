@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from celery.backends.base import DisabledBackend
 
+from ..process.state import current
 from ..records import idempotency
 
 if TYPE_CHECKING:
@@ -26,6 +27,7 @@ def replaced(task: KeyedTaskProtocol, key: str, task_id: str, by: str) -> None:
     """Task ``task_id`` of ``key`` was replaced by task ``by`` while it waited."""
     logger.debug("%s[%s] key=%r is superseded by %s: it will not run", task.name, task_id, key, by)
     idempotency.repoint(task_id, by)
+    current().totals.count("finished", task, outcome="superseded")
     backend = task.backend
     if task.ignore_result or isinstance(backend, DisabledBackend):
         return

@@ -123,9 +123,10 @@ def _act(app, recovery: Recovery, reason: str = "") -> bool:
         logger.error("keyed queue holder without a message key=%r ticket=%s", recovery.key, recovery.ticket)
         return True
     try:
-        task_id = TaskMessage.peek(recovery.message)[1]
+        task_name, task_id = TaskMessage.peek(recovery.message)[:2]
     except MessageRefused:
         return publish(app, recovery) is not Published.BROKER_REFUSED  # which refuses it and fails its ticket
+    current().totals.count("recovered", task_name, outcome=recovery.action)
     now = timezone.now()
     lost = reason or f"its worker was lost: the lease of attempt {recovery.attempts} expired"
     settle = partial(_recorded, "recording a recovery", submissions.settle, get_gate(), task_id, recovery.key)
@@ -143,6 +144,7 @@ def _act(app, recovery: Recovery, reason: str = "") -> bool:
             output_field=models.TextField(),
         )
         settle(recovery.ticket, Status.FAILED, **failed)
+        current().totals.count("finished", task_name, outcome=Status.FAILED)
         return True
     if recovery.action is RecoveryAction.REDISPATCH:
         again = {"dispatched_at": now, "error": f"{lost}; dispatched again"}
@@ -300,6 +302,7 @@ def cancel(task_id: str, *, by: str = "an operator", app: Celery | None = None) 
         publish_grants(_celery(app), withdrawn.granted)
         current().recorder.flush()  # the operator sees the next task dispatched on their next look
     KeyedTask.objects.settle_rows([row.pk], Status.CANCELLED, finished_at=timezone.now(), error=f"cancelled by {by}")
+    current().totals.count("finished", row.task_name, outcome=Status.CANCELLED)
     logger.info("keyed queue task %s key=%r cancelled by %s", task_id, row.key, by)
     return row
 

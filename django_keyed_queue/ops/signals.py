@@ -100,6 +100,7 @@ def _end_revoked(
             if signum not in _ENDING_SIGNALS:
                 return  # e.g. SIGUSR1: the task sees an exception and ends its run itself
             end_killed_run(
+                sender.name,
                 request.id,
                 getattr(request, HEADER, None),
                 status=Status.CANCELLED,

@@ -1,8 +1,8 @@
 """Everything one OS process keeps for the keyed queue, in one object: ``current()``.
 
 A web process, a management command, a worker's main process and each of its
-pool processes has its own: the gate's Redis client, the record buffer and the
-lease keeper. It is made on first use in each
+pool processes has its own: the gate's Redis client, the record buffer, the
+lease keeper and the counts for the metrics. It is made on first use in each
 process, never shared across a fork (a forked child makes its own and never
 touches its parent's sockets or threads), and closed at exit: what is
 buffered is written.
@@ -21,6 +21,7 @@ from ..gate import Gate
 from ..gate.clients import close, connect
 from ..records.recorder import Recorder
 from .leases import LeaseKeeper
+from .totals import Totals
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ class Process:
         self._gate: Gate | None = None
         self.recorder = Recorder(on_written=self._forget_outcomes)
         self.leases = LeaseKeeper(lambda: self.gate, self.recorder)
+        self.totals = Totals(lambda: self.gate)
 
     @property
     def gate(self) -> Gate:
@@ -70,6 +72,7 @@ class Process:
             self.recorder.close()
         except Exception:
             logger.warning("the keyed queue's last record writes failed at shutdown", exc_info=True)
+        self.totals.close()
         self.reset_gate()
 
     def _forget_outcomes(self, written: list[tuple[str, str]]) -> None:

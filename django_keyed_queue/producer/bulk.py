@@ -140,6 +140,8 @@ def _submit_batch(
             went_in = submitted + results.index(item.result)
             exc.add_note(f"the first {went_in} calls of the bulk submission were submitted, the rest were not")
             raise
+    if sending:
+        current().totals.count("submitted", task, n=len(sending))
     return results
 
 

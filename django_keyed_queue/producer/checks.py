@@ -7,13 +7,14 @@ ticket, no row, no message, no claim.
 from __future__ import annotations
 
 import inspect
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from celery.utils import uuid
 
 from ..exceptions import InvalidArguments
-from ..messaging.message import JOIN_HEADER, is_delayed, send_options
+from ..messaging.message import ENQUEUED_HEADER, JOIN_HEADER, is_delayed, send_options
 from ..records import idempotency
 from ..records.columns import TASK_ID_MAX_LENGTH, TASK_NAME_MAX_LENGTH, shown, unstorable
 
@@ -84,8 +85,10 @@ def check(
             f"{task.name}: a debounced task starts {task.serial_debounce_ms / 1000:g}s after its key's last "
             "submission of it; countdown and eta cannot be given"
         )
+    stamps: dict[str, Any] = {ENQUEUED_HEADER: round(time.time(), 3)}
     if is_delayed(options):
-        options["headers"] = {**(options.get("headers") or {}), JOIN_HEADER: uuid()}
+        stamps[JOIN_HEADER] = uuid()
+    options["headers"] = {**(options.get("headers") or {}), **stamps}
     fingerprint, claimed_with = None, {}
     if idempotency_key is not None:
         fingerprint = idempotency.explicit_fingerprint(task.name, idempotency_key)

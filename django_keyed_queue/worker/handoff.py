@@ -150,7 +150,9 @@ class LocalHandoff(threading.local):
                 logger.debug("running key=%r ticket=%s here (local handoff)", kept.grant.key, kept.grant.ticket)
                 self.tracing = kept
                 handoff_runs.note(task_id, kept.request)  # this job's own task finished: it hosts this run
-                trace(app, app.tasks[kept.request["task"]], kept.request, current().worker)
+                task = app.tasks[kept.request["task"]]
+                current().totals.count("handed_over", task.name)
+                trace(app, task, kept.request, current().worker)
                 self.tracing = None
         finally:
             handoff_runs.clear()

@@ -131,6 +131,7 @@ class KeyedRequest(Request):
             return  # the run sees SoftTimeLimitExceeded and ends itself, naming its lease
         try:
             end_killed_run(
+                self.task.name,
                 self.id,
                 self._request_dict.get(HEADER),  # type: ignore[attr-defined]  # Request's own, not in celery-types
                 status=Status.FAILED,

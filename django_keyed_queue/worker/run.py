@@ -28,6 +28,7 @@ from ..messaging.building import SendNow, delivered, send_to_gate
 from ..messaging.dispatch import publish, publish_grants
 from ..messaging.message import (
     DELAY_OPTIONS,
+    ENQUEUED_HEADER,
     HEADER,
     JOIN_HEADER,
     TaskMessage,
@@ -68,6 +69,7 @@ class Run:
         #: ``self.retry()`` handed the slot to the retry: this attempt's end finishes nothing.
         self.retried = False
         self._superseded, self._superseded_read_at = False, -SUPERSEDED_READ_SECONDS
+        self._began = time.monotonic()
 
     @classmethod
     def begin(cls, task: KeyedTaskProtocol, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Run:
@@ -100,6 +102,10 @@ class Run:
             )
         )
         process.leases.hold(lease, cast(str, request.id), attempts)
+        process.totals.count("started", task)
+        waited = waited_for_key(request) if attempts == 1 else None
+        if waited is not None:
+            process.totals.observe("wait_seconds", task, waited)
         return cls(task, lease, attempts)
 
     def check_key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -151,7 +157,9 @@ class Run:
         request = self.task.request
         options = request_options(request)
         options.pop("retries", None)  # a retry is a new task: its own retries count from 0
-        headers = {k: v for k, v in (options.get("headers") or {}).items() if k not in (HEADER, ERRORS_HEADER)}
+        headers = {
+            k: v for k, v in (options.get("headers") or {}).items() if k not in (HEADER, ERRORS_HEADER, ENQUEUED_HEADER)
+        }
         options["headers"] = headers or None
         message = gate_message(self.task.name, cast(str, request.id), request.args or (), request.kwargs or {}, options)
         return message.encode(self.task.serializer).decode()
@@ -177,6 +185,7 @@ class Run:
         gate = current().gate
         requeued, _ = outlast_restart(lambda: gate.requeue(lease.key, lease.ticket, lease.token))
         if requeued:
+            self._count_end("requeued")
             handoff.local().requeue_kept(task.app, cast(str, task.request.id), lease.key, lease.ticket)
             error = "requeued by Reject(requeue=True): its message runs again"
             current().recorder.buffer(self._transition(Status.RETRYING, error=error))
@@ -236,6 +245,7 @@ class Run:
             elif lease.ticket not in snapshot.holders:
                 logger.warning("finish of key=%r ticket=%s was applied before Redis went away", lease.key, lease.ticket)
                 process.recorder.buffer(end)
+                self._count_end(status)
                 # What it granted was never published: publish it now, not after the dispatch
                 # timeout. If a copy did go out, the first to start runs and the other is dropped.
                 # One it started for this process to keep is given back first, unstarted.
@@ -251,6 +261,7 @@ class Run:
                 "an operator retries or cancels it", task.name, request.id, lease.key,
             )  # fmt: skip
             process.recorder.buffer(end)
+            self._count_end(status)
             return True
         if not finished.ok:
             # The lease was lost and the reaper acted: the record follows the run it dispatched.
@@ -258,10 +269,17 @@ class Run:
                 "%s[%s] finished after losing its lease (fenced) key=%r ticket=%s",
                 task.name, request.id, lease.key, lease.ticket,
             )  # fmt: skip
+            process.totals.count("fenced", task)
             return False
         process.recorder.buffer(end)
+        self._count_end(status)
         handoff.local().hand_over(task.app, request, finished.granted)
         return True
+
+    def _count_end(self, outcome: str) -> None:
+        totals = current().totals
+        totals.count("finished", self.task, outcome=outcome)
+        totals.observe("run_seconds", self.task, time.monotonic() - self._began, outcome=outcome)
 
     def retry_in_place(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], options: dict[str, Any]
@@ -288,8 +306,10 @@ class Run:
             )
             if dispatch is None:
                 logger.warning("retry of a fenced ticket dropped key=%r ticket=%s", lease.key, lease.ticket)
+                current().totals.count("fenced", task)
                 return
             self.retried = True
+            self._count_end("retried")
             retrying = with_earlier(f"it retries after: {error}", earlier)
             current().recorder.buffer(self._transition(Status.RETRYING, error=retrying))
             send_now(ticket_header(lease.key, lease.ticket, dispatch))
@@ -328,6 +348,7 @@ def _start(
         # A duplicate is routine; a message that is not the ticket's own is not.
         log = logger.warning if started.code is Code.FOREIGN_MESSAGE else logger.info
         log("dropping message of %s[%s] key=%r ticket=%s: %s", task.name, request.id, key, ticket, started.code.name)
+        current().totals.count("refused", task)
         raise Ignore()
     return Lease(key, ticket, started.token), started.attempts
 
@@ -410,6 +431,22 @@ def join(
     return key, submitted
 
 
+def waited_for_key(request: Context) -> float | None:
+    """Seconds from the submission (or its eta, if later) to now, by its producer's clock; None for a
+    message without the submission's time (an operator's retry, or sent before it was stamped)."""
+    enqueued = getattr(request, ENQUEUED_HEADER, None)
+    if not isinstance(enqueued, int | float) or isinstance(enqueued, bool):
+        return None
+    eta = request.eta
+    if isinstance(eta, str):
+        try:
+            eta = datetime.fromisoformat(eta)
+        except ValueError:
+            eta = None
+    due = max(enqueued, eta.timestamp()) if isinstance(eta, datetime) else enqueued
+    return max(0.0, time.time() - due)
+
+
 def key_drift(task: KeyedTaskProtocol, key: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> InvalidKey | None:
     """The error of a run of ``key`` whose arguments make another key (or none); None if they make ``key``."""
     try:
@@ -448,7 +485,7 @@ def failure_text(exc: BaseException) -> str:
 KILLED_RUN_GRACE_SECONDS = 2.0
 
 
-def end_killed_run(task_id: str, header: dict[str, Any] | None, *, status: str, reason: str) -> bool:
+def end_killed_run(task_name: str, task_id: str, header: dict[str, Any] | None, *, status: str, reason: str) -> bool:
     """Celery is killing a running task's process on purpose (revoked with terminate, hard time limit).
 
     ``header`` is the ticket header of the killed run's message: it names the
@@ -470,7 +507,9 @@ def end_killed_run(task_id: str, header: dict[str, Any] | None, *, status: str, 
             "keyed queue task %s key=%r ticket=%s dispatch=%s was killed (%s) after it stopped holding its key",
             task_id, key, ticket, dispatch, reason,
         )  # fmt: skip
+        current().totals.count("fenced", task_name)
         return False
     submissions.settle(current().gate, task_id, key, ticket, status, finished_at=timezone.now(), error=reason)
+    current().totals.count("finished", task_name, outcome=status)
     logger.info("keyed queue task %s key=%r ticket=%s dispatch=%s ended: %s", task_id, key, ticket, dispatch, reason)
     return True

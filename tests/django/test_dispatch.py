@@ -1,6 +1,7 @@
 """The dispatcher publishes a granted ticket by task name, with the options stored at submission."""
 
 import json
+import time
 
 import pytest
 from celery import current_app
@@ -9,7 +10,7 @@ from django_keyed_queue import keyed_serial_task
 from django_keyed_queue.gate import Grant
 from django_keyed_queue.gate.keys import KeyNames
 from django_keyed_queue.messaging.dispatch import Published, publish
-from django_keyed_queue.messaging.message import HEADER, TaskMessage
+from django_keyed_queue.messaging.message import ENQUEUED_HEADER, HEADER, TaskMessage
 from django_keyed_queue.process.state import get_gate
 from testproject.demo.tasks import step
 from tests.django.queues import QUEUE
@@ -36,6 +37,8 @@ def test_the_stored_message_carries_the_task_s_own_options(gate_redis, broker):
     step.apply_async(("r", 0), queue=QUEUE)  # holds the key: the next one is parked with its message
     routed_step.apply_async(("r", 1), queue=QUEUE, headers={"tenant": "acme"})
     stored = TaskMessage.decode(gate_redis.hget(KeyNames("r").messages, 2), ["json"])
+    submitted_at = stored.options["headers"].pop(ENQUEUED_HEADER)  # the metrics' wait is measured from it
+    assert abs(submitted_at - time.time()) < 60
     assert {name: stored.options.get(name) for name in ("queue", "headers", "time_limit", "soft_time_limit")} == {
         "queue": QUEUE,
         "headers": {"tenant": "acme"},

@@ -46,5 +46,14 @@ def test_bounds_are_positive_whole_numbers_or_none(name):
             assert [p.id for p in check_settings()] == ["keyed_queue.E004"], bad
 
 
+def test_the_metrics_name_at_most_fifty_keys():
+    for good in (0, 1, 50):
+        with override_settings(KEYED_QUEUE_METRICS_TOP_KEYS=good):
+            assert check_settings() == []
+    for bad in (-1, 51, 2.5, "5", True, None):
+        with override_settings(KEYED_QUEUE_METRICS_TOP_KEYS=bad):
+            assert [p.id for p in check_settings()] == ["keyed_queue.E010"], bad
+
+
 def test_the_project_checks_clean():
     assert check_settings() == []

@@ -12,6 +12,8 @@ from django.core.management import call_command
 from django_keyed_queue.gate import Gate
 from django_keyed_queue.gate.keys import KeyNames
 from django_keyed_queue.messaging.message import HEADER
+from django_keyed_queue.process import totals
+from django_keyed_queue.process.state import current
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.testing import write_submission_rows
 from django_keyed_queue.worker.run import end_killed_run
@@ -100,13 +102,19 @@ def test_a_kill_ends_only_the_attempt_its_message_names(gate_redis, broker):
     result, request = start_a_task(gate_redis, broker)
     before = gate_redis.hgetall(KeyNames("k").holders)
     replaced = {**getattr(request, HEADER), "dispatch": 2}  # a message the run did not start from
-    assert not end_killed_run(result.id, replaced, status="failed", reason="hard time limit exceeded (1s)")
-    assert not end_killed_run(result.id, None, status="failed", reason="hard time limit exceeded (1s)")
+    assert not end_killed_run(step.name, result.id, replaced, status="failed", reason="hard time limit exceeded (1s)")
+    assert not end_killed_run(step.name, result.id, None, status="failed", reason="hard time limit exceeded (1s)")
     assert gate_redis.hgetall(KeyNames("k").holders) == before, "no attempt named: nothing ended"
     write_submission_rows()
     assert KeyedTask.objects.get(task_id=result.id).status == "dispatched"
 
-    assert end_killed_run(result.id, getattr(request, HEADER), status="failed", reason="hard time limit exceeded")
+    assert end_killed_run(
+        step.name, result.id, getattr(request, HEADER), status="failed", reason="hard time limit exceeded"
+    )
     row = KeyedTask.objects.get(task_id=result.id)
     assert row.status == "failed" and "hard time limit exceeded" in row.error
     assert Gate(gate_redis).inspect("k").holders[1].max_lost == 0
+    current().totals.flush()
+    counted = Gate(gate_redis).totals()[0]
+    assert int(counted[totals.field("fenced", step.name)]) == 1, "the kill of an attempt that no longer ran"
+    assert int(counted[totals.field("finished", step.name, "failed")]) == 1

@@ -65,7 +65,7 @@ def test_ending_a_run_whose_row_is_not_written_yet_writes_it_first(gate_redis, b
     assert get_gate().start("k", 1, 1).ok
     header = {"key": "k", "ticket": 1, "dispatch": 1}
 
-    assert end_killed_run(result.id, header, status="failed", reason="hard time limit exceeded")
+    assert end_killed_run(step.name, result.id, header, status="failed", reason="hard time limit exceeded")
 
     row = KeyedTask.objects.get(task_id=result.id)
     assert (row.status, row.error) == ("failed", "hard time limit exceeded")

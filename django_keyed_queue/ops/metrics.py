@@ -1,0 +1,193 @@
+"""Prometheus metrics a project can mount: ``path("keyed-queue/metrics/", metrics)``.
+
+Counters and histograms are the deployment's totals, which every process adds to in the gate's
+Redis (``process/totals.py``): a scrape of any one process sees every worker's and producer's,
+and a worker's restart loses nothing it had added. Gauges are read at each scrape from the
+records and the gate. Labels are the task's name, its key template and an outcome; a key's
+value is never one, unless ``KEYED_QUEUE_METRICS_TOP_KEYS`` asks for the few keys waiting longest.
+Every series is listed in docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from datetime import datetime
+
+from django.contrib.admin.views.decorators import staff_member_required
+from django.core.exceptions import ImproperlyConfigured
+from django.db.models import Count, Min
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+
+try:
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+except ImportError as exc:  # pragma: no cover - exercised in a process without the extra
+    raise ImproperlyConfigured(
+        "django_keyed_queue's metrics view needs prometheus-client: pip install 'django-keyed-queue[metrics]'"
+    ) from exc
+
+from ..conf import MAX_TOP_KEYS, settings
+from ..gate import Gate
+from ..process import totals
+from ..process.state import get_gate
+from ..records import submissions
+from ..records.models import KeyedTask
+from ..records.statuses import ACTIVE_STATUSES, Status
+from .live import stuck_after_seconds
+
+logger = logging.getLogger(__name__)
+
+#: Most keys a scrape checks for a block, or counts overdue (the gauges say "at least" past it).
+MAX_KEYS_READ = 10_000
+
+COUNTER_HELP = {
+    "submitted": "Tasks submitted (each call that took a ticket, or sent a delayed task).",
+    "started": "Runs started (every attempt, by message or by local handoff).",
+    "finished": "Runs and tasks ended, by outcome: a run's end, an operator's cancel, a replacement.",
+    "recovered": "The reaper's recoveries, by what it did (outcome): redispatch, republish, grant, fail, ...",
+    "fenced": "Ends refused because the attempt no longer held its key (its lease was lost and recovered).",
+    "handed_over": "Tasks run by local handoff, in the process that ran their key's previous task.",
+    "refused": "Messages a worker dropped at start: a duplicate, or not the ticket's own.",
+}
+HISTOGRAM_HELP = {
+    "wait_seconds": "Time from a task's submission (or its eta) to its first start: the wait for its key.",
+    "run_seconds": "Time a run held its key, by how it ended (outcome).",
+}
+#: The series that carry an ``outcome`` label.
+WITH_OUTCOME = frozenset({"finished", "recovered", "run_seconds"})
+#: Statuses the ``running`` gauge counts: the task holds one of its key's slots.
+HOLDING = (Status.DISPATCHED, Status.RUNNING, Status.RETRYING)
+
+
+def metrics(request: HttpRequest) -> HttpResponse:
+    """Prometheus' text format. Staff only unless ``KEYED_QUEUE_METRICS_PUBLIC``."""
+    if not settings.METRICS_PUBLIC:
+        return staff_member_required(_scrape)(request)
+    return _scrape(request)
+
+
+def _scrape(request: HttpRequest) -> HttpResponse:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector())
+    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+
+
+class _Collector:
+    def collect(self) -> Iterator[Metric]:
+        try:
+            gate = get_gate()
+            amounts, templates = gate.totals()
+            # Recent submissions are counted as waiting also while no worker runs (as the health view).
+            submissions.write_due(gate, batch=submissions.PAGE_BATCH, max_batches=1)
+        except Exception:
+            logger.warning("keyed queue metrics: the gate's Redis did not answer", exc_info=True)
+            yield _gauge("gate_up", "1 when the gate's Redis answered this scrape.", 0)
+            yield from _record_gauges({})
+            return
+        yield _gauge("gate_up", "1 when the gate's Redis answered this scrape.", 1)
+        yield from _totals(amounts, templates)
+        yield from _record_gauges(templates)
+        yield from _gate_gauges(gate)
+
+
+def _labels(series: str) -> list[str]:
+    return ["task", "key_template", "outcome"] if series in WITH_OUTCOME else ["task", "key_template"]
+
+
+def _totals(amounts: dict[str, str], templates: dict[str, str]) -> Iterable[Metric]:
+    counters = {
+        name: CounterMetricFamily(f"keyed_queue_{name}", doc, labels=_labels(name))
+        for name, doc in COUNTER_HELP.items()
+    }
+    # (series, task, outcome) -> bucket -> count, and the sums
+    buckets: dict[tuple[str, str, str], dict[str, float]] = defaultdict(dict)
+    unreadable = 0
+    for raw, value in sorted(amounts.items()):
+        parsed = totals.parse_field(raw)
+        try:
+            number = float(value)
+        except ValueError:
+            parsed = None
+        if parsed is None:
+            unreadable += 1
+            continue
+        series, task_name, outcome, bucket = parsed
+        if series in counters:
+            labels = [task_name, templates.get(task_name, ""), *([outcome] if series in WITH_OUTCOME else [])]
+            counters[series].add_metric(labels, number)
+        else:
+            buckets[series, task_name, outcome][bucket] = number
+    if unreadable:
+        logger.warning("keyed queue metrics: %d totals fields are not ours and were left out", unreadable)
+    yield from counters.values()
+    for name, doc in HISTOGRAM_HELP.items():
+        family = HistogramMetricFamily(f"keyed_queue_{name}", doc, labels=_labels(name))
+        for (series, task_name, outcome), counts in buckets.items():
+            if series != name:
+                continue
+            cumulative, running = [], 0.0
+            for bound in [*map(repr, totals.BUCKETS), totals.INF]:
+                running += counts.get(bound, 0.0)
+                cumulative.append(("+Inf" if bound == totals.INF else bound, running))
+            labels = [task_name, templates.get(task_name, ""), *([outcome] if name in WITH_OUTCOME else [])]
+            family.add_metric(labels, cumulative, sum_value=counts.get(totals.SUM, 0.0))
+        yield family
+
+
+def _record_gauges(templates: dict[str, str]) -> Iterable[Metric]:
+    """What the records say now: tasks waiting and holding a slot per task, active keys, the oldest wait."""
+    active = KeyedTask.objects.filter(status__in=ACTIVE_STATUSES)
+    by_task: dict[str, dict[str, int]] = {name: {} for name in templates}
+    for row in active.values("task_name", "status").annotate(n=Count("pk")).order_by():
+        by_task.setdefault(row["task_name"], {})[row["status"]] = row["n"]
+    waiting = GaugeMetricFamily(
+        "keyed_queue_tasks_waiting", "Tasks waiting for their key.", labels=["task", "key_template"]
+    )
+    running = GaugeMetricFamily(
+        "keyed_queue_tasks_running",
+        "Tasks holding one of their key's slots: dispatched, running, or retrying after a countdown.",
+        labels=["task", "key_template"],
+    )
+    for task_name, statuses in sorted(by_task.items()):
+        labels = [task_name, templates.get(task_name, "")]
+        waiting.add_metric(labels, statuses.get(Status.WAITING, 0))
+        running.add_metric(labels, sum(statuses.get(s, 0) for s in HOLDING))
+    yield waiting
+    yield running
+    yield _gauge("keys_active", "Keys with a task waiting or holding a slot.", active.values("key").distinct().count())
+    oldest = active.filter(status=Status.WAITING).aggregate(at=Min("enqueued_at"))["at"]
+    yield _gauge("oldest_wait_seconds", "How long the longest-waiting task has waited.", _age(oldest))
+    top = settings.METRICS_TOP_KEYS
+    top = min(max(top, 0), MAX_TOP_KEYS) if type(top) is int else 0  # a check reports a bad value
+    if top:
+        family = GaugeMetricFamily(
+            "keyed_queue_key_oldest_wait_seconds",
+            f"The {top} keys whose oldest waiting task waited longest (KEYED_QUEUE_METRICS_TOP_KEYS).",
+            labels=["key"],
+        )
+        rows = active.filter(status=Status.WAITING).values("key").annotate(at=Min("enqueued_at")).order_by("at")
+        for waiting_key in rows[:top]:
+            family.add_metric([waiting_key["key"]], _age(waiting_key["at"]))
+        yield family
+
+
+def _gate_gauges(gate: Gate) -> Iterable[Metric]:
+    yield _gauge("keys_paused", "Keys an operator paused.", len(gate.paused_keys()))
+    yield _gauge(
+        "keys_blocked",
+        "Keys a failed task blocks (on_failure='block') until an operator retries or cancels it.",
+        len(gate.blocked_keys(limit=MAX_KEYS_READ)),
+    )
+    overdue = gate.overdue_keys(stuck_after_seconds(), limit=MAX_KEYS_READ)
+    yield _gauge("keys_overdue", "Keys past a deadline for over two reaper periods: is a reaper running?", len(overdue))
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(f"keyed_queue_{name}", doc, value=value)
+
+
+def _age(at: datetime | None) -> float:
+    return round(max(0.0, (timezone.now() - at).total_seconds()), 3) if at else 0.0
