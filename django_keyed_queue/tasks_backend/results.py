@@ -8,13 +8,13 @@ Celery's result backend knows it, once it stored something of it (see ``plain_re
 from __future__ import annotations
 
 import re
+import sys
 from datetime import datetime
 from typing import Any
 
 from celery import Celery, states
 from celery.backends.base import DisabledBackend
 from django.utils import timezone
-from django.utils.module_loading import import_string
 
 from ..exceptions import MessageRefused
 from ..messaging.message import TaskMessage
@@ -59,11 +59,12 @@ CELERY_STATES = {
 
 
 def django_task(task_name: str, task_id: str) -> KeyedDjangoTask:
-    """The Django task named ``task_name`` (its module path, which is its Celery task's name)."""
-    try:
-        found = import_string(task_name)
-    except ImportError:
-        found = None
+    """The Django task named ``task_name`` (its module path, which is its Celery task's name), found in a
+    module this process imported: a name read back from the database or Celery's result backend imports
+    nothing (``Task.get_result`` is called on the task, whose module is imported)."""
+    module_name, _, attribute = task_name.rpartition(".")
+    module = sys.modules.get(module_name) if module_name else None
+    found = getattr(module, attribute, None) if module is not None else None
     if not isinstance(found, Task):
         raise TaskResultDoesNotExist(f"{task_id} is a task of {task_name}, which is not a Django task (@task)")
     return found  # type: ignore[return-value]  # any backend's task: Task.get_result checks it is the caller's

@@ -3,6 +3,7 @@ our error leaving nothing written, ``@task`` refuses bad key options, and ``get_
 status. Real workers run these tasks in tests/userproject/test_django_tasks.py."""
 
 import importlib.util
+import sys
 import uuid
 
 import pytest
@@ -149,3 +150,14 @@ def test_get_result_of_an_unknown_id_or_another_kind_of_task_raises_does_not_exi
                              enqueued_at=timezone.now())  # fmt: skip
     with pytest.raises(TaskResultMismatch):
         tasks.plain_step.get_result("a-keyed-step")
+
+
+def test_a_task_name_read_back_imports_nothing(tasks, gate_redis):
+    from django_keyed_queue.tasks_backend.framework import TaskResultDoesNotExist
+
+    assert "this" not in sys.modules  # importing it would print the Zen of Python: a module with side effects
+    KeyedTask.objects.create(task_id="named-elsewhere", task_name="this.s", key="k", ticket=1,
+                             enqueued_at=timezone.now())  # fmt: skip
+    with pytest.raises(TaskResultDoesNotExist, match="not a Django task"):
+        tasks.keyed_step.get_result("named-elsewhere")
+    assert "this" not in sys.modules
