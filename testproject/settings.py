@@ -130,6 +130,8 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # Crash tests restart Redis under running tasks.
 CELERY_RESULT_BACKEND_ALWAYS_RETRY = True
 CELERY_RESULT_BACKEND_MAX_RETRIES = 20
+# Django's tasks framework (Django 6.0+, or the django-tasks backport) on these workers; any queue name.
+TASKS = {"default": {"BACKEND": "django_keyed_queue.tasks_backend.CeleryBackend", "QUEUES": []}}
 
 LOGGING = {
     "version": 1,
