@@ -153,23 +153,25 @@ def _enqueue(
         assert submitted is not None  # only joins can be duplicates
         if submitted.superseded is not None:
             superseded.replaced(task, key, submitted.superseded[1], by=task_id)
-        if submitted.granted and not submitted.pushed:
+        if not submitted.granted or submitted.pushed:
+            return
+        try:
+            send_now(ticket_header(key, submitted.ticket, 1))
+        except BaseException as exc:
+            # The message may have left before the error: keep the number so it can never start another.
             try:
-                send_now(ticket_header(key, submitted.ticket, 1))
-            except BaseException as exc:
-                # The message may have left before the error: keep the number so it can never start another.
-                try:
-                    withdraw(task, key, submitted.ticket)
-                except redis.RedisError as gate_error:
-                    # The ticket keeps its message and its record: the reaper publishes it again.
-                    raise GateUnavailable(
-                        f"{task.name}: publishing failed ({exc!r}) and the keyed queue's Redis is unreachable, "
-                        f"so the task stays queued and may still run: {gate_error}"
-                    ) from exc
-                raise
-        current().totals.count("submitted", task)
+                withdraw(task, key, submitted.ticket)
+            except redis.RedisError as gate_error:
+                # The ticket keeps its message and its record: the reaper publishes it again.
+                raise GateUnavailable(
+                    f"{task.name}: publishing failed ({exc!r}) and the keyed queue's Redis is unreachable, "
+                    f"so the task stays queued and may still run: {gate_error}"
+                ) from exc
+            raise
 
-    return send_to_gate(task.app, task, task_id, args, kwargs, with_debounce(task, options), take_and_publish)
+    sent = send_to_gate(task.app, task, task_id, args, kwargs, with_debounce(task, options), take_and_publish)
+    current().totals.count("submitted", task)
+    return sent
 
 
 def gate_submission(task: KeyedTaskProtocol, key: str, message: TaskMessage, options: dict[str, Any]) -> Submission:

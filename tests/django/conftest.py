@@ -48,3 +48,10 @@ def as_user(client):
         return client
 
     return login
+
+
+@pytest.fixture
+def staff_client(client):
+    """A logged-in staff user with no permission of ours (the health and metrics views ask no more)."""
+    client.force_login(User.objects.create_user("ops", is_staff=True))
+    return client

@@ -21,12 +21,6 @@ URL = "/keyed-queue/health/"
 
 
 @pytest.fixture
-def staff_client(client):
-    client.force_login(get_user_model().objects.create_user("ops", is_staff=True))
-    return client
-
-
-@pytest.fixture
 def overdue_holder(settings):
     """Key "overdue": its holder's lease ended long enough ago (two reaper periods) that it is stuck."""
     settings.KEYED_QUEUE_LEASE_SECONDS = 0.05

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.test import override_settings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -25,12 +24,6 @@ from tests.gate_redis import ON_CLUSTER
 pytestmark = pytest.mark.django_db
 URL = "/keyed-queue/metrics/"
 DOCS = Path(__file__).parents[2] / "docs"
-
-
-@pytest.fixture
-def staff_client(client):
-    client.force_login(get_user_model().objects.create_user("ops", is_staff=True))
-    return client
 
 
 @pytest.fixture
