@@ -79,7 +79,8 @@ def gate_cluster(tmp_path_factory):
 
 
 def _counts_added_first() -> None:
-    """What this process counted for the metrics goes to Redis before a test empties it, not into the test."""
+    """What this process counted for the metrics goes to Redis before a test empties it, not into the test
+    (and after each test, while its Redis runs)."""
     state = sys.modules.get("django_keyed_queue.process.state")  # the gate tier's processes have no Django
     if state is not None:
         try:
@@ -98,6 +99,7 @@ if ON_CLUSTER:
         cluster.flushall()
         client = connect_to(cluster.url)
         yield client
+        _counts_added_first()
         close(client)
 
 else:
@@ -110,6 +112,7 @@ else:
         client.flushdb()
         redis.Redis.from_url(f"{redis_server.url}/3").flushdb()
         yield client
+        _counts_added_first()  # and none is left to add at exit, when the server has stopped
         client.close()
 
 
