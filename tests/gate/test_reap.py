@@ -111,7 +111,10 @@ def test_a_dry_run_reports_and_changes_nothing(quick, gate_redis):
     assert [r.action for r in recoveries(quick)] == [RecoveryAction.FAIL, RecoveryAction.GRANT]
 
 
-def test_reapers_racing_recover_each_ticket_once(quick):
+def test_reapers_racing_recover_each_ticket_once(make_gate):
+    # Leases that end at once, and a dispatch timeout no loaded machine outlasts: each redispatched ticket
+    # is due again only after the test (with 0.4 s, 30 passes on a loaded machine saw it due again).
+    quick = make_gate(lease_seconds=0.3, dispatch_timeout_seconds=60)
     tickets = {key: started(quick, key, max_lost=3)[0] for key in (f"k{i}" for i in range(20))}
     wait_until(
         lambda: all(holder(quick, k, t).deadline_in < 0 for k, t in tickets.items()),
