@@ -123,7 +123,7 @@ def live_keys(*, limit: int = 100, key: str | None = None) -> tuple[list[KeyStat
     gate = get_gate()
     # The operator sees the latest submissions also while no worker runs; a request writes a bounded batch.
     if key is None:
-        submissions.write_due(gate, batch=submissions.PAGE_BATCH, max_batches=1)
+        submissions.write_page(gate)
     else:
         submissions.write_key(gate, key)
     active = KeyedTask.objects.active()

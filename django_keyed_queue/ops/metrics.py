@@ -13,13 +13,11 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
-from datetime import datetime
 
 from django.contrib.admin.views.decorators import staff_member_required
 from django.core.exceptions import ImproperlyConfigured
-from django.db.models import Count, Min, QuerySet
+from django.db.models import Count, Min
 from django.http import HttpRequest, HttpResponse
-from django.utils import timezone
 
 try:
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -34,8 +32,9 @@ from ..gate import Gate
 from ..process import totals
 from ..process.state import get_gate
 from ..records import submissions
+from ..records.manager import seconds_since
 from ..records.models import KeyedTask
-from ..records.statuses import ACTIVE_STATUSES, Status
+from ..records.statuses import Status
 from .live import stuck_after_seconds
 
 logger = logging.getLogger(__name__)
@@ -80,8 +79,7 @@ class _Collector:
         try:
             gate = get_gate()
             amounts, templates = gate.totals()
-            # Recent submissions are counted as waiting also while no worker runs (as the health view).
-            submissions.write_due(gate, batch=submissions.PAGE_BATCH, max_batches=1)
+            submissions.write_page(gate)  # recent submissions count as waiting also while no worker runs
         except Exception:
             logger.warning("keyed queue metrics: the gate's Redis did not answer", exc_info=True)
             yield _gauge("gate_up", "1 when the gate's Redis answered this scrape.", 0)
@@ -95,6 +93,11 @@ class _Collector:
 
 def _labels(series: str) -> list[str]:
     return ["task", "key_template", "outcome"] if series in WITH_OUTCOME else ["task", "key_template"]
+
+
+def _label_values(series: str, task_name: str, outcome: str, templates: dict[str, str]) -> list[str]:
+    """The values of ``_labels(series)``."""
+    return [task_name, templates.get(task_name, ""), *([outcome] if series in WITH_OUTCOME else [])]
 
 
 def _totals(amounts: dict[str, str], templates: dict[str, str]) -> Iterable[Metric]:
@@ -116,8 +119,7 @@ def _totals(amounts: dict[str, str], templates: dict[str, str]) -> Iterable[Metr
             continue
         series, task_name, outcome, bucket = parsed
         if series in counters:
-            labels = [task_name, templates.get(task_name, ""), *([outcome] if series in WITH_OUTCOME else [])]
-            counters[series].add_metric(labels, number)
+            counters[series].add_metric(_label_values(series, task_name, outcome, templates), number)
         else:
             buckets[series, task_name, outcome][bucket] = number
     if unreadable:
@@ -131,15 +133,15 @@ def _totals(amounts: dict[str, str], templates: dict[str, str]) -> Iterable[Metr
             cumulative, running = [], 0.0
             for bound in [*map(repr, totals.BUCKETS), totals.INF]:
                 running += counts.get(bound, 0.0)
-                cumulative.append(("+Inf" if bound == totals.INF else bound, running))
-            labels = [task_name, templates.get(task_name, ""), *([outcome] if name in WITH_OUTCOME else [])]
+                cumulative.append((bound, running))
+            labels = _label_values(name, task_name, outcome, templates)
             family.add_metric(labels, cumulative, sum_value=counts.get(totals.SUM, 0.0))
         yield family
 
 
 def _record_gauges(templates: dict[str, str]) -> Iterable[Metric]:
     """What the records say now: tasks waiting and holding a slot per task, active keys, the oldest wait."""
-    active = _with_status(*ACTIVE_STATUSES)
+    active = KeyedTask.objects.active()
     by_task: dict[str, dict[str, int]] = {name: {} for name in templates}
     for row in active.values("task_name", "status").annotate(n=Count("pk")).order_by():
         by_task.setdefault(row["task_name"], {})[row["status"]] = row["n"]
@@ -158,9 +160,8 @@ def _record_gauges(templates: dict[str, str]) -> Iterable[Metric]:
     yield waiting
     yield running
     yield _gauge("keys_active", "Keys with a task waiting or holding a slot.", active.values("key").distinct().count())
-    waiting_rows = _with_status(Status.WAITING)
-    oldest = waiting_rows.aggregate(at=Min("enqueued_at"))["at"]
-    yield _gauge("oldest_wait_seconds", "How long the longest-waiting task has waited.", _age(oldest))
+    waited = KeyedTask.objects.waited_longest_seconds()
+    yield _gauge("oldest_wait_seconds", "How long the longest-waiting task has waited.", waited)
     top = settings.METRICS_TOP_KEYS
     top = min(max(top, 0), MAX_TOP_KEYS) if type(top) is int else 0  # a check reports a bad value
     if top:
@@ -169,17 +170,10 @@ def _record_gauges(templates: dict[str, str]) -> Iterable[Metric]:
             f"The {top} keys whose oldest waiting task waited longest (KEYED_QUEUE_METRICS_TOP_KEYS).",
             labels=["key"],
         )
-        rows = waiting_rows.values("key").annotate(at=Min("enqueued_at")).order_by("at")
-        for waiting_key in rows[:top]:
-            family.add_metric([waiting_key["key"]], _age(waiting_key["at"]))
+        rows = KeyedTask.objects.with_status(Status.WAITING).values("key").annotate(at=Min("enqueued_at"))
+        for waiting_key in rows.order_by("at")[:top]:
+            family.add_metric([waiting_key["key"]], seconds_since(waiting_key["at"]))
         yield family
-
-
-def _with_status(*statuses: str) -> QuerySet[KeyedTask]:
-    """The rows in ``statuses``, found through the status index whatever the query adds: with the statuses as
-    bound parameters, SQLite's planner read a whole million-row table in key or task-name order for a GROUP BY
-    or DISTINCT (2 s a query, bench.admin_pages), where the rows' ids found first take a millisecond."""
-    return KeyedTask.objects.filter(pk__in=KeyedTask.objects.filter(status__in=statuses).values("pk"))
 
 
 def _gate_gauges(gate: Gate) -> Iterable[Metric]:
@@ -195,7 +189,3 @@ def _gate_gauges(gate: Gate) -> Iterable[Metric]:
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(f"keyed_queue_{name}", doc, value=value)
-
-
-def _age(at: datetime | None) -> float:
-    return round(max(0.0, (timezone.now() - at).total_seconds()), 3) if at else 0.0

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 from django.contrib.admin.views.decorators import staff_member_required
-from django.db.models import Min
 from django.http import HttpRequest, JsonResponse
-from django.utils import timezone
 
 from ..conf import settings
 from ..process.state import get_gate
@@ -28,16 +26,14 @@ def _report(request: HttpRequest) -> JsonResponse:
     try:
         gate = get_gate()
         # Recent submissions count also while no worker runs; a request writes a bounded batch.
-        submissions.write_due(gate, batch=submissions.PAGE_BATCH, max_batches=1)
+        submissions.write_page(gate)
         stuck: int | None = len(stuck_keys(gate))
     except Exception:
         stuck = None
-    waiting = KeyedTask.objects.filter(status="waiting")
-    oldest = waiting.aggregate(at=Min("enqueued_at"))["at"]
     report: dict[str, object] = {
-        "queue_depth": waiting.count(),
+        "queue_depth": KeyedTask.objects.filter(status="waiting").count(),
         "running": KeyedTask.objects.filter(status="running").count(),
-        "oldest_wait_seconds": round((timezone.now() - oldest).total_seconds(), 3) if oldest else 0.0,
+        "oldest_wait_seconds": KeyedTask.objects.waited_longest_seconds(),
     }
     report["stuck_keys"], report["redis_reachable"] = stuck, stuck is not None
     return JsonResponse(report, status=200 if report["redis_reachable"] else 503)

@@ -29,7 +29,7 @@ from django.db.models.constants import OnConflict
 from django.utils import timezone
 
 from .columns import shown, storable_text
-from .statuses import ACTIVE_STATUSES, STATUS_RANK, TERMINAL_STATUSES
+from .statuses import ACTIVE_STATUSES, STATUS_RANK, TERMINAL_STATUSES, Status
 from .transitions import FIELDS, Transition
 
 if TYPE_CHECKING:
@@ -46,10 +46,28 @@ ROW_REFUSED = (DataError, IntegrityError)
 
 class KeyedTaskQuerySet(models.QuerySet["KeyedTask"]):
     def active(self) -> KeyedTaskQuerySet:
-        return self.filter(status__in=ACTIVE_STATUSES)
+        return self.with_status(*ACTIVE_STATUSES)
+
+    def with_status(self, *statuses: str) -> KeyedTaskQuerySet:
+        """The rows in ``statuses``, found through the status index whatever the query adds to it.
+
+        With the statuses bound as parameters, SQLite's planner reads the whole table in key order for
+        a GROUP BY key, a DISTINCT or an ORDER BY key (the live keys page took 16 s, a rebuild's read
+        2.6 s, at a million rows); finding the rows' ids first takes about a millisecond.
+        """
+        return self.filter(pk__in=self.model._default_manager.filter(status__in=statuses).values("pk"))
+
+    def waited_longest_seconds(self) -> float:
+        """How long the longest-waiting of these tasks has waited; 0 when none waits."""
+        return seconds_since(self.with_status(Status.WAITING).aggregate(at=models.Min("enqueued_at"))["at"])
 
     def for_key(self, key: str) -> KeyedTaskQuerySet:
         return self.filter(key=key)
+
+
+def seconds_since(at: datetime | None) -> float:
+    """Seconds from ``at`` to now, to the ms (0 for None, and for a time ahead of this host's clock)."""
+    return round(max(0.0, (timezone.now() - at).total_seconds()), 3) if at else 0.0
 
 
 # Named, not called in the class statement: django-stubs types a manager made from a queryset only so.

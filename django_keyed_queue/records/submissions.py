@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 
 #: How long a writer's claim on a key lasts: another writer takes the key over after it.
 CLAIM_SECONDS = 10.0
-#: The most keys a web request writes before it answers (``write_due(gate, max_batches=1)``): a
+#: The most keys a web request writes before it answers (``write_page``): a
 #: backlog left while no worker ran is the workers', the reaper's or ``keyed_queue_status``'s.
 PAGE_BATCH = 500
 
@@ -123,6 +123,12 @@ def write_key(gate: Gate, key: str) -> int:
     """Write now the rows of ``key``'s submissions kept in the gate (before acting on its rows): one
     step's worth; a deeper key's other records are written by the next pass of any writer."""
     return write(gate, [key])
+
+
+def write_page(gate: Gate) -> int:
+    """What a web request writes before it answers, so that it shows submissions made while no worker ran:
+    one bounded batch (``PAGE_BATCH`` keys)."""
+    return write_due(gate, batch=PAGE_BATCH, max_batches=1)
 
 
 def write_due(gate: Gate, *, batch: int = 500, max_batches: int = 100) -> int:
