@@ -8,6 +8,7 @@ name Celery gives a function of that module.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import threading
 import traceback
@@ -76,25 +77,22 @@ def celery_task_of(task: KeyedDjangoTask) -> Any:
     return made
 
 
+#: ``@task``'s options that are ``@keyed_serial_task``'s: each is passed on when given (not at its default).
+KEY_OPTIONS = ("limit", "rate", "on_failure", "coalesce", "debounce", "max_recoveries", "max_waiting", "idempotent")
+
+
 def _make_celery_task(task: KeyedDjangoTask) -> Any:
     run = _runner(task)
+    given = {
+        f.name: getattr(task, f.name)
+        for f in dataclasses.fields(task)
+        if f.name in KEY_OPTIONS and getattr(task, f.name) != f.default
+    }
     if task.key is None:
-        keyed_only = {"limit": 1, "rate": None, "on_failure": "continue", "coalesce": None, "debounce": None}
-        given = [name for name, default in keyed_only.items() if getattr(task, name) != default]
-        given += [name for name in ("max_recoveries", "max_waiting") if getattr(task, name) is not None]
-        if task.idempotent:
-            given.append("idempotent")
         if given:
             raise TypeError(f"{task.module_path}: {', '.join(given)} need a key: @task(key=..., ...)")
         return shared_task(name=task.module_path)(run)
-    options: dict[str, Any] = {"idempotent": task.idempotent}
-    for name in ("max_recoveries", "max_waiting"):
-        if getattr(task, name) is not None:
-            options[name] = getattr(task, name)
-    return keyed_serial_task(
-        key=task.key, limit=task.limit, rate=task.rate, on_failure=task.on_failure, coalesce=task.coalesce,
-        debounce=task.debounce, name=task.module_path, **options,
-    )(run)  # fmt: skip
+    return keyed_serial_task(key=task.key, name=task.module_path, **given)(run)
 
 
 def _runner(task: KeyedDjangoTask) -> Callable[..., Any]:
