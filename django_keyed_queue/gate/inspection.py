@@ -9,7 +9,9 @@ the format). Change both together.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from dataclasses import replace
 
 from redis.cluster import RedisCluster
 
@@ -27,11 +29,18 @@ class InspectCalls(GateBase):
         """A read-only snapshot of one key, a ``KeySnapshot`` (several reads in one pipelined round trip)."""
         return self.inspect_many([key], waiting_shown=waiting_shown)[0]
 
-    def waiting_ahead(self, key: str, ticket: int) -> int | None:
-        """How many tickets wait ahead of ``ticket`` in ``key``'s queue; None if it does not wait there.
-        One ``LPOS``: it reads the queue up to the ticket."""
-        position = self.client.lpos(KeyNames(key).queue, str(ticket))
-        return None if position is None else int(position)  # type: ignore[arg-type]  # redis-py types it loosely
+    def waiting_ahead(self, key: str, ticket: int, task_id: str | None = None) -> int | None:
+        """How many tickets wait ahead of ``ticket`` in ``key``'s queue; None if it does not wait there
+        (or, with ``task_id``, if the ticket waiting is another task's). One ``LPOS``: it reads the
+        queue up to the ticket."""
+        names = KeyNames(key)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.lpos(names.queue, str(ticket))
+        pipe.hget(names.messages, str(ticket))
+        position, message = pipe.execute()
+        if position is None or (task_id is not None and stored_task_id(message) != task_id):
+            return None
+        return int(position)
 
     def inspect_many(self, keys: Sequence[str], *, waiting_shown: int | None = None) -> list[KeySnapshot]:
         """Snapshots of many keys, one ``KeySnapshot`` per key in order, in one pipelined round trip.
@@ -39,7 +48,8 @@ class InspectCalls(GateBase):
         ``waiting`` lists the oldest ``waiting_shown`` waiting tickets (all with None);
         ``depth`` counts them all. ``holders`` maps each ticket holding a slot (at most the
         key's limit) to its ``Holder``: its state, ``running`` or ``granted``, its dispatch,
-        token, attempts and lost leases, and the seconds left before its deadline.
+        token, attempts and lost leases, the seconds left before its deadline, and the task id of
+        its stored message (one more round trip, for the keys that have holders).
         """
         # LRANGE's end is inclusive and -1 is the last element: (1, 0) is the empty range.
         shown = (0, -1) if waiting_shown is None else (0, waiting_shown - 1) if waiting_shown else (1, 0)
@@ -81,7 +91,32 @@ class InspectCalls(GateBase):
                     interval_override_ms=_int_or_none(meta.get(b"interval_override")),
                 )
             )
-        return snapshots
+        return self._named_holders(snapshots)
+
+    def _named_holders(self, snapshots: list[KeySnapshot]) -> list[KeySnapshot]:
+        """``snapshots`` with each holder's task id read from its stored message (one pipelined round trip)."""
+        held = [s for s in snapshots if s.holders]
+        if not held:
+            return snapshots
+        pipe = self.client.pipeline(transaction=False)
+        for snapshot in held:
+            pipe.hmget(KeyNames(snapshot.key).messages, list(snapshot.holders))
+        named = {}
+        for snapshot, raws in zip(held, pipe.execute(), strict=True):
+            holders = {
+                ticket: replace(holder, task_id=stored_task_id(raw))
+                for (ticket, holder), raw in zip(snapshot.holders.items(), raws, strict=True)
+            }
+            named[snapshot.key] = replace(snapshot, holders=holders)
+        return [named.get(s.key, s) for s in snapshots]
+
+    def live_keys(self, keys: Sequence[str]) -> set[str]:
+        """Which of ``keys`` have state in Redis, as ``rebuild`` refuses them (one pipelined round trip)."""
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
+            names = KeyNames(key)
+            pipe.exists(names.meta, names.queue, names.messages, names.holders)
+        return {key for key, found in zip(keys, pipe.execute(), strict=True) if found}
 
     def newer_waiting(self, key: str, task_name: str, ticket: int) -> bool:
         """Whether a submission of coalescing task ``task_name`` newer than ``ticket`` waits in ``key``'s
@@ -95,6 +130,16 @@ class InspectCalls(GateBase):
             return False
         holder = decode_holder(raw, now_ms=0)  # its deadline is not read
         return holder.state == "running" and holder.token == lease.token
+
+
+def stored_task_id(raw: bytes | None) -> str | None:
+    """The task id a stored message names (its JSON's ``id``, as ``start.lua`` reads it); None if there is
+    no message or it names none. JSON only: anyone may have written it."""
+    try:
+        task_id = json.loads(raw)["id"] if raw else None
+    except (ValueError, TypeError, KeyError, RecursionError):
+        return None
+    return task_id if isinstance(task_id, str) else None
 
 
 def _int_or_none(raw: bytes | None) -> int | None:

@@ -96,7 +96,11 @@ class OperatorCalls(InspectCalls):
             idle_horizon_ms=self.idle_horizon_ms,
         )  # fmt: skip
         reply = self._call_and_index(call, key)
-        if not self._overridden(key):
+        # Listed again after: a clear racing this set may have unlisted it between the first SADD and the
+        # script. A key then stays listed if any set's script ran last; unlisted only if a clear's did.
+        if self._overridden(key):
+            self.client.sadd(OVERRIDDEN_KEYS, key)
+        else:
             self.client.srem(OVERRIDDEN_KEYS, key)
             if self._overridden(key):  # another operator's set came between: listed again
                 self.client.sadd(OVERRIDDEN_KEYS, key)
@@ -105,11 +109,29 @@ class OperatorCalls(InspectCalls):
 
     def _overridden(self, key: str) -> bool:
         """Whether ``key`` has an operator's limit or rate (one read of its meta)."""
-        return any(v is not None for v in self.client.hmget(KeyNames(key).meta, "limit_override", "interval_override"))
+        return key in self._overridden_of([key])
+
+    def _overridden_of(self, keys: list[str]) -> set[str]:
+        """Which of ``keys`` have an operator's limit or rate (one pipelined read of their meta)."""
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.hmget(KeyNames(key).meta, "limit_override", "interval_override")
+        return {key for key, values in zip(keys, pipe.execute(), strict=True) if any(v is not None for v in values)}
 
     def overridden_keys(self, *, limit: int | None = None) -> list[str]:
-        """The keys given a limit or rate of their own (:meth:`set_overrides`); at most ``limit`` of them."""
-        return self._listed(OVERRIDDEN_KEYS, limit)
+        """The keys given a limit or rate of their own (:meth:`set_overrides`); at most ``limit`` of them.
+
+        Checked against each key's meta: a key listed whose override was cleared is taken off the list
+        (and listed again if a set came between), so the list and the overrides agree.
+        """
+        listed = self._listed(OVERRIDDEN_KEYS, limit)
+        overridden = self._overridden_of(listed) if listed else set()
+        if stale := [key for key in listed if key not in overridden]:
+            self.client.srem(OVERRIDDEN_KEYS, *stale)
+            if back := self._overridden_of(stale):
+                self.client.sadd(OVERRIDDEN_KEYS, *back)
+                overridden |= back
+        return [key for key in listed if key in overridden]
 
     def is_paused(self, key: str) -> bool:
         """Whether :meth:`pause` paused ``key`` and :meth:`resume` did not resume it since."""

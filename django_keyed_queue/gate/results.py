@@ -217,6 +217,9 @@ class Holder:
     #: Seconds until the reaper may act (its lease end when running, its dispatch timeout when
     #: granted); negative once overdue; meaningless when blocked (the reaper leaves it).
     deadline_in: float
+    #: The task id of the message stored with the ticket: what names the run (a key's tickets start
+    #: over once it drains, so a ticket alone may match older records). None if the message is gone.
+    task_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -253,7 +256,15 @@ class KeySnapshot:
     #: An operator's least ms between two starts of the key, over its tasks' rate, else None.
     interval_override_ms: int | None = None
 
-    def blocks(self, ticket: int) -> bool:
-        """Whether ``ticket`` failed for good and keeps its slot, blocking the key."""
-        holder = self.holders.get(ticket)
+    def blocks(self, ticket: int, task_id: str | None = None) -> bool:
+        """Whether ``ticket`` (of task ``task_id``, if given) failed for good and keeps its slot, blocking the key."""
+        holder = self.held_by(ticket, task_id)
         return holder is not None and holder.state == "blocked"
+
+    def held_by(self, ticket: int | None, task_id: str | None = None) -> Holder | None:
+        """The slot ``ticket`` holds, if any; with ``task_id``, only if that task's message holds it (an
+        older record of the key may have the same ticket number)."""
+        holder = self.holders.get(ticket) if ticket is not None else None
+        if holder is None or (task_id is not None and holder.task_id != task_id):
+            return None
+        return holder

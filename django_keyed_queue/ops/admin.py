@@ -242,7 +242,9 @@ class KeyedTaskAdmin(admin.ModelAdmin):
                 said = format_html("{} {}", text, _task_link(runs))
             self.message_user(request, format_html("{}[{}]: {}", task.task_name, task.task_id, said), messages.SUCCESS)
 
-    def _on_key(self, request, action: str, key: str, ticket: int | None = None, dispatch: int | None = None) -> None:
+    def _on_key(
+        self, request, action: str, key: str, ticket: int | None = None, dispatch: int | None = None, task_id: str = ""
+    ) -> None:
         by = _who(request)
         level = messages.SUCCESS
         with self._refusals(request):
@@ -258,8 +260,9 @@ class KeyedTaskAdmin(admin.ModelAdmin):
                 text = f"Key {key!r}: {limits.set_typed(key, *typed, by=by) or 'nothing changed'}, set by {by}"
             else:
                 assert ticket is not None
-                recovery.release(key, ticket, dispatch=dispatch, by=by)
-                text = f"Ticket {ticket} of key {key!r} released by {by}"
+                recovery.release(key, ticket, dispatch=dispatch, task_id=task_id or None, by=by)
+                whose = f" (task {task_id})" if task_id else ""
+                text = f"Ticket {ticket}{whose} of key {key!r} released by {by}"
             _log_key(request, key, text)
             self.message_user(request, text, level)
 
@@ -391,8 +394,10 @@ class KeyedTaskAdmin(admin.ModelAdmin):
             return HttpResponseBadRequest("a dispatch is a number")
         if not self._allowed(request, action):
             return self._refused(request, f"{action} keys")
-        release = (int(ticket), int(dispatch) if dispatch else None) if action == "release" else (None, None)
-        self._on_key(request, action, key, *release)
+        ticket_number, dispatch_number = (
+            (int(ticket), int(dispatch) if dispatch else None) if action == "release" else (None, None)
+        )
+        self._on_key(request, action, key, ticket_number, dispatch_number, request.POST.get("task_id", ""))
         shown = request.POST.get("shown_key", "")  # the page's own filter, kept after the action
         return HttpResponseRedirect(
             reverse("admin:keyed_queue_keys") + (f"?{urlencode({'key': shown})}" if shown else "")

@@ -131,20 +131,21 @@ def explain_row(task: KeyedTask) -> Explanation:
     gate = get_gate()
     snapshot = gate.inspect(task.key, waiting_shown=0)
     holdings = _holdings(snapshot)
-    own = next((h for h in holdings if h.ticket == task.ticket), None)
-    others = [h for h in holdings if h.ticket != task.ticket]
+    own_slot = snapshot.held_by(task.ticket, task.task_id)
+    own = next((h for h in holdings if own_slot is not None and h.ticket == task.ticket), None)
+    others = [h for h in holdings if h is not own]
     blocked_by = next((h for h in others if h.state == "blocked"), None)
     paused_since = from_epoch(snapshot.paused_since)
     # What the key's state says, whatever the task's own: the template of every answer below.
     key_state = Explanation(
         task, task.status, [], others, None, snapshot.paused, snapshot.paused_by, paused_since, blocked_by,
-        own_slot=snapshot.holders.get(task.ticket),
+        own_slot=own_slot,
     )  # fmt: skip
     if task.status in TERMINAL_STATUSES:  # its ticket's slot is its own only if it blocks the key
         return replace(_ended(task), own_slot=key_state.own_slot if own and own.state == "blocked" else None)
     if own is not None:
         return _holding(key_state, own, snapshot)
-    ahead = gate.waiting_ahead(task.key, task.ticket)
+    ahead = gate.waiting_ahead(task.key, task.ticket, task.task_id)
     if ahead is None:  # neither holding nor waiting: it ended, and its record has not caught up yet
         return Explanation(task, task.status, ["the gate holds nothing of it any more: its end is being recorded"])
     reasons = []
@@ -200,14 +201,10 @@ def _limit(snapshot: KeySnapshot, task: KeyedTask) -> str:
 
 
 def _holdings(snapshot: KeySnapshot) -> list[Holding]:
-    tickets = sorted(snapshot.holders)
-    rows = {
-        t.ticket: t
-        for t in KeyedTask.objects.for_key(snapshot.key).filter(ticket__in=tickets).defer("message", "arguments")
-    }
+    tasks = KeyedTask.objects.holding([snapshot])
     holdings = []
-    for ticket in tickets:
-        holder, row = snapshot.holders[ticket], rows.get(ticket)
+    for ticket, holder in sorted(snapshot.holders.items()):
+        row = tasks.get((snapshot.key, ticket))
         started = row.started_at if row else None
         dispatched = (row.dispatched_at or row.due_at or row.enqueued_at) if row else None
         holdings.append(Holding(ticket, holder.state, row, started if holder.state != "granted" else dispatched))

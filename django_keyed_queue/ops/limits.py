@@ -15,6 +15,7 @@ from celery import Celery, current_app
 
 from ..exceptions import ActionRefused
 from ..gate import UNCHANGED
+from ..gate.operator import Unchanged
 from ..keyed_task.decorators import rate_interval_ms
 from ..messaging.dispatch import Dispatched, publish_grants
 from ..process.state import current, get_gate
@@ -28,15 +29,50 @@ logger = logging.getLogger(recovery.__name__)
 MAX_KEY_LIMIT = 1_000_000
 #: The word that sets a key's limit or rate back to its tasks' own, in the command and the admin.
 DEFAULT = "default"
+#: How the log says a limit or rate set back to its tasks' own.
+DEFAULT_SAID = "of its tasks (default)"
 
 
 def set_key_limit(key: str, limit: int | None, *, by: str = "an operator", app: Celery | None = None) -> Dispatched:
     """At most ``limit`` tasks of ``key`` run at once, whatever their tasks' ``limit`` (None: their own
     again); a raised limit dispatches the key's waiting tasks up to it now. Repeating it changes nothing."""
-    key, limit = operator_key(key), _checked_limit(limit)
-    done = publish_grants(app or current_app, get_gate().set_overrides(key, limit=limit, interval_ms=UNCHANGED))
+    return _set(operator_key(key), _checked_limit(limit), UNCHANGED, by=by, app=app)
+
+
+def set_key_rate(key: str, rate: str | None, *, by: str = "an operator") -> None:
+    """At most ``rate`` starts of ``key`` (``"10/s"``, ``"30/m"``, ``"100/h"``), whatever their tasks'
+    ``rate`` (None: their own again), from its next start on. Repeating it changes nothing."""
+    _set(operator_key(key), UNCHANGED, _checked_interval(rate), by=by)
+
+
+def set_typed(key: str, limit: str, rate: str, *, by: str = "an operator") -> str:
+    """The limit and rate an operator typed (the command's arguments, the live keys page's form): each a
+    number, ``DEFAULT``, or "" to leave it; refused as :func:`set_key_limit` and :func:`set_key_rate`
+    refuse them, both checked before either is set, and then set together in one gate call. What was
+    set, said."""
+    key = operator_key(key)
+    number: int | None | Unchanged = UNCHANGED
+    if limit:
+        whole = limit.isascii() and limit.isdigit() and len(limit) <= 18  # a number, not a 5,000-digit text
+        number = _checked_limit(None if limit == DEFAULT else int(limit) if whole else limit)
+    interval = _checked_interval(None if rate == DEFAULT else rate) if rate else UNCHANGED
+    if number is UNCHANGED and interval is UNCHANGED:
+        return ""
+    done = _set(key, number, interval, by=by)
+    said = [f"limit {limit}; {done}"] if limit else []
+    return ", ".join([*said, *([f"rate {rate}"] if rate else [])])
+
+
+def _set(
+    key: str, limit: int | None | Unchanged, interval_ms: int | None | Unchanged, *, by: str, app: Celery | None = None
+) -> Dispatched:
+    """Set the key's overrides in one gate call, publish what a raised limit granted, and log it."""
+    done = publish_grants(app or current_app, get_gate().set_overrides(key, limit=limit, interval_ms=interval_ms))
     current().recorder.flush()
-    logger.info("keyed queue key %r: limit %s, set by %s; %s", key, limit or "of its tasks (default)", by, done)
+    said = [f"limit {limit or DEFAULT_SAID}"] if limit is not UNCHANGED else []
+    if interval_ms is not UNCHANGED:
+        said.append(f"rate {f'one start every {interval_ms} ms' if interval_ms else DEFAULT_SAID}")
+    logger.info("keyed queue key %r: %s, set by %s; %s", key, ", ".join(said), by, done)
     return done
 
 
@@ -47,28 +83,9 @@ def _checked_limit(limit: object) -> int | None:
     raise ActionRefused(f"a key's limit is a whole number from 1 to {MAX_KEY_LIMIT}, or its tasks' own: {limit!r}")
 
 
-def set_key_rate(key: str, rate: str | None, *, by: str = "an operator") -> None:
-    """At most ``rate`` starts of ``key`` (``"10/s"``, ``"30/m"``, ``"100/h"``), whatever their tasks'
-    ``rate`` (None: their own again), from its next start on. Repeating it changes nothing."""
-    key = operator_key(key)
+def _checked_interval(rate: str | None) -> int | None:
+    """The least ms between two starts ``rate`` gives (None: its tasks' own), else ActionRefused naming it."""
     try:
-        interval_ms = rate_interval_ms(rate)
+        return rate_interval_ms(rate) or None
     except ValueError as exc:
         raise ActionRefused(f"a key's {exc}") from None
-    get_gate().set_overrides(key, limit=UNCHANGED, interval_ms=interval_ms or None)
-    logger.info("keyed queue key %r: rate %s, set by %s", key, rate or "of its tasks (default)", by)
-
-
-def set_typed(key: str, limit: str, rate: str, *, by: str = "an operator") -> str:
-    """The limit and rate an operator typed (the command's arguments, the live keys page's form): each a
-    number, ``DEFAULT``, or "" to leave it; refused as :func:`set_key_limit` and :func:`set_key_rate`
-    refuse them. What was set, said."""
-    said = []
-    if limit:
-        whole = limit.isascii() and limit.isdigit() and len(limit) <= 18  # a number, not a 5,000-digit text
-        number = _checked_limit(None if limit == DEFAULT else int(limit) if whole else limit)
-        said.append(f"limit {limit}; {set_key_limit(key, number, by=by)}")
-    if rate:
-        set_key_rate(key, None if rate == DEFAULT else rate, by=by)
-        said.append(f"rate {rate}")
-    return ", ".join(said)

@@ -30,6 +30,7 @@ class HolderRow:
     attempts: int
     task: KeyedTask | None  # None if the record is missing
     dispatch: int = 1  # what the release button releases: a second click of it finds the ticket moved on
+    task_id: str | None = None  # the task whose message holds the slot (its record may not be written yet)
 
     @property
     def overdue(self) -> bool:
@@ -145,16 +146,12 @@ def live_keys(*, limit: int = 100, key: str | None = None) -> tuple[list[KeyStat
         blocked = overridden = [key]  # shown if the gate says it is blocked, or has an operator's limit
     keys = list(dict.fromkeys([*list(found)[:limit], *paused, *blocked, *overridden]))
     snapshots = gate.inspect_many(keys, waiting_shown=0)
-    held = Q(pk__in=[])
-    for snapshot in snapshots:
-        if snapshot.holders:
-            held |= Q(key=snapshot.key, ticket__in=list(snapshot.holders))
-    tasks = {(t.key, t.ticket): t for t in KeyedTask.objects.filter(held).defer("message", "arguments")}
+    tasks = KeyedTask.objects.holding(snapshots)
     states = []
     for snapshot in snapshots:
         k = snapshot.key
         holders = [
-            HolderRow(ticket, h.state, h.deadline_in, h.attempts, tasks.get((k, ticket)), h.dispatch)
+            HolderRow(ticket, h.state, h.deadline_in, h.attempts, tasks.get((k, ticket)), h.dispatch, h.task_id)
             for ticket, h in sorted(snapshot.holders.items())
         ]
         blocked_by = next((h for h in holders if h.ticket == snapshot.blocked), None)

@@ -189,11 +189,13 @@ def rebuild(*, dry_run: bool = False, app: Celery | None = None) -> RebuildRepor
     app = _celery(app)
     report = RebuildReport()
     gate = get_gate()
-    submissions.write_due(gate)  # what this Redis still keeps (after a total loss, nothing)
+    if not dry_run:  # a dry run writes nothing: what Redis keeps of a key, it keeps live, and that key is skipped
+        submissions.write_due(gate)  # what this Redis still keeps (after a total loss, nothing)
     active = KeyedTask.objects.active().filter(ticket__isnull=False).order_by("key", "ticket")
     by_key: dict[str, list] = {}
     for row in active.only("pk", "task_id", "task_name", "key", "ticket", "message"):
         by_key.setdefault(row.key, []).append(row)
+    live = gate.live_keys(list(by_key)) if dry_run else set()
     for key, rows in by_key.items():
         restorable = [r for r in rows if _restorable(r, app)]
         kept = {r.pk for r in restorable}
@@ -201,8 +203,11 @@ def rebuild(*, dry_run: bool = False, app: Celery | None = None) -> RebuildRepor
         waiting = [(r.ticket, r.message.encode()) for r in restorable]
         if not waiting:
             continue
-        if dry_run:
-            report.restored[key] = len(waiting)
+        if dry_run:  # as the real run finds it: a key with state in Redis is refused by the gate
+            if key in live:
+                report.skipped.append(key)
+            else:
+                report.restored[key] = len(waiting)
             continue
         last_ticket = KeyedTask.objects.for_key(key).aggregate(models.Max("ticket"))["ticket__max"]
         rebuilt = gate.rebuild(key, last_ticket=last_ticket, waiting=waiting, limit=_limit(app, rows[0].task_name))
@@ -456,7 +461,13 @@ RELEASE_GRACE_SECONDS = 10.0
 
 
 def release(
-    key: str, ticket: int, *, dispatch: int | None = None, by: str = "an operator", app: Celery | None = None
+    key: str,
+    ticket: int,
+    *,
+    dispatch: int | None = None,
+    task_id: str | None = None,
+    by: str = "an operator",
+    app: Celery | None = None,
 ) -> list[Recovery]:
     """Release a key's stuck holder now, as the reaper does when a lease expires.
 
@@ -465,15 +476,18 @@ def release(
     its recoveries; a holder whose message was lost has it published again.
     ``dispatch``: the holder's dispatch as the operator saw it (None: as it is now); a
     release of a dispatch released already, by a second click or another terminal, is refused.
+    ``task_id``: the task the operator saw hold the ticket (None: whichever does); a ticket held by
+    another task (the key drained and its tickets started over) is refused.
     """
     app = _celery(app)
     gate = get_gate()
     state = gate.inspect(operator_key(key), waiting_shown=0)
     if state.blocks(ticket):
         raise ActionRefused(f"ticket {ticket} of key {key!r} failed and blocks its key: retry or cancel its task")
-    holder = state.holders.get(ticket)
+    holder = state.held_by(ticket, task_id)
     if holder is None:
-        raise ActionRefused(f"ticket {ticket} of key {key!r} holds no slot: it finished or was recovered")
+        whose = f" for task {task_id}" if task_id is not None and ticket in state.holders else ""
+        raise ActionRefused(f"ticket {ticket} of key {key!r} holds no slot{whose}: it finished or was recovered")
     since = gate.dispatch_timeout_ms / 1000 - holder.deadline_in  # since it was (re)dispatched, when granted
     if dispatch is None and holder.state == "granted" and since < RELEASE_GRACE_SECONDS:
         raise ActionRefused(
@@ -498,7 +512,7 @@ def _blocks_its_key(row: KeyedTask) -> bool:
     """Whether ``row``'s task failed and keeps its key held (``on_failure="block"``)."""
     if row.status != Status.FAILED or row.ticket is None:
         return False
-    return get_gate().inspect(row.key, waiting_shown=0).blocks(row.ticket)
+    return get_gate().inspect(row.key, waiting_shown=0).blocks(row.ticket, row.task_id)
 
 
 def _unblock(row: KeyedTask, *, retry: bool, app) -> None:

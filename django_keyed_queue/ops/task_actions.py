@@ -60,7 +60,7 @@ def holder_of(task: KeyedTask) -> Holder | None:
     """The slot ``task``'s ticket holds in the gate, if any (one round trip)."""
     if task.ticket is None:
         return None
-    return get_gate().inspect(task.key, waiting_shown=0).holders.get(task.ticket)
+    return get_gate().inspect(task.key, waiting_shown=0).held_by(task.ticket, task.task_id)
 
 
 def propose(action: str, task: KeyedTask) -> Proposal:
@@ -135,7 +135,7 @@ def perform(action: str, task: KeyedTask, by: str, seen: dict[str, int] | None =
     if seen is not None and (seen.get("ticket") != task.ticket or "dispatch" not in seen):
         raise ActionRefused("the release names no ticket and dispatch of this task: look again")
     dispatch = None if seen is None else seen["dispatch"]
-    released = recovery.release(task.key, task.ticket, dispatch=dispatch, by=by)
+    released = recovery.release(task.key, task.ticket, dispatch=dispatch, task_id=task.task_id, by=by)
     return f"Released by {by} ({', '.join(r.action for r in released if r.ticket == task.ticket)})", None
 
 

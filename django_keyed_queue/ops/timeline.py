@@ -39,6 +39,8 @@ class Bar:
     current: bool
     task_id: str
     pk: int
+    #: The first of a series of tickets after the key drained and its tickets started over at 1.
+    restarts: bool = False
 
     @property
     def wait_width(self) -> float:
@@ -76,13 +78,16 @@ class Timeline:
 
 
 def key_timeline(task: KeyedTask, *, around: int = 15) -> Timeline:
-    """The tasks of ``task``'s key submitted just before and after it (up to ``around`` each side), in
-    ticket order: the order the key runs them (its records may be written in another order). A task
-    with no ticket yet (delayed, not due) comes last."""
+    """The tasks of ``task``'s key submitted just before and after it (up to ``around`` each side), in the
+    order the key took them: each series of tickets in ticket order (its records may be written in another
+    order), the series in the order they began. A key's tickets start over at 1 once it drains, so older
+    records share ticket numbers with newer ones; a task with no ticket (delayed, not due) ends its series."""
     rows = KeyedTask.objects.for_key(task.key).defer("message", "arguments")
     before = list(rows.filter(id__lte=task.id).order_by("-id")[: around + 1])
     after = list(rows.filter(id__gt=task.id).order_by("id")[:around])
-    tasks = sorted(before + after, key=lambda t: (t.ticket is None, t.ticket or 0, t.id))
+    every_series = _series(before + after)
+    tasks = [t for series in every_series for t in series]
+    firsts = {series[0].pk for series in every_series[1:]}
     now = timezone.now()
     # A task's start may come before its row's submission time (a retry first on its key keeps its row).
     start = min(min(t.enqueued_at, t.started_at or t.enqueued_at) for t in tasks)
@@ -109,9 +114,29 @@ def key_timeline(task: KeyedTask, *, around: int = 15) -> Timeline:
                 current=t.pk == task.pk,
                 task_id=t.task_id,
                 pk=t.pk,
+                restarts=t.pk in firsts,
             )
         )
     return Timeline(bars, start, end)
+
+
+def _series(tasks: list[KeyedTask]) -> list[list[KeyedTask]]:
+    """``tasks`` split where the key's tickets started over, each series in ticket order.
+
+    A series starts at a ticket 1 that joined the queue (a delayed task joins when due) after every
+    task of the series before it had ended: only a drained key starts its tickets over.
+    """
+    series: list[list[KeyedTask]] = [[]]
+    for t in sorted(tasks, key=lambda t: (_joined(t), t.id)):
+        ticketed = [s for s in series[-1] if s.ticket is not None]
+        if t.ticket == 1 and ticketed and all(s.finished_at and s.finished_at <= _joined(t) for s in ticketed):
+            series.append([])
+        series[-1].append(t)
+    return [sorted(s, key=lambda t: (t.ticket is None, t.ticket or 0, t.id)) for s in series if s]
+
+
+def _joined(t: KeyedTask) -> datetime:
+    return max(t.enqueued_at, t.due_at or t.enqueued_at)
 
 
 def _describe(t: KeyedTask) -> str:

@@ -33,6 +33,8 @@ from .statuses import ACTIVE_STATUSES, STATUS_RANK, TERMINAL_STATUSES, Status
 from .transitions import FIELDS, Transition
 
 if TYPE_CHECKING:
+    from ..gate import KeySnapshot
+
     # Named as a string in the generic bases below: .models imports this module.
     from .models import KeyedTask  # noqa: F401
 
@@ -63,6 +65,20 @@ class KeyedTaskQuerySet(models.QuerySet["KeyedTask"]):
 
     def for_key(self, key: str) -> KeyedTaskQuerySet:
         return self.filter(key=key)
+
+    def holding(self, snapshots: Iterable[KeySnapshot]) -> dict[tuple[str, int], KeyedTask]:
+        """The records of the tasks that hold the snapshots' slots, by key and ticket (one query).
+
+        A holder is matched by its message's task id, never by its ticket alone: a key's tickets start
+        over once it drains, and its older records keep theirs. Of one id, the latest row (Celery reuses
+        an id for a replacement). A holder whose message names no task has no record here.
+        """
+        held = models.Q(pk__in=[])
+        for snapshot in snapshots:
+            for ticket, holder in snapshot.holders.items():
+                if holder.task_id is not None:
+                    held |= models.Q(key=snapshot.key, ticket=ticket, task_id=holder.task_id)
+        return {(t.key, t.ticket): t for t in self.filter(held).defer("message", "arguments").order_by("id")}  # type: ignore[misc]  # a holder's row has its ticket
 
 
 def seconds_since(at: datetime | None) -> float:

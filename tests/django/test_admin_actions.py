@@ -308,9 +308,10 @@ def test_the_release_command_releases_the_key_s_only_holder(gate_redis, broker):
 
     from django.core.management import call_command
 
-    step.apply_async(("k", 1), queue=QUEUE)
+    result = step.apply_async(("k", 1), queue=QUEUE)
     get_gate().start("k", 1, 1, max_lost=3)
     out = StringIO()
     call_command("keyed_queue_release", "k", stdout=out)
-    assert out.getvalue() == "released ticket 1 of key 'k': redispatch (attempt 1, dispatch 2)\n"
+    named = f"testproject.demo.tasks.step[{result.id}]"
+    assert out.getvalue() == f"released {named} (ticket 1) of key 'k': redispatch (attempt 1, dispatch 2)\n"
     assert published(broker) == [(1, 1), (1, 2)]

@@ -118,7 +118,15 @@ def test_the_command_sets_shows_and_resets_a_keys_limit_and_rate(gate_redis, bro
     assert command("a", "default", "--rate", "default").endswith("limit default (its tasks'), rate default\n")
 
 
-@pytest.mark.parametrize(("args", "error"), [(("a", "x"), "the limit is a whole number"), (("a", "0"), "from 1 to")])
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (("a", "x"), "the limit is a whole number"),
+        (("a", "0"), "from 1 to"),
+        (("a", "5", "--rate", "abc"), "rate"),  # a good limit beside a bad rate: neither is set
+        (("a", "0", "--rate", "5/s"), "from 1 to"),
+    ],
+)
 def test_the_command_refuses_a_bad_limit(gate_redis, broker, args, error):
     with pytest.raises(CommandError, match=error):
         command(*args)
@@ -159,7 +167,17 @@ def test_the_live_keys_page_sets_shows_and_resets_a_keys_limit_and_rate(gate_red
     ]
 
 
-@pytest.mark.parametrize("form", [{"limit": "abc"}, {"limit": "0"}, {"rate": "fast"}, {"limit": "²"}])
+@pytest.mark.parametrize(
+    "form",
+    [
+        {"limit": "abc"},
+        {"limit": "0"},
+        {"rate": "fast"},
+        {"limit": "²"},
+        {"limit": "5", "rate": "abc"},
+        {"limit": "0", "rate": "5/s"},
+    ],
+)
 def test_the_live_keys_page_refuses_a_bad_limit_or_rate_and_writes_nothing(gate_redis, broker, as_user, form):
     client = as_user("lena", "change_key_limits")
 

@@ -43,7 +43,7 @@ def test_unfinished_tasks_come_back_in_ticket_order(gate_redis, broker):
     assert "would restore 3 tasks of key='k'" in run("--dry-run")
     assert gate_redis.dbsize() == 0
     out = run()
-    assert "restored 3 tasks of key='k'" in out and "restored 1 tasks of key='j'" in out
+    assert "restored 3 tasks of key='k'" in out and "restored 1 task of key='j'" in out
 
     state = gate.inspect("k")
     assert list(state.holders) == [2] and state.waiting == [3, 4], "tickets kept, oldest granted"
@@ -64,3 +64,24 @@ def test_a_live_key_is_left_alone(gate_redis, broker):
     before = gate_redis.hgetall(KeyNames("k").holders)
     assert "skipped key='k'" in run()
     assert gate_redis.hgetall(KeyNames("k").holders) == before
+
+
+def test_a_dry_run_says_what_the_real_run_does_and_writes_nothing(gate_redis, broker):
+    lost = step.apply_async(("lost", 1), queue=QUEUE)
+    live = [step.apply_async(("slow:1", n), queue=QUEUE) for n in (1, 2)]
+    write_submission_rows()
+    gate_redis.delete(*gate_redis.scan_iter(f"{KeyNames('lost').base}*"))  # only this key's state was lost
+    kept = step.apply_async(("slow:1", 3), queue=QUEUE)  # its row is not written yet: Redis keeps it
+
+    dry = run("--dry-run")
+    assert "would restore 1 task of key='lost'" in dry and "skipped key='slow:1': it is live in Redis" in dry
+    assert not KeyedTask.objects.filter(task_id=kept.id).exists(), "a dry run writes no record"
+    assert not gate_redis.exists(KeyNames("lost").meta), "nor any gate state"
+
+    real = run()
+    assert "restored 1 task of key='lost'" in real and "skipped key='slow:1': it is live in Redis" in real
+    assert dry.replace("would restore", "restored").replace("dry run: ", "") == real
+    assert KeyedTask.objects.filter(task_id=kept.id).exists(), "the real run writes what Redis kept first"
+    assert get_gate().inspect("lost").holders, "and restores the lost key"
+    assert {t.id for t in live} <= set(KeyedTask.objects.filter(key="slow:1").values_list("task_id", flat=True))
+    assert lost.id in KeyedTask.objects.filter(key="lost").values_list("task_id", flat=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -117,3 +118,25 @@ def test_a_finish_does_not_start_the_kept_grant_of_a_key_an_operator_paced(gate)
     [kept] = finished.granted
     assert kept.ticket == waiting.ticket and kept.token == 0, "its start decides, against the rate"
     assert gate.inspect("k").holders[waiting.ticket].state == "granted"
+
+
+def test_a_set_and_a_clear_raced_leave_the_listing_agreeing_with_the_override(gate, gate_redis):
+    """Each round a set and a clear of one key race in two threads; whichever script ran last decides the
+    override, and the key is listed exactly when it has one (once listed, never hidden from the live page)."""
+    barrier = threading.Barrier(2)
+
+    def act(limit: int | None) -> None:
+        barrier.wait()
+        gate.set_overrides("k", limit=limit)
+
+    for _ in range(300):
+        threads = [threading.Thread(target=act, args=(limit,)) for limit in (2, None)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        overridden = gate.inspect("k").limit_override is not None
+        if overridden:
+            assert gate_redis.sismember(OVERRIDDEN_KEYS, "k"), "an override in force is listed"
+        assert gate.overridden_keys() == (["k"] if overridden else [])
+        assert bool(gate_redis.sismember(OVERRIDDEN_KEYS, "k")) == overridden

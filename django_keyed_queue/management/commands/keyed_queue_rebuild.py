@@ -14,13 +14,18 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("--dry-run", action="store_true", help="report what would be restored, change nothing")
+        parser.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="report what a real run would restore and skip, writing nothing (not even the records Redis keeps)",
+        )
 
     def handle(self, *args, dry_run: bool = False, **options):
         with gate_reachable():
             report = rebuild(dry_run=dry_run)
         for key, count in sorted(report.restored.items()):
-            self.stdout.write(f"{'would restore' if dry_run else 'restored'} {count} tasks of key={key!r}")
+            tasks = f"{count} task{'' if count == 1 else 's'}"
+            self.stdout.write(f"{'would restore' if dry_run else 'restored'} {tasks} of key={key!r}")
         for key in report.skipped:
             self.stdout.write(f"skipped key={key!r}: it is live in Redis")
         for task_id in report.unrecoverable:

@@ -2,6 +2,7 @@ from django.core.management.base import CommandError
 
 from django_keyed_queue.ops.recovery import operator_key, release
 from django_keyed_queue.process.state import get_gate
+from django_keyed_queue.records.models import KeyedTask
 
 from ._key import KeyCommand, gate_reachable, operator
 
@@ -21,13 +22,19 @@ class Command(KeyCommand):
             self.stdout.write(self.release(operator_key(key), ticket))
 
     def release(self, key: str, ticket: int | None) -> str:
+        state = get_gate().inspect(key, waiting_shown=0)
         if ticket is None:
-            holders = sorted(get_gate().inspect(key, waiting_shown=0).holders)
+            holders = sorted(state.holders)
             if not holders:
                 raise CommandError(f"key {key!r} has no holder to release")
             if len(holders) > 1:
                 raise CommandError(f"key {key!r} has {len(holders)} holders, tickets {holders}: name one with --ticket")
             [ticket] = holders
-        done = [r for r in release(key, ticket, by=operator("keyed_queue_release")) if r.ticket == ticket]
+        holder = state.holders.get(ticket)
+        task_id = holder.task_id if holder else None  # the task seen holding it, and no other, is released
+        done = release(key, ticket, task_id=task_id, by=operator("keyed_queue_release"))
+        row = KeyedTask.objects.holding([state]).get((key, ticket))
+        task = f"{row.task_name}[{row.task_id}]" if row else f"task {task_id}" if task_id else "its task"
+        done = [r for r in done if r.ticket == ticket]
         what = ", ".join(f"{r.action} (attempt {r.attempts}, dispatch {r.dispatch})" for r in done)
-        return f"released ticket {ticket} of key {key!r}: {what}"
+        return f"released {task} (ticket {ticket}) of key {key!r}: {what}"

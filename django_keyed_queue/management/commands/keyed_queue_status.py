@@ -6,6 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db.models import Count, Min
 from django.utils import timezone
 
+from django_keyed_queue.gate import Holder
 from django_keyed_queue.ops.explain import explain
 from django_keyed_queue.ops.recovery import operator_key
 from django_keyed_queue.process.state import get_gate
@@ -60,12 +61,15 @@ class Command(BaseCommand):
             raise CommandError(f"no keyed task has the key {key!r}, and the gate holds nothing of it")
         if state is not None:
             self.stdout.write(f"key {key!r}: {'paused' if state.paused else 'active'}, last ticket {state.last_ticket}")
+            held = KeyedTask.objects.holding([state])
             for ticket, holder in sorted(state.holders.items()):
                 deadline = "" if holder.state == "blocked" else f", deadline in {holder.deadline_in:.1f}s"
-                self.stdout.write(f"  holder ticket {ticket}: {holder.state}, attempt {holder.attempts}{deadline}")
+                self.stdout.write(
+                    f"  holder {_named(held.get((state.key, ticket)), holder)} (ticket {ticket}): {holder.state}, "
+                    f"attempt {holder.attempts}{deadline}"
+                )
             if state.blocked is not None:
-                row = KeyedTask.objects.for_key(state.key).filter(ticket=state.blocked).order_by("-id").first()
-                task = f"{row.task_name}[{row.task_id}]" if row else "its task (no record)"
+                task = _named(held.get((state.key, state.blocked)), state.holders.get(state.blocked))
                 self.stdout.write(
                     f"  blocked by ticket {state.blocked}: {task} failed; nothing more of the key runs until "
                     "keyed_queue_retry runs it again or keyed_queue_cancel withdraws it"
@@ -73,3 +77,10 @@ class Command(BaseCommand):
             more = state.depth - len(state.waiting)
             shown = f"{state.waiting}{f' and {more} more' if more else ''}" if state.waiting else "none"
             self.stdout.write(f"  waiting tickets: {shown}")
+
+
+def _named(row: KeyedTask | None, holder: Holder | None) -> str:
+    """A holder's task as the status names it: by its record, else by its message's task id."""
+    if row is not None:
+        return f"{row.task_name}[{row.task_id}]"
+    return f"task {holder.task_id} (no record yet)" if holder and holder.task_id else "its task (no record)"
