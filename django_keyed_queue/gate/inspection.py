@@ -132,7 +132,7 @@ class InspectCalls(GateBase):
         return holder.state == "running" and holder.token == lease.token
 
 
-def stored_task_id(raw: bytes | None) -> str | None:
+def stored_task_id(raw: bytes | str | None) -> str | None:
     """The task id a stored message names (its JSON's ``id``, as ``start.lua`` reads it); None if there is
     no message or it names none. JSON only: anyone may have written it."""
     try:

@@ -14,9 +14,9 @@ import logging
 
 from . import calls
 from .base import grants, text
-from .inspection import InspectCalls
+from .inspection import InspectCalls, stored_task_id
 from .keys import BLOCKED_KEYS, OVERRIDDEN_KEYS, PAUSED_KEYS, KeyNames
-from .results import Grant
+from .results import Grant, Overridden
 from .scripts import Code, seconds_to_ms
 
 logger = logging.getLogger(__name__)
@@ -83,11 +83,12 @@ class OperatorCalls(InspectCalls):
         return None if reply[0] == Code.NOT_PAUSED else grants(key, reply[1:])
 
     def set_overrides(self, key: str, *, limit: int | None | Unchanged = UNCHANGED,
-                      interval_ms: int | None | Unchanged = UNCHANGED) -> list[Grant]:  # fmt: skip
+                      interval_ms: int | None | Unchanged = UNCHANGED) -> Overridden:  # fmt: skip
         """Give ``key`` an operator's ``limit`` and rate (``interval_ms``, the least ms between two starts)
         over its tasks' own, or None to go back to them; ``UNCHANGED`` leaves one as it is. They apply
         from the next grant and start on; a raised limit grants waiting tickets at once, returned to be
-        published. Setting the same again changes nothing."""
+        published; a lowered one takes back grants never started, newest first, down to it (they wait
+        again; see ``override.lua``). Setting the same again changes nothing."""
         args = [_override_value(value) for value in (limit, interval_ms)]
         # Listed first, in a call of its own, so that every overridden key is listed.
         self.client.sadd(OVERRIDDEN_KEYS, key)
@@ -105,7 +106,12 @@ class OperatorCalls(InspectCalls):
             if self._overridden(key):  # another operator's set came between: listed again
                 self.client.sadd(OVERRIDDEN_KEYS, key)
         logger.debug("overrides of key=%r: limit=%s interval_ms=%s", key, *args)
-        return grants(key, reply[1:])
+        withdrawn = [int(t) for t in reply[2 : 2 + int(reply[1])]]
+        messages = self.client.hmget(KeyNames(key).messages, withdrawn) if withdrawn else []
+        return Overridden(
+            grants(key, reply[2 + len(withdrawn) :]),
+            [(t, stored_task_id(m)) for t, m in zip(withdrawn, messages, strict=True)],
+        )
 
     def _overridden(self, key: str) -> bool:
         """Whether ``key`` has an operator's limit or rate (one read of its meta)."""

@@ -223,6 +223,16 @@ class Holder:
 
 
 @dataclass(frozen=True)
+class Overridden:
+    """What setting a key's overrides changed (``Gate.set_overrides``)."""
+
+    #: Tickets a raised limit granted: publish those not pushed.
+    granted: list[Grant]
+    #: Tickets a lowered limit took back, never started: they wait again, with their task ids.
+    withdrawn: list[tuple[int, str | None]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class KeySnapshot:
     """One key's state in the gate, as :meth:`Gate.inspect` read it (one round trip, not atomic)."""
 

@@ -19,7 +19,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpR
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 from django.utils.translation import gettext_lazy as _
 from django.views.decorators.http import require_POST
@@ -136,8 +136,15 @@ class KeyedTaskAdmin(admin.ModelAdmin):
 
     @admin.display(description=_("superseded by"))
     def superseded_by_link(self, task: KeyedTask) -> str:
-        """The task of a coalescing key whose submission replaced this one while it waited."""
-        return _task_link(task.superseded_by) if task.superseded_by else NOTHING
+        """The task of a coalescing key whose submission replaced this one while it waited, and those that replaced
+        it in turn: the last is the one that runs."""
+        if not task.superseded_by:
+            return NOTHING
+        *between, runs = KeyedTask.objects.superseded_chain(task.superseded_by)
+        if not between:
+            return _task_link(runs)
+        chain = format_html_join(" → ", "{}", ((_task_link(t),) for t in between))
+        return format_html("{} (the one that runs; replaced in turn: {})", _task_link(runs), chain)
 
     enqueued = _at("enqueued_at", _("enqueued at"))
     due = _at("due_at", _("due at"))

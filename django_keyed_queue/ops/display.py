@@ -50,3 +50,37 @@ def epoch_ms(value: datetime | None) -> int | None:
 def from_epoch(seconds: float | None) -> datetime | None:
     """A moment the gate gives as seconds since the epoch (Redis' clock)."""
     return None if seconds is None else datetime.fromtimestamp(seconds, UTC)
+
+
+#: What a task is or did, by its status, as a sentence about it says it ("it was cancelled").
+_DID = {
+    "waiting": "waits",
+    "dispatched": "is dispatched",
+    "running": "is running",
+    "retrying": "is retrying",
+    "succeeded": "succeeded",
+    "failed": "failed",
+    "cancelled": "was cancelled",
+    "ignored": "was ignored",
+    "rejected": "was rejected",
+    "superseded": "was superseded",
+}
+
+
+def did(status: str) -> str:
+    """``status`` as the verb of a sentence about the task: "succeeded", "was cancelled", "is running"."""
+    return _DID.get(status, f"is {status}")
+
+
+def last_line(error: str) -> str:
+    """The line of an error that names it (a traceback's last), for a summary; "" for none."""
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def rate_said(interval_ms: int) -> str:
+    """The least ms between two starts as the rate an operator types: "2/h", "30/m", "5/s"."""
+    for unit, ms in (("s", 1000), ("m", 60_000), ("h", 3_600_000)):
+        if interval_ms <= ms or unit == "h":
+            return f"{ms / interval_ms:g}/{unit}"
+    raise AssertionError("unreachable")

@@ -10,17 +10,27 @@ for its place in the queue).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from celery import current_app
 from django.utils import timezone
 
+from ..conf import settings
+from ..exceptions import MessageRefused
 from ..gate import Holder, KeySnapshot
+from ..messaging.message import TaskMessage
 from ..process.state import get_gate
 from ..records.models import KeyedTask
 from ..records.statuses import TERMINAL_STATUSES, Status
-from .display import at, from_epoch, since, took
+from ..worker.attempt_errors import lost_process
+from .display import at, did, from_epoch, last_line, rate_said, since, took
 from .recovery import latest_row, registered_task
+from .workers import unconsumed
+
+#: How much later than its renewal period a run's heartbeat may come before the run is told as silent:
+#: a renewal's record is written within a flush, and a loaded host is late.
+RENEWAL_SLACK_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -32,6 +42,8 @@ class Holding:
     task: KeyedTask | None  # None while its record is not written
     #: Since when it holds: its start when running, else its dispatch (or its submission).
     since: datetime | None
+    #: The slot as the gate has it.
+    slot: Holder | None = None
 
     @property
     def held_for(self) -> str | None:
@@ -45,7 +57,9 @@ class Holding:
         worker = self.task.worker if self.task and self.task.worker else ""
         held = f" for {since(self.since)}" if self.since else ""
         if self.state == "running":
-            return f"{self.name} (#{self.ticket}) holds the key: running{held}{f' on {worker}' if worker else ''}"
+            dead = _dead_run(self.task, self) if self.task else []
+            running = f"{self.name} (#{self.ticket}) holds the key: running{held}{f' on {worker}' if worker else ''}"
+            return f"{running}; {dead[0]}" if dead else running
         if self.state == "blocked":
             return (
                 f"{self.name} (#{self.ticket}) failed and blocks the key (on_failure='block'): nothing more of it "
@@ -142,7 +156,11 @@ def explain_row(task: KeyedTask) -> Explanation:
         own_slot=own_slot,
     )  # fmt: skip
     if task.status in TERMINAL_STATUSES:  # its ticket's slot is its own only if it blocks the key
-        return replace(_ended(task), own_slot=key_state.own_slot if own and own.state == "blocked" else None)
+        ended = _ended(task)
+        if own is None or own.state != "blocked":
+            return ended
+        blocks = "it blocks its key (on_failure='block'): nothing more of the key runs until it is retried or cancelled"
+        return replace(ended, state="failed, blocking its key", reasons=[blocks, *ended.reasons], own_slot=own_slot)
     if own is not None:
         return _holding(key_state, own, snapshot)
     ahead = gate.waiting_ahead(task.key, task.ticket, task.task_id)
@@ -165,31 +183,89 @@ def explain_row(task: KeyedTask) -> Explanation:
 
 
 def _holding(key_state: Explanation, own: Holding, snapshot: KeySnapshot) -> Explanation:
-    """The task holds a slot of its key: granted and not started, running, or failed and blocking it."""
+    """The task holds a slot of its key: granted and not started, running, or failed and blocking it.
+    What holds it most is said first: a dead run, a recovery, a time it may not start before."""
     task = key_state.task
     if own.state == "blocked":
         why = "it failed and blocks its key (on_failure='block'): retry or cancel it to let the key move on"
-        return replace(key_state, state="blocking its key", reasons=[why])
+        return replace(key_state, state="blocking its key", reasons=[why, *_error(task)])
     if own.state == "running":
         state = "retrying" if task.status == Status.RETRYING else "running"
         worker = f" on {task.worker}" if task.worker else ""
-        return replace(key_state, state=state, reasons=[f"it holds its key: {state} for {since(own.since)}{worker}"])
-    reasons = [f"it holds its key: dispatched {since(own.since)} ago, waiting for a worker to start it"]
+        held = f"it holds its key: {state} for {since(own.since)}{worker}"
+        return replace(key_state, state=state, reasons=[*_dead_run(task, own), held])
+    reasons = _recovered(task)
     registered = registered_task(None, task.task_name)
     interval_ms = snapshot.interval_override_ms or getattr(registered, "serial_interval_ms", 0)
-    debounce_ms = getattr(registered, "serial_debounce_ms", 0)
-    if debounce_ms and task.status == Status.DISPATCHED and task.dispatched_at is not None:
-        starts = task.dispatched_at + timedelta(milliseconds=debounce_ms)
-        reasons.append(f"debounced: it starts at {at(starts)} unless a newer submission of its task replaces it")
+    now = timezone.now()
     next_slot = None
     if interval_ms and snapshot.since_last_start is not None:
         next_slot = max(interval_ms / 1000 - snapshot.since_last_start, 0.0)
         if next_slot > 0:
             by = " (an operator's, over its task's)" if snapshot.interval_override_ms else ""
-            reasons.append(f"its key's rate{by} lets the next task start in {took(next_slot)}")
+            reasons.append(
+                f"it starts at {at(now + timedelta(seconds=next_slot))}, in {took(next_slot)}: its key's rate{by} "
+                f"is {rate_said(interval_ms)}"
+            )
+    eta = _eta(task)
+    if getattr(registered, "serial_debounce_ms", 0) and eta is not None and eta > now:
+        reasons.append(
+            f"it starts at {at(eta)}, in {took(eta - now)}: it is debounced, and a newer submission of its task "
+            "replaces it until then"
+        )
     if task.status == Status.RETRYING:
         reasons.append("its retry's countdown runs: it keeps its key until then")
+    waits_for_time = len(reasons) > len(_recovered(task))
+    if not waits_for_time:
+        reasons += unconsumed(task, own.since)
+    waits = "not started by a worker yet" if waits_for_time else "waiting for a worker to start it"
+    reasons.append(f"it holds its key: dispatched {since(own.since)} ago, {waits}")
     return replace(key_state, state="dispatched", reasons=reasons, next_slot_in=next_slot)
+
+
+def _dead_run(task: KeyedTask, own: Holding) -> list[str]:
+    """A running holder that is no longer running, first: Celery reported its process lost, or its worker
+    stopped renewing its lease. It keeps its key until the lease ends (a run is never assumed dead)."""
+    assert own.slot is not None
+    ends = own.slot.deadline_in
+    then = (f"it is dispatched again at its lease's end, in {took(ends)}" if ends > 0
+            else f"its lease ended {took(-ends)} ago: the reaper dispatches it again at its next pass")  # fmt: skip
+    if task.error.startswith(lost_process(own.slot.dispatch)):
+        return [f"Celery reported its worker process lost: {last_line(task.error)}; {then}"]
+    beat = task.heartbeat_at or task.started_at
+    silent = (timezone.now() - beat).total_seconds() if beat else 0.0
+    if silent > 2 * settings.LEASE_SECONDS / 3 + RENEWAL_SLACK_SECONDS:
+        worker = f"its worker {task.worker}" if task.worker else "its worker"
+        every = took(settings.LEASE_SECONDS / 3)
+        return [f"{worker} has not renewed its lease for {took(silent)} (it renews every {every}): it may have "
+                f"stopped or died; unless it renews, {then}"]  # fmt: skip
+    return []
+
+
+def _recovered(task: KeyedTask) -> list[str]:
+    """What a recovery or an operator did to a dispatched task, first: why it runs again."""
+    if task.status != Status.DISPATCHED or not task.error or not task.attempts:
+        return []
+    return [f"{task.error} ({since(task.dispatched_at)} ago)" if task.dispatched_at else task.error]
+
+
+def _error(task: KeyedTask) -> list[str]:
+    """The error's last line, as a summary says it; nothing if it has none."""
+    line = last_line(task.error)
+    return [f"error: {line}"] if line else []
+
+
+def _eta(task: KeyedTask) -> datetime | None:
+    """When the message the task was sent with may start (Celery's ``eta``), read as the app accepts it."""
+    try:
+        message = TaskMessage.decode(task.message.encode(), current_app.conf.accept_content)
+        eta = (message.sent or {}).get("headers", {}).get("eta")
+        moment = datetime.fromisoformat(eta) if isinstance(eta, str) else None
+    except (MessageRefused, ValueError, AttributeError):
+        return None
+    if moment is not None and timezone.is_naive(moment):
+        moment = timezone.make_aware(moment, UTC)
+    return moment
 
 
 def _limit(snapshot: KeySnapshot, task: KeyedTask) -> str:
@@ -207,7 +283,9 @@ def _holdings(snapshot: KeySnapshot) -> list[Holding]:
         row = tasks.get((snapshot.key, ticket))
         started = row.started_at if row else None
         dispatched = (row.dispatched_at or row.due_at or row.enqueued_at) if row else None
-        holdings.append(Holding(ticket, holder.state, row, started if holder.state != "granted" else dispatched))
+        holdings.append(
+            Holding(ticket, holder.state, row, started if holder.state != "granted" else dispatched, holder)
+        )
     return holdings
 
 
@@ -224,9 +302,13 @@ def _due(task: KeyedTask) -> str:
 
 
 def _ended(task: KeyedTask) -> Explanation:
-    reasons = [f"it {task.status} at {at(task.finished_at)}" if task.finished_at else f"it {task.status}"]
+    reasons = [f"it {did(task.status)} at {at(task.finished_at)}" if task.finished_at else f"it {did(task.status)}"]
+    reasons += _error(task)
     if task.retried_as:
         reasons.append(f"an operator retried it as {task.retried_as}")
     if task.superseded_by:
-        reasons.append(f"a newer submission of its task, {task.superseded_by}, replaced it while it waited")
+        *between, runs = KeyedTask.objects.superseded_chain(task.superseded_by)
+        through = f" (through {', '.join(between)}, each replaced in turn)" if between else ""
+        reasons.append(f"a newer submission of its task replaced it while it waited: {runs} is the one that runs"
+                       f"{through}")  # fmt: skip
     return Explanation(task, task.status, reasons)

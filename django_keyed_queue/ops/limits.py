@@ -19,6 +19,8 @@ from ..gate.operator import Unchanged
 from ..keyed_task.decorators import rate_interval_ms
 from ..messaging.dispatch import Dispatched, publish_grants
 from ..process.state import current, get_gate
+from ..records import submissions
+from ..records.statuses import Status
 from . import recovery
 from .recovery import operator_key
 
@@ -36,7 +38,7 @@ DEFAULT_SAID = "of its tasks (default)"
 def set_key_limit(key: str, limit: int | None, *, by: str = "an operator", app: Celery | None = None) -> Dispatched:
     """At most ``limit`` tasks of ``key`` run at once, whatever their tasks' ``limit`` (None: their own
     again); a raised limit dispatches the key's waiting tasks up to it now. Repeating it changes nothing."""
-    return _set(operator_key(key), _checked_limit(limit), UNCHANGED, by=by, app=app)
+    return _set(operator_key(key), _checked_limit(limit), UNCHANGED, by=by, app=app)[0]
 
 
 def set_key_rate(key: str, rate: str | None, *, by: str = "an operator") -> None:
@@ -58,22 +60,30 @@ def set_typed(key: str, limit: str, rate: str, *, by: str = "an operator") -> st
     interval = _checked_interval(None if rate == DEFAULT else rate) if rate else UNCHANGED
     if number is UNCHANGED and interval is UNCHANGED:
         return ""
-    done = _set(key, number, interval, by=by)
-    said = [f"limit {limit}; {done}"] if limit else []
+    done, withdrawn = _set(key, number, interval, by=by)
+    back = f", {withdrawn} granted but not started wait again" if withdrawn else ""
+    said = [f"limit {limit}; {done}{back}"] if limit else []
     return ", ".join([*said, *([f"rate {rate}"] if rate else [])])
 
 
 def _set(
     key: str, limit: int | None | Unchanged, interval_ms: int | None | Unchanged, *, by: str, app: Celery | None = None
-) -> Dispatched:
-    """Set the key's overrides in one gate call, publish what a raised limit granted, and log it."""
-    done = publish_grants(app or current_app, get_gate().set_overrides(key, limit=limit, interval_ms=interval_ms))
+) -> tuple[Dispatched, int]:
+    """Set the key's overrides in one gate call, publish what a raised limit granted, record what a lowered
+    one took back, and log it."""
+    gate = get_gate()
+    overridden = gate.set_overrides(key, limit=limit, interval_ms=interval_ms)
+    done = publish_grants(app or current_app, overridden.granted)
     current().recorder.flush()
+    back = f"its grant taken back by {by}'s lower limit {limit}: it waits again, its message is dropped if it arrives"
+    for ticket, task_id in overridden.withdrawn:
+        submissions.settle(gate, task_id, key, ticket, Status.WAITING, dispatched_at=None, error=back)
     said = [f"limit {limit or DEFAULT_SAID}"] if limit is not UNCHANGED else []
     if interval_ms is not UNCHANGED:
         said.append(f"rate {f'one start every {interval_ms} ms' if interval_ms else DEFAULT_SAID}")
-    logger.info("keyed queue key %r: %s, set by %s; %s", key, ", ".join(said), by, done)
-    return done
+    logger.info("keyed queue key %r: %s, set by %s; %s; %d taken back", key, ", ".join(said), by, done,
+                len(overridden.withdrawn))  # fmt: skip
+    return done, len(overridden.withdrawn)
 
 
 def _checked_limit(limit: object) -> int | None:

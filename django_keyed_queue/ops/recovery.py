@@ -35,6 +35,7 @@ from ..records.idempotency import repoint
 from ..records.models import KeyedTask
 from ..records.statuses import Status
 from ..records.transitions import Transition
+from .display import did
 
 logger = logging.getLogger(__name__)
 
@@ -289,7 +290,7 @@ def cancel(task_id: str, *, by: str = "an operator", app: Celery | None = None) 
         return row
     if row.status not in (Status.WAITING, Status.DISPATCHED):
         raise ActionRefused(
-            f"task {task_id} is {row.status}: only a waiting or dispatched task, or a failed one that blocks "
+            f"task {task_id} {did(row.status)}: only a waiting or dispatched task, or a failed one that blocks "
             "its key, can be cancelled"
         )
     gate = get_gate()
@@ -390,7 +391,7 @@ def _refuse_retry(row: KeyedTask) -> None:
     if row.retried_as:
         raise ActionRefused(f"task {row.task_id} was retried already: it runs again as task {row.retried_as}")
     if row.status != Status.FAILED:
-        raise ActionRefused(f"task {row.task_id} is {row.status}: only a failed task can be retried")
+        raise ActionRefused(f"task {row.task_id} {did(row.status)}: only a failed task can be retried")
 
 
 def stored_message(row: KeyedTask, app) -> TaskMessage:

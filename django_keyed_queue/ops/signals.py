@@ -8,9 +8,11 @@ import signal
 from typing import Any
 
 from billiard.common import TERM_SIGNAME
+from billiard.exceptions import WorkerLostError
 from celery.platforms import signals as platform_signals
 from celery.signals import (
     beat_init,
+    task_failure,
     task_postrun,
     task_revoked,
     task_unknown,
@@ -33,6 +35,7 @@ from ..process.state import WorkerTraits, current, note_worker
 from ..records.statuses import Status
 from ..records.submissions import RecordWriter
 from ..worker import handoff, handoff_runs
+from ..worker.attempt_errors import note_lost_process
 from ..worker.reconnect import republish_after_reconnect, tolerate_lost_brpop_on_close
 from ..worker.run import end_killed_run
 from .reaper import WorkerReaper
@@ -112,6 +115,18 @@ def _end_revoked(
         logger.info("keyed task %s was dropped by Celery: %s", request.id, exc)
     except Exception:
         logger.exception("keyed task %s was dropped by Celery; its ticket is kept until the reaper acts", request.id)
+
+
+@task_failure.connect
+def _note_lost_process(sender=None, task_id: str = "", exception: BaseException | None = None, **_: object) -> None:
+    """Celery's worker reports a keyed task's pool process lost: its record says so at once. The run keeps
+    its key until its lease ends (a process of its own may outlive it), then the reaper dispatches it again."""
+    if not isinstance(sender, KeyedSerialTask) or not isinstance(exception, WorkerLostError):
+        return
+    try:
+        note_lost_process(task_id, getattr(sender.request, HEADER, None), exception)
+    except Exception:
+        logger.exception("keyed task %s: its lost process could not be noted on its record", task_id)
 
 
 @task_unknown.connect

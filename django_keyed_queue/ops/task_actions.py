@@ -18,7 +18,7 @@ from ..process.state import get_gate
 from ..records.models import KeyedTask
 from ..records.statuses import Status
 from . import recovery
-from .display import since
+from .display import did, since
 
 ACTIONS = ("retry", "cancel", "release")
 
@@ -83,7 +83,8 @@ def propose(action: str, task: KeyedTask) -> Proposal:
                 proposal.refusal = f"{refused}. Submit the task again from your code."
                 return proposal
             proposal.what = [
-                f"{name} is submitted again as a new task, with the same arguments, at the end of key {key!r}'s queue.",
+                f"{name} is submitted again as a new task, with the same arguments, at the end of the queue of key "
+                f"{key!r}.",
                 "This record stays as it is and says which task it was retried as.",
             ]
     elif action == "cancel":
@@ -91,7 +92,7 @@ def propose(action: str, task: KeyedTask) -> Proposal:
             proposal.what = [f"{name} failed and blocks key {key!r}: it is cancelled, and the key's next task runs."]
         else:
             proposal.what = [
-                f"{name} leaves key {key!r}'s queue and never runs; its record says you cancelled it.",
+                f"{name} leaves the queue of key {key!r} and never runs; its record says you cancelled it.",
                 "If a worker starts it first, the cancel is refused: release it then.",
             ]
     else:
@@ -143,11 +144,10 @@ def _not_now(action: str, task: KeyedTask, holder: Holder | None) -> str:
     if action == "retry":
         if task.retried_as:
             return f"it was retried already, as task {task.retried_as}"
-        return f"it is {task.status}: only a failed task can be retried"
+        return f"it {did(task.status)}: only a failed task can be retried"
     if action == "cancel":
         if holder is not None and holder.state == "running":
             return "it is running: release it instead"
-        return (
-            f"it is {task.status}: only a waiting or dispatched task, or a failed one that blocks its key, is cancelled"
-        )
+        only = "only a waiting or dispatched task, or a failed one that blocks its key, is cancelled"
+        return f"it {did(task.status)}: {only}"
     return "it holds no slot of its key now: it is not running or dispatched"

@@ -66,6 +66,17 @@ class KeyedTaskQuerySet(models.QuerySet["KeyedTask"]):
     def for_key(self, key: str) -> KeyedTaskQuerySet:
         return self.filter(key=key)
 
+    def superseded_chain(self, task_id: str, *, hops: int = 20) -> list[str]:
+        """``task_id`` and the tasks that replaced it in turn (coalescing), ending with the one not replaced:
+        the task that runs. At most ``hops`` replacements are followed (a loop written by anyone ends too)."""
+        chain = [task_id]
+        while len(chain) <= hops:
+            row = self.filter(task_id=chain[-1]).order_by("-id").values_list("superseded_by", flat=True).first()
+            if not row or row in chain:
+                break
+            chain.append(row)
+        return chain
+
     def holding(self, snapshots: Iterable[KeySnapshot]) -> dict[tuple[str, int], KeyedTask]:
         """The records of the tasks that hold the snapshots' slots, by key and ticket (one query).
 
@@ -184,6 +195,12 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
         """
         rows = self.filter(key=key, ticket=ticket)
         return self._settle(rows if task_id is None else rows.filter(task_id=task_id), status, fields)
+
+    def note_running(self, task_id: str, key: str, ticket: int, **fields: Any) -> int:
+        """Set ``fields`` of a submission's row while it is dispatched or running (a note on a run that
+        has not ended, such as its process lost); a row that moved on keeps its own. How many changed."""
+        rows = self.filter(task_id=task_id, key=key, ticket=ticket, status__in=(Status.DISPATCHED, Status.RUNNING))
+        return rows.using(self.db_for_write()).update(**fields)
 
     def settle_rows(self, pks: Iterable[int], status: str, **fields: Any) -> int:
         """``settle`` for rows an operator's action or a rebuild has in hand."""

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from django.utils import timezone
+
+from ..records.models import KeyedTask
+
 if TYPE_CHECKING:
     from celery.app.task import Context
 
@@ -38,3 +42,26 @@ def with_earlier(error: str, earlier: list[str]) -> str:
         return error
     shown = "\n\n".join(reversed(earlier))
     return f"{error}\n\nEarlier attempts:\n\n{shown}" if error else f"Earlier attempts:\n\n{shown}"
+
+
+#: How a run's record says Celery reported its pool process lost (``WorkerLostError``); the attempt is
+#: named by its dispatch. The run still holds its key until its lease ends.
+LOST_PROCESS = "its worker process was lost (dispatch {dispatch})"
+
+
+def lost_process(dispatch: int) -> str:
+    return LOST_PROCESS.format(dispatch=dispatch)
+
+
+def note_lost_process(task_id: str, header: object, exc: BaseException) -> bool:
+    """Celery's worker reported the process running ``task_id`` lost: say so on its record, while it still
+    runs (an operator then sees the run is dead, not running, until its lease ends). The attempt is the
+    one the message's ``header`` names; none named, nothing is written. Whether a record was changed."""
+    if not isinstance(header, dict):
+        return False
+    try:
+        key, ticket, dispatch = str(header["key"]), int(header["ticket"]), int(header["dispatch"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    note = f"{lost_process(dispatch)} at {timezone.now().isoformat(timespec='milliseconds')}: {exc!r}"
+    return KeyedTask.objects.note_running(task_id, key, ticket, error=note[:ERROR_CHARS]) > 0

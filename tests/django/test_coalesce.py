@@ -200,7 +200,8 @@ def test_the_explanation_of_a_debounced_grant_says_when_it_starts(gate_redis, br
     explained = explain(latest.id)
 
     assert explained.state == "dispatched"
-    assert any(r.startswith("debounced: it starts at ") for r in explained.reasons), explained.reasons
+    first = explained.reasons[0]
+    assert first.startswith("it starts at ") and "it is debounced" in first, explained.reasons
 
 
 def test_a_row_written_while_its_ticket_is_replaced_still_ends_superseded(gate_redis, broker):
@@ -220,3 +221,19 @@ def test_a_row_written_while_its_ticket_is_replaced_still_ends_superseded(gate_r
 
     row = KeyedTask.objects.get(task_id=replaced.id)
     assert (row.status, row.superseded_by) == ("superseded", replacement.id)
+
+
+def test_a_superseded_task_names_the_one_that_runs_and_the_chain_between(gate_redis, broker, admin_client):
+    from django.urls import reverse
+
+    latest_step.apply_async(("c", 0), queue=QUEUE)  # holds the key: the rest wait and replace each other
+    first, middle, last = (latest_step.apply_async(("c", n), queue=QUEUE) for n in (1, 2, 3))
+    write_submission_rows()
+
+    why = explain(first.id)
+    assert why.reasons[0].startswith("it was superseded at "), "said as a sentence"
+    assert f"{last.id} is the one that runs (through {middle.id}, each replaced in turn)" in why.reasons[-1]
+    page = admin_client.get(
+        reverse("admin:keyed_queue_keyedtask_change", args=[KeyedTask.objects.get(task_id=first.id).pk])
+    ).content.decode()
+    assert page.index(f">{last.id}</a> (the one that runs; replaced in turn: ") < page.index(f">{middle.id}</a>")

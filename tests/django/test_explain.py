@@ -39,8 +39,9 @@ def start_as_a_worker(key: str, ticket: int, task_id: str, worker: str = "celery
     """The gate's start, and the record its worker writes."""
     assert get_gate().start(key, ticket, 1, task_id=task_id).ok
     KeyedTask.objects.filter(task_id=task_id).update(
-        status="running", started_at=timezone.now() - timedelta(seconds=95), worker=worker, attempts=1
-    )
+        status="running", started_at=timezone.now() - timedelta(seconds=95), heartbeat_at=timezone.now(),
+        worker=worker, attempts=1,
+    )  # fmt: skip
 
 
 def test_a_task_behind_a_running_one_names_it_its_worker_and_its_place(gate_redis, broker):
@@ -75,7 +76,8 @@ def test_a_paused_key_says_who_paused_it_and_since_when(gate_redis, broker):
     call_command("keyed_queue_resume", "account:7", stdout=io.StringIO())
     resumed = explain(task_id)
     assert not resumed.paused and resumed.paused_by == "" and resumed.state == "dispatched"
-    assert resumed.reasons[0].startswith("it holds its key: dispatched ")
+    # Last: a grant dispatched over 10 s ago (a loaded machine) is first checked against the workers' queues.
+    assert resumed.reasons[-1].startswith("it holds its key: dispatched ")
 
 
 def test_a_task_behind_a_failed_task_that_blocks_its_key_names_that_task(gate_redis, broker):
@@ -89,7 +91,9 @@ def test_a_task_behind_a_failed_task_that_blocks_its_key_names_that_task(gate_re
     assert why.blocked_by is not None and why.blocked_by.task.task_id == failed
     assert why.reasons[0].startswith(f"testproject.demo.tasks.step[{failed}] (#1) failed and blocks the key")
     assert why.as_data()["blocked_by"]["task_id"] == failed
-    assert explain(failed).state == "failed", "its record says how it ended"
+    own = explain(failed)
+    assert own.state == "failed, blocking its key", "its record says how it ended, and that it blocks its key"
+    assert own.reasons[0].startswith("it blocks its key (on_failure='block')") and "error: boom" in own.reasons
 
 
 def test_a_delayed_task_says_when_it_is_due(gate_redis, broker):
@@ -135,5 +139,61 @@ def test_a_granted_task_of_a_paced_key_says_when_its_rate_lets_it_start(gate_red
 
     why = explain(second)
     assert why.state == "dispatched" and why.next_slot_in is not None and 55 < why.next_slot_in <= 60
-    assert why.reasons[1].startswith("its key's rate lets the next task start in ")
+    assert why.reasons[0].startswith("it starts at "), "the time it may start, first"
+    assert why.reasons[0].endswith(": its key's rate is 1/m")
+    assert why.reasons[-1].endswith("not started by a worker yet")
     assert why.as_data()["next_slot_in"] == why.next_slot_in
+
+
+def test_a_run_whose_worker_stopped_renewing_is_told_first_with_when_it_is_dispatched_again(gate_redis, broker):
+    first, second = submit("account:8", 1, 2)
+    start_as_a_worker("account:8", 1, first)
+    KeyedTask.objects.filter(task_id=first).update(heartbeat_at=timezone.now() - timedelta(seconds=80))
+
+    mine = explain(first)
+    assert mine.reasons[0].startswith("its worker celery@host-a has not renewed its lease for 1 min 20 s")
+    assert "it is dispatched again at its lease's end, in " in mine.reasons[0]
+    assert mine.reasons[1].startswith("it holds its key: running for 1 min 35 s")
+    behind = explain(second)
+    assert "has not renewed its lease" in behind.reasons[0], "the task waiting behind it is told too"
+
+
+def test_a_run_whose_process_celery_reported_lost_says_so_first(gate_redis, broker):
+    from billiard.exceptions import WorkerLostError
+
+    from django_keyed_queue.worker.attempt_errors import note_lost_process
+
+    [task_id] = submit("account:10", 1)
+    start_as_a_worker("account:10", 1, task_id)
+    lost = WorkerLostError("Worker exited prematurely: signal 9 (SIGKILL) Job: 3.")
+    assert not note_lost_process(task_id, {"key": "account:10", "ticket": 1}, lost), "no attempt named: nothing"
+    assert note_lost_process(task_id, {"key": "account:10", "ticket": 1, "dispatch": 1}, lost)
+
+    why = explain(task_id)
+    assert why.reasons[0].startswith("Celery reported its worker process lost: ")
+    assert "signal 9 (SIGKILL)" in why.reasons[0] and "dispatched again at its lease's end" in why.reasons[0]
+    assert KeyedTask.objects.get(task_id=task_id).status == "running", "the run keeps its key until its lease ends"
+
+
+def test_a_task_dispatched_again_by_a_recovery_leads_with_what_happened(gate_redis, broker):
+    [task_id] = submit("account:11", 1)
+    KeyedTask.objects.filter(task_id=task_id).update(
+        attempts=1, error="its worker was lost: the lease of attempt 1 expired; dispatched again"
+    )
+    why = explain(task_id)
+    assert why.reasons[0].startswith("its worker was lost: the lease of attempt 1 expired; dispatched again (")
+
+
+def test_a_granted_task_no_running_worker_consumes_says_so(gate_redis, broker):
+    from django.core.cache import cache
+
+    from django_keyed_queue.ops import workers
+
+    cache.delete(workers.CACHE_KEY)
+    [task_id] = submit("account:12", 1)
+    assert not any("inspect" in r for r in explain(task_id).reasons), "just dispatched: nothing asked"
+    KeyedTask.objects.filter(task_id=task_id).update(dispatched_at=timezone.now() - timedelta(seconds=30))
+
+    why = explain(task_id)
+    assert why.reasons[0].startswith("no worker answered Celery's inspect within 1 s"), why.reasons
+    assert f"its queue {QUEUE!r}" in why.reasons[0]

@@ -58,8 +58,9 @@ def test_back_to_the_tasks_own_limit_after_default(gate_redis, broker):
     set_key_limit("a", None)
 
     gate = get_gate()
+    assert list(gate.inspect("a").holders) == [1], "one at a time again: the second, never started, waits again"
     first = gate.start("a", 1, 1)
-    assert gate.finish("a", 1, first.token, limit=1).granted == [], "one at a time again: the second holds it"
+    assert [g.ticket for g in gate.finish("a", 1, first.token, limit=1).granted] == [2]
     assert get_gate().inspect("a").limit_override is None and not gate_redis.sismember(OVERRIDDEN_KEYS, "a")
 
 
@@ -163,7 +164,7 @@ def test_the_live_keys_page_sets_shows_and_resets_a_keys_limit_and_rate(gate_red
     assert (state.limit_override, state.interval_override_ms) == (None, None)
     assert [e.change_message for e in LogEntry.objects.order_by("id")] == [
         "Key 'a': limit 3; 2 dispatched, rate 10/s, set by lena",
-        "Key 'a': limit default; 0 dispatched, rate default, set by lena",
+        "Key 'a': limit default; 0 dispatched, 2 granted but not started wait again, rate default, set by lena",
     ]
 
 
@@ -197,3 +198,20 @@ def test_setting_a_keys_limit_needs_its_own_permission(gate_redis, broker, as_us
     assert get_gate().inspect("a").limit_override is None and not LogEntry.objects.exists()
     page = client.get(reverse("admin:keyed_queue_keys")).content.decode()
     assert 'value="limit"' not in page, "the form is not shown either"
+
+
+def test_a_lowered_limit_puts_back_the_tasks_granted_but_not_started(gate_redis, broker):
+    ids = submit("a", 6)
+    set_key_limit("a", 5)
+    write_submission_rows()
+    assert get_gate().start("a", 1, 1, task_id=ids[0]).ok
+
+    said = command("a", "1")
+
+    assert "4 granted but not started wait again" in said
+    state = get_gate().inspect("a")
+    assert list(state.holders) == [1] and state.waiting == [2, 3, 4, 5, 6]
+    rows = {t.task_id: t for t in KeyedTask.objects.filter(task_id__in=ids)}
+    assert [rows[i].status for i in ids[1:5]] == ["waiting"] * 4, "their records say they wait again"
+    assert all("lower limit 1" in rows[i].error and rows[i].dispatched_at is None for i in ids[1:5])
+    assert explain(ids[1]).reasons[-1] == "it is next in its key's queue"

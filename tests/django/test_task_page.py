@@ -70,7 +70,7 @@ def test_retry_from_the_task_page_says_what_it_does_then_does_it_once(gate_redis
     assert 'id="act-cancel"' not in page and 'id="act-release"' not in page
 
     confirm = client.get(act_url(failed, "retry")).content.decode()
-    assert "is submitted again as a new task, with the same arguments, at the end of key" in confirm
+    assert "is submitted again as a new task, with the same arguments, at the end of the queue of key" in confirm
     assert KeyedTask.objects.count() == 1, "nothing done by looking"
 
     done = client.post(act_url(failed, "retry"), follow=True)

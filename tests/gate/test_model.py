@@ -99,6 +99,19 @@ class ModelKey:
             granted.append(ticket)
         return granted
 
+    def withdraw_unstarted(self) -> list[int]:
+        """What ``override.lua`` does under a lowered limit: grants never started are taken back, newest
+        first, down to the limit, and wait again at the front of the queue in ticket order."""
+        unstarted = sorted(t for t, h in self.holders.items() if h.state == "granted" and h.attempts == 0)
+        excess = len(self.holders) - self.limit
+        withdrawn = sorted(unstarted[::-1][: max(excess, 0)])
+        for ticket in withdrawn:
+            del self.holders[ticket]
+        self.waiting = withdrawn + self.waiting
+        if withdrawn:  # granted again later, in order from there
+            self.last_new_grant = min(self.last_new_grant, withdrawn[0] - 1)
+        return withdrawn
+
     def end(self, ticket: int, how: str) -> None:
         assert ticket not in self.ended, f"ticket {ticket} of {self.name} ended twice ({self.ended[ticket]}, {how})"
         self.ended[ticket] = how
@@ -163,11 +176,13 @@ class GateModel(RuleBasedStateMachine):
             km.last_new_grant = ticket
 
     @staticmethod
-    def _started(km: ModelKey, ticket: int, token: int) -> None:
+    def _started(km: ModelKey, ticket: int, token: int, *, first: bool = True) -> None:
         assert token > km.last_token, "fencing tokens only grow"
         km.last_token = token
-        # G2: a ticket starts only once every ticket before it left the queue.
-        assert all(waiting > ticket for waiting in km.waiting), f"{km.name} started {ticket} before {km.waiting}"
+        # G2: a ticket first starts only once every ticket before it left the queue (a lowered limit may put
+        # back an older one that never started, behind a retry that keeps its place).
+        if first:
+            assert all(waiting > ticket for waiting in km.waiting), f"{km.name} started {ticket} before {km.waiting}"
 
     def _check_grants(self, km: ModelKey, grants, expected: list[int]) -> None:
         assert [(g.ticket, g.dispatch) for g in grants] == [(t, 1) for t in expected]
@@ -259,8 +274,10 @@ class GateModel(RuleBasedStateMachine):
         km = self.keys[policy.name]
         km.most_held = max(km.most_held, km.limit, len(km.holders))
         km.limit_override = limit
-        granted = self.gate.set_overrides(km.name, limit=limit)
-        self._check_grants(km, granted, km.grant_waiting())
+        withdrawn = km.withdraw_unstarted()
+        overridden = self.gate.set_overrides(km.name, limit=limit)
+        assert overridden.withdrawn == [(t, km.task_id(t)) for t in withdrawn]
+        self._check_grants(km, overridden.granted, km.grant_waiting())
 
     @rule(policies=st.lists(st.sampled_from(POLICIES), min_size=1, max_size=4), blocks=st.booleans())
     def submit_many(self, policies: list[KeyPolicy], blocks: bool) -> None:
@@ -284,7 +301,7 @@ class GateModel(RuleBasedStateMachine):
             km.name, ticket, holder.dispatch, max_lost=max_lost, block=km.blocks[ticket], task_id=km.task_id(ticket)
         )
         assert started.code is Code.OK and started.attempts == holder.attempts + 1
-        self._started(km, ticket, started.token)
+        self._started(km, ticket, started.token, first=holder.attempts == 0)
         holder.state, holder.token, holder.attempts = "running", started.token, started.attempts
         holder.max_lost, holder.blocks = max_lost, km.blocks[ticket]
 
@@ -495,9 +512,11 @@ class GateModel(RuleBasedStateMachine):
             if len(seen.holders) <= km.limit:
                 km.most_held = 0
             assert len(seen.holders) <= max(km.limit, km.most_held)
-            # G2: the queue is in ticket order and behind every holder (a retried holder kept its place).
+            # G2: the queue is in ticket order and behind every holder that never started (a retried holder
+            # kept its place; a lowered limit puts grants never started back before the queue).
             assert seen.waiting == sorted(seen.waiting)
-            assert not seen.holders or not seen.waiting or max(seen.holders) < min(seen.waiting)
+            unstarted = [t for t, h in seen.holders.items() if h.attempts == 0]
+            assert not unstarted or not seen.waiting or max(unstarted) < min(seen.waiting)
             # G6: every ticket taken is waiting, holding a slot or ended, exactly one of them; ended ones
             # left no message behind (never resurrected).
             for ticket in range(1, seen.last_ticket + 1):

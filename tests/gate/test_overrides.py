@@ -19,7 +19,7 @@ def test_a_raised_limit_grants_the_waiting_tickets_at_once_and_another_key_keeps
     fill(gate, "k", 4)
     fill(gate, "other", 2)
 
-    granted = gate.set_overrides("k", limit=3)
+    granted = gate.set_overrides("k", limit=3).granted
 
     assert [g.ticket for g in granted] == [2, 3]
     state = gate.inspect("k")
@@ -32,29 +32,47 @@ def test_the_override_decides_every_later_grant_and_clearing_it_goes_back_to_the
     first, second, third = (gate.submit("k", b"m", limit=1) for _ in range(3))
     assert (first.granted, second.granted, third.granted) == (True, True, False)
 
-    assert gate.set_overrides("k", limit=None) == []
+    back = gate.set_overrides("k", limit=None)
+    assert back.granted == [] and [t for t, _ in back.withdrawn] == [second.ticket], "its own limit of 1 again"
     s1 = gate.start("k", first.ticket, 1)
     finished = gate.finish("k", first.ticket, s1.token, limit=1)
-    assert finished.granted == [], "the task's own limit of 1 again: the second still holds the key"
+    assert [g.ticket for g in finished.granted] == [second.ticket], "then the second, then the third"
     assert gate.inspect("k").limit_override is None
 
 
 def test_setting_the_same_override_again_changes_nothing(gate):
     fill(gate, "k", 3)
-    assert [g.ticket for g in gate.set_overrides("k", limit=2)] == [2]
-    assert gate.set_overrides("k", limit=2) == []
+    assert [g.ticket for g in gate.set_overrides("k", limit=2).granted] == [2]
+    assert gate.set_overrides("k", limit=2).granted == []
     assert sorted(gate.inspect("k").holders) == [1, 2]
 
 
 def test_a_lowered_limit_lets_the_running_ones_finish_and_grants_below_it(gate):
     tickets = fill(gate, "k", 3, limit=3)
-    gate.set_overrides("k", limit=1)
-    fill(gate, "k", 1, limit=3)
     runs = [gate.start("k", t, 1) for t in tickets]
+    assert gate.set_overrides("k", limit=1).withdrawn == [], "running tasks are never stopped"
+    fill(gate, "k", 1, limit=3)
 
     assert gate.finish("k", tickets[0], runs[0].token, limit=3).granted == []
     assert gate.finish("k", tickets[1], runs[1].token, limit=3).granted == []
     assert [g.ticket for g in gate.finish("k", tickets[2], runs[2].token, limit=3).granted] == [4]
+
+
+def test_a_lowered_limit_takes_back_grants_never_started_newest_first_and_they_wait_in_order(gate):
+    """5 granted, 1 started; the limit lowered to 1: the 4 not started wait again, first in the queue, and
+    a message of theirs that reaches a worker is dropped. A retried holder (started once) keeps its grant."""
+    tickets = [gate.submit("k", f'{{"id": "t{i}"}}'.encode(), limit=5, task_id=f"t{i}").ticket for i in range(6)]
+    running = gate.start("k", tickets[0], 1)
+
+    overridden = gate.set_overrides("k", limit=1)
+
+    assert overridden.withdrawn == [(t, f"t{i}") for i, t in enumerate(tickets[1:5], start=1)]
+    state = gate.inspect("k")
+    assert list(state.holders) == [tickets[0]] and state.waiting == tickets[1:]
+    assert gate.start("k", tickets[1], 1).code is Code.NOT_GRANTED, "its published message starts nothing"
+    granted = gate.finish("k", tickets[0], running.token, limit=5).granted
+    assert [g.ticket for g in granted] == [tickets[1]], "one at a time, in ticket order"
+    assert gate.set_overrides("k", limit=1).withdrawn == [], "repeated: nothing more"
 
 
 def test_an_override_outlives_the_keys_idle_period_and_is_listed_until_cleared(make_gate, gate_redis):

@@ -68,8 +68,8 @@ def test_refused_actions_change_nothing_and_a_cancelled_failure_lets_the_key_mov
     accepted, failing = blocked_ledger(project)
     done = next(a for a in accepted if (a["key"], a["n"]) == ("acct:0", 0))
     refusals = {
-        ("keyed_queue_retry", done["id"]): f"task {done['id']} is succeeded: only a failed task can be retried",
-        ("keyed_queue_cancel", done["id"]): f"task {done['id']} is succeeded: only a waiting or dispatched task",
+        ("keyed_queue_retry", done["id"]): f"task {done['id']} succeeded: only a failed task can be retried",
+        ("keyed_queue_cancel", done["id"]): f"task {done['id']} succeeded: only a waiting or dispatched task",
         ("keyed_queue_release", "acct:0"): "ticket 2 of key 'acct:0' failed and blocks its key: retry or cancel",
         ("keyed_queue_retry", "no-such-id"): "no keyed task has the id 'no-such-id'",
         ("keyed_queue_release", "acct:1"): "key 'acct:1' has no holder to release",

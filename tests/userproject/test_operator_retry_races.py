@@ -44,7 +44,7 @@ def test_a_fast_failure_is_retried_once_however_often_and_however_racing_the_ope
     won = [done for done in racing if done.returncode == 0]
     assert len(won) == 1, [(d.returncode, d.stdout, d.stderr) for d in racing]
     new_id = won[0].stdout.split(" as task ")[1].split()[0]
-    assert won[0].stdout == f"retried task {failed} as task {new_id} at the end of key 'acct:r''s queue\n"
+    assert won[0].stdout == f"retried task {failed} as task {new_id} at the end of the queue of key 'acct:r'\n"
     later = project.manage("keyed_queue_retry", failed, check=False)
     for refused in [d for d in racing if d.returncode != 0] + [later]:
         assert refused.returncode == 1 and refused.stdout == ""

@@ -1,7 +1,11 @@
 --[[
   Set or clear an operator's limit and rate for a key, over what its tasks give. They apply from
-  the next grant and start on; a raised limit grants the waiting tickets up to it at once. They
-  are kept in meta, which then does not expire (expire_if_idle), until cleared.
+  the next grant and start on; a raised limit grants the waiting tickets up to it at once, and a
+  lowered one takes back the grants of tickets that never started, newest first, down to it: they
+  wait again at the front of the queue, in ticket order (a published message of theirs that
+  reaches a worker is dropped: its ticket holds no slot). A ticket that started once (a retry, a
+  recovery) keeps its grant. They are kept in meta, which then does not expire (expire_if_idle),
+  until cleared.
 
   KEYS[1] meta      KEYS[2] queue      KEYS[3] messages      KEYS[4] holders
   KEYS[5] wires     HASH ticket -> its message's broker template (see common.lua's push_granted)
@@ -10,8 +14,9 @@
   ARGV[3] dispatch_timeout_ms
   ARGV[4] idle_horizon_ms
 
-  Returns {code, ticket1, dispatch1, message1, pushed1, ...}
-    code 0 OK          set; the listed tickets are now granted: those not pushed must be published
+  Returns {code, n, withdrawn1, ..., withdrawnN, ticket1, dispatch1, message1, pushed1, ...}
+    code 0 OK          set; the n withdrawn tickets wait again; the listed tickets are now granted:
+                       those not pushed must be published
 ]]
 --- @include "common"
 
@@ -24,8 +29,32 @@ for i, field in ipairs({'limit_override', 'interval_override'}) do
   end
 end
 local limit = tonumber(redis.call('HGET', meta_key, 'limit') or '1')
-local out = grant_waiting(meta_key, queue_key, messages_key, holders_key, KEYS[5], limit,
-  now_ms() + tonumber(ARGV[3]), {0})
+local held = redis.call('HGETALL', holders_key)
+local excess = #held / 2 - effective_limit(meta_key, limit)
+local unstarted = {}
+for i = 1, #held, 2 do
+  local holder = decode_holder(held[i + 1])
+  if holder.state == 'g' and holder.attempts == 0 then
+    unstarted[#unstarted + 1] = tonumber(held[i])
+  end
+end
+table.sort(unstarted)
+local withdrawn = {}
+for i = #unstarted, 1, -1 do
+  if excess <= 0 then
+    break
+  end
+  redis.call('HDEL', holders_key, unstarted[i])
+  redis.call('LPUSH', queue_key, unstarted[i])  -- the newest first: they end in ticket order
+  withdrawn[#withdrawn + 1] = unstarted[i]
+  excess = excess - 1
+end
+local out = {0, #withdrawn}
+for i = #withdrawn, 1, -1 do
+  out[#out + 1] = withdrawn[i]
+end
+out = grant_waiting(meta_key, queue_key, messages_key, holders_key, KEYS[5], limit,
+  now_ms() + tonumber(ARGV[3]), out)
 if redis.call('HLEN', holders_key) == 0 and redis.call('LLEN', queue_key) == 0
   and redis.call('HLEN', meta_key) == 0 then
   redis.call('DEL', meta_key)  -- a key that never had a task: nothing to keep

@@ -23,4 +23,4 @@ class Command(BaseCommand):
         if runs == task_id:
             self.stdout.write(f"retried task {task_id} first on key {key!r}: it runs again before the key's others")
         else:
-            self.stdout.write(f"retried task {task_id} as task {runs} at the end of key {key!r}'s queue")
+            self.stdout.write(f"retried task {task_id} as task {runs} at the end of the queue of key {key!r}")
