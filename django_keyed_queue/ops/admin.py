@@ -32,6 +32,7 @@ from .changelist import CursorChangeList, TaskNameFilter
 from .display import at, epoch_ms, took
 from .explain import explain_row
 from .live import live_keys
+from .query_string import BadQueryValue, bad_query_value, bad_request
 from .timeline import key_timeline
 
 if TYPE_CHECKING:
@@ -86,8 +87,17 @@ def _task_link(task_id: str) -> str:
     return format_html('<a href="{}">{}</a>', reverse("admin:keyed_queue_keyedtask_change", args=[row.pk]), task_id)
 
 
+class _PagesOfOurs(admin.ModelAdmin):
+    """What every admin of ours does alike."""
+
+    def get_object(self, request, object_id, from_field=None):
+        # Django reads ``?_to_field=`` (empty) on a change or delete page as a field named "" (FieldDoesNotExist,
+        # a 500): it names no field, so the primary key.
+        return super().get_object(request, object_id, from_field or None)
+
+
 @admin.register(KeyedTask)
-class KeyedTaskAdmin(admin.ModelAdmin):
+class KeyedTaskAdmin(_PagesOfOurs):
     list_display = ("short_id", "task_name", "key", "ticket", "status", "attempts", "enqueued_at_s", "waited", "ran")
     list_filter = ("status", TaskNameFilter)
     search_fields = ("=key", "=task_id")
@@ -312,7 +322,10 @@ class KeyedTaskAdmin(admin.ModelAdmin):
             # Django would answer 200 "No action selected": a forced POST is told it is not allowed.
             return self._refused(request, f"run the action {action!r}")
         extra = {"live_keys_url": reverse("admin:keyed_queue_keys"), **(extra_context or {})}
-        return super().changelist_view(request, extra)
+        try:
+            return super().changelist_view(request, extra)
+        except BadQueryValue as bad:  # a filter's value no database can compare (the change list checks)
+            return bad_request(bad)
 
     def _refused(self, request, what: str) -> HttpResponse:
         """403, saying what the user may not do (Django's own 403 page says nothing)."""
@@ -370,6 +383,9 @@ class KeyedTaskAdmin(admin.ModelAdmin):
         if not self.has_view_permission(request):
             return self._refused(request, "view keyed tasks")
         key = request.GET.get("key") or None
+        problem = key and bad_query_value("key", key)
+        if problem:
+            return bad_request(problem)
         try:
             states, more = live_keys(key=key)
         except redis.RedisError as exc:
@@ -412,7 +428,7 @@ class KeyedTaskAdmin(admin.ModelAdmin):
 
 
 @admin.register(LiveKey)
-class LiveKeyAdmin(admin.ModelAdmin):
+class LiveKeyAdmin(_PagesOfOurs):
     """The live keys page's entry on the admin's home page: its list is that page."""
 
     def has_view_permission(self, request, obj=None) -> bool:
@@ -432,7 +448,7 @@ class LiveKeyAdmin(admin.ModelAdmin):
 
 
 @admin.register(IdempotencyKey)
-class IdempotencyKeyAdmin(admin.ModelAdmin):
+class IdempotencyKeyAdmin(_PagesOfOurs):
     """Which task a duplicate submission resolves to. The fingerprint and the arguments' digest are
     not shown: small arguments (an amount) could be guessed from them offline."""
 

@@ -16,6 +16,7 @@ from django.utils.translation import gettext_lazy as _
 
 from ..gate import MAX_KEY_LENGTH
 from ..records.columns import TASK_ID_MAX_LENGTH, TASK_NAME_MAX_LENGTH
+from .query_string import check_lookups
 
 #: ``?cursor=<id>``: the page of rows older than that id (the "Older" link).
 CURSOR_VAR = "cursor"
@@ -249,6 +250,13 @@ class CursorChangeList(ChangeList):
     @filter_params.setter
     def filter_params(self, value: dict) -> None:
         self._filter_params = {k: v for k, v in value.items() if k not in _DROPPED}
+
+    def get_filters_params(self, params=None):
+        # The query string's lookups, which both the filters and ``lookup_allowed`` read: none with a
+        # value no database can compare (``BadQueryValue``, answered 400).
+        lookups = super().get_filters_params(params)
+        check_lookups(lookups)
+        return lookups
 
     def get_queryset(self, request, exclude_parameters=None):
         # Django's search ORs a case-insensitive match over the search fields: UPPER(key) = UPPER(%s)
