@@ -32,6 +32,7 @@ from .changelist import CursorChangeList, TaskNameFilter
 from .display import at, epoch_ms, took
 from .explain import explain_row
 from .live import live_keys
+from .permissions import may_view_tasks
 from .timeline import key_timeline
 
 if TYPE_CHECKING:
@@ -147,6 +148,9 @@ class KeyedTaskAdmin(admin.ModelAdmin):
     finished = _at("finished_at", _("finished at"))
     show_full_result_count = False
     actions = ["cancel_tasks", "retry_tasks", "release_holders", "pause_keys", "resume_keys"]
+
+    def has_view_permission(self, request, obj=None) -> bool:
+        return may_view_tasks(request.user)  # the live keys page and the metrics ask the same
 
     def has_add_permission(self, request) -> bool:
         return False
@@ -404,7 +408,7 @@ class LiveKeyAdmin(admin.ModelAdmin):
     """The live keys page's entry on the admin's home page: its list is that page."""
 
     def has_view_permission(self, request, obj=None) -> bool:
-        return request.user.has_perm(f"{KeyedTask._meta.app_label}.view_keyedtask")
+        return may_view_tasks(request.user)
 
     def has_add_permission(self, request) -> bool:
         return False
