@@ -65,8 +65,45 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
                 id="keyed_queue.E010",
             )
         )
+    problems += _metrics_token_problems()
     problems += _database_problems()
     return problems
+
+
+def _metrics_token_problems() -> list[CheckMessage]:
+    """A token that no request can send, or one a setting makes moot. Never says the token itself."""
+    token = settings.METRICS_TOKEN
+    if token is None:
+        return []
+    if not isinstance(token, str) or not token:
+        what = "an empty text" if isinstance(token, str) else f"a {type(token).__name__}"
+        return [
+            Error(
+                f"KEYED_QUEUE_METRICS_TOKEN must be None or a non-empty text, got {what}.",
+                hint='Make one with: python -c "import secrets; print(secrets.token_urlsafe(32))"',
+                id="keyed_queue.E011",
+            )
+        ]
+    if not all("!" <= c <= "~" for c in token):
+        return [
+            Error(
+                "KEYED_QUEUE_METRICS_TOKEN has a space, a control character or a character outside ASCII: "
+                "no Authorization header carries it as it is, so no scrape would match.",
+                hint="A token read from a file ends with its newline: strip it (Prometheus' credentials_file "
+                "strips its own).",
+                id="keyed_queue.E011",
+            )
+        ]
+    if settings.METRICS_PUBLIC:
+        return [
+            Warning(
+                "KEYED_QUEUE_METRICS_PUBLIC is True, so the metrics answer anyone: KEYED_QUEUE_METRICS_TOKEN "
+                "is never asked for.",
+                hint="Leave KEYED_QUEUE_METRICS_PUBLIC out to require the token (or a staff login).",
+                id="keyed_queue.W002",
+            )
+        ]
+    return []
 
 
 def _redis_problems() -> list[CheckMessage]:

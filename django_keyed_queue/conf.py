@@ -60,8 +60,12 @@ DEFAULTS: dict[str, Any] = {
     "SUBMIT_ON_COMMIT": False,
     # The health view answers anyone, not only staff (for a load balancer's probe).
     "HEALTH_PUBLIC": False,
-    # The metrics view answers anyone, not only staff (for a Prometheus server without a login).
+    # The metrics view answers anyone, with no login or token (for a Prometheus server on a private
+    # network); False: a logged-in staff user who may view keyed tasks, or METRICS_TOKEN.
     "METRICS_PUBLIC": False,
+    # A bearer token that lets a request read the metrics without a login, as Prometheus' scrape
+    # config sends it (`authorization: {credentials: ...}`); None: no token lets anyone in.
+    "METRICS_TOKEN": None,
     # The metrics also list this many keys whose oldest waiting task waited longest, each key a label
     # value (at most 50); 0: no key is ever a label.
     "METRICS_TOP_KEYS": 0,

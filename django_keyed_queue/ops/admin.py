@@ -32,6 +32,7 @@ from .changelist import CursorChangeList, TaskNameFilter
 from .display import at, epoch_ms, took
 from .explain import explain_row
 from .live import live_keys
+from .permissions import may_view_tasks
 from .query_string import BadQueryValue, bad_query_value, bad_request
 from .timeline import key_timeline
 
@@ -164,6 +165,9 @@ class KeyedTaskAdmin(_PagesOfOurs):
     finished = _at("finished_at", _("finished at"))
     show_full_result_count = False
     actions = ["cancel_tasks", "retry_tasks", "release_holders", "pause_keys", "resume_keys"]
+
+    def has_view_permission(self, request, obj=None) -> bool:
+        return may_view_tasks(request.user)  # the live keys page and the metrics ask the same
 
     def has_add_permission(self, request) -> bool:
         return False
@@ -432,7 +436,7 @@ class LiveKeyAdmin(_PagesOfOurs):
     """The live keys page's entry on the admin's home page: its list is that page."""
 
     def has_view_permission(self, request, obj=None) -> bool:
-        return request.user.has_perm(f"{KeyedTask._meta.app_label}.view_keyedtask")
+        return may_view_tasks(request.user)
 
     def has_add_permission(self, request) -> bool:
         return False

@@ -6,18 +6,24 @@ and a worker's restart loses nothing it had added. Gauges are read at each scrap
 records and the gate. Labels are the task's name, its key template and an outcome; a key's
 value is never one, unless ``KEYED_QUEUE_METRICS_TOP_KEYS`` asks for the few keys waiting longest.
 Every series is listed in docs/metrics.md.
+
+Who may read them: a logged-in staff user who may view keyed tasks (what the task list asks, which
+these keys and counts are a view of), a request with ``KEYED_QUEUE_METRICS_TOKEN`` as its bearer token
+(Prometheus' ``authorization`` scrape config), or anyone with ``KEYED_QUEUE_METRICS_PUBLIC``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
+from hmac import compare_digest
 
 from django.contrib.admin.views.decorators import staff_member_required
 from django.core.exceptions import ImproperlyConfigured
 from django.db.models import Count, Min
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
 
 try:
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -36,6 +42,7 @@ from ..records.manager import seconds_since
 from ..records.models import KeyedTask
 from ..records.statuses import Status
 from .live import stuck_after_seconds
+from .permissions import may_view_tasks
 
 logger = logging.getLogger(__name__)
 
@@ -61,11 +68,64 @@ WITH_OUTCOME = frozenset({"finished", "recovered", "run_seconds"})
 HOLDING = (Status.DISPATCHED, Status.RUNNING, Status.RETRYING)
 
 
+#: What a 401 asks for (RFC 6750): a bearer token, for the keyed queue's metrics.
+CHALLENGE = 'Bearer realm="keyed_queue metrics"'
+
+
 def metrics(request: HttpRequest) -> HttpResponse:
-    """Prometheus' text format. Staff only unless ``KEYED_QUEUE_METRICS_PUBLIC``."""
-    if not settings.METRICS_PUBLIC:
-        return staff_member_required(_scrape)(request)
-    return _scrape(request)
+    """Prometheus' text format, for a staff user who may view keyed tasks, a request with
+    ``KEYED_QUEUE_METRICS_TOKEN`` as its bearer token, or anyone with ``KEYED_QUEUE_METRICS_PUBLIC``.
+
+    A staff user without that permission gets 403. Anyone else gets 401 asking for the token when
+    one is set (a scraper is told, not sent to a login page), else the admin's login page.
+    """
+    if settings.METRICS_PUBLIC:
+        return _scrape(request)
+    token, offered = _token(), _bearer(request)
+    if token is not None and offered is not None and _same(offered, token):
+        return _scrape(request)
+    user = getattr(request, "user", None)  # a token alone needs no authentication middleware
+    if user is not None and user.is_active and user.is_staff:
+        if may_view_tasks(user):
+            return _scrape(request)
+        return HttpResponseForbidden(
+            "You may not view keyed tasks, nor their metrics.\n", content_type="text/plain; charset=utf-8"
+        )
+    if token is None:
+        return staff_member_required(_scrape)(request)  # to the admin's login page, as before there were tokens
+    refused = HttpResponse(
+        "The keyed queue's metrics need a bearer token (Authorization: Bearer <token>) or a staff login.\n",
+        status=401,
+        content_type="text/plain; charset=utf-8",
+    )
+    refused["WWW-Authenticate"] = CHALLENGE if offered is None else f'{CHALLENGE}, error="invalid_token"'
+    return refused
+
+
+def _token() -> bytes | None:
+    """``KEYED_QUEUE_METRICS_TOKEN`` as bytes; None when unset or not a token (a check reports it): an
+    empty setting must not let an empty ``Bearer`` in."""
+    token = settings.METRICS_TOKEN
+    return token.encode("utf-8", "surrogatepass") if isinstance(token, str) and token.strip() else None
+
+
+def _bearer(request: HttpRequest) -> bytes | None:
+    """The credentials of the request's ``Authorization: Bearer <credentials>``, as bytes; None without."""
+    header = request.META.get("HTTP_AUTHORIZATION", "")
+    scheme, _, credentials = header.strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    credentials = credentials.strip()
+    try:
+        return credentials.encode("latin-1")  # a server's header is its bytes as latin-1 (PEP 3333, ASGI)
+    except UnicodeEncodeError:
+        return credentials.encode("utf-8", "surrogatepass")  # text no server sends, but a test client can
+
+
+def _same(offered: bytes, token: bytes) -> bool:
+    """In constant time: both are hashed first and the digests compared, so its time tells nothing of
+    the token, neither its length nor how much of a guess matched."""
+    return compare_digest(hashlib.sha256(offered).digest(), hashlib.sha256(token).digest())
 
 
 def _scrape(request: HttpRequest) -> HttpResponse:

@@ -64,6 +64,13 @@ def as_user(client):
 
 @pytest.fixture
 def staff_client(client):
-    """A logged-in staff user with no permission of ours (the health and metrics views ask no more)."""
+    """A logged-in staff user with no permission of ours (the health view asks no more)."""
     client.force_login(User.objects.create_user("ops", is_staff=True))
+    return client
+
+
+@pytest.fixture
+def viewer_client(client):
+    """A logged-in staff user who may view keyed tasks: what the task list and the metrics ask."""
+    client.force_login(operator("viewer"))
     return client

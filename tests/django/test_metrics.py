@@ -1,5 +1,6 @@
 """The Prometheus metrics view: the deployment's totals from the gate's Redis, gauges from the records and
-the gate, labels that never carry a key, staff only, and fields that are not ours left out."""
+the gate, labels that never carry a key, and fields that are not ours left out (who may read them:
+test_metrics_access.py)."""
 
 import json
 import os
@@ -53,14 +54,14 @@ def value(samples, name, **labels) -> float:
     return matching[0]
 
 
-def test_submissions_waiting_tasks_and_a_paused_key_read_as_counted(staff_client, gate_redis, broker, fresh_totals):
+def test_submissions_waiting_tasks_and_a_paused_key_read_as_counted(viewer_client, gate_redis, broker, fresh_totals):
     get_gate().pause("held")
     for n in range(3):
         step.apply_async(("held", n), queue=QUEUE)
     for n in range(4):
         step.apply_async((f"free-{n}", n), queue=QUEUE)
     current().totals.flush()
-    samples = scrape(staff_client)
+    samples = scrape(viewer_client)
     labels = {"task": step.name, "key_template": "{key}"}
     assert value(samples, "keyed_queue_submitted_total", **labels) == 7
     assert value(samples, "keyed_queue_tasks_waiting", **labels) == 3
@@ -74,7 +75,7 @@ def test_submissions_waiting_tasks_and_a_paused_key_read_as_counted(staff_client
     assert not keys & label_values, "no label value is a key"
 
 
-def test_another_process_s_counts_are_in_this_process_s_scrape(staff_client, gate_redis, broker, fresh_totals):
+def test_another_process_s_counts_are_in_this_process_s_scrape(viewer_client, gate_redis, broker, fresh_totals):
     from django.conf import settings as django_settings
 
     gate = {"KEYED_QUEUE_REDIS_URL": django_settings.KEYED_QUEUE_REDIS_URL, "KEYED_QUEUE_REDIS_CLUSTER": ON_CLUSTER}
@@ -88,32 +89,26 @@ def test_another_process_s_counts_are_in_this_process_s_scrape(staff_client, gat
     environment = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
     # It exits at once: what it counted is added as it exits.
     subprocess.run([sys.executable, "-c", code], env=environment, check=True, timeout=60, capture_output=True)
-    assert value(scrape(staff_client), "keyed_queue_submitted_total", task=step.name) == 5
+    assert value(scrape(viewer_client), "keyed_queue_submitted_total", task=step.name) == 5
 
 
-def test_anonymous_users_are_sent_to_log_in_unless_it_is_public(client, gate_redis):
-    assert client.get(URL).status_code == 302
-    with override_settings(KEYED_QUEUE_METRICS_PUBLIC=True):
-        assert client.get(URL).status_code == 200
-
-
-def test_an_unreachable_redis_reads_gate_down_and_the_records_gauges_still_answer(staff_client):
+def test_an_unreachable_redis_reads_gate_down_and_the_records_gauges_still_answer(viewer_client):
     with override_settings(KEYED_QUEUE_REDIS_URL="redis://127.0.0.1:1/0"):
         current().reset_gate()
         try:
-            samples = scrape(staff_client)
+            samples = scrape(viewer_client)
         finally:
             current().reset_gate()
     assert value(samples, "keyed_queue_gate_up") == 0
     assert value(samples, "keyed_queue_keys_active") == 0
 
 
-def test_histograms_are_cumulative_with_their_sum_and_count(staff_client, gate_redis, fresh_totals):
+def test_histograms_are_cumulative_with_their_sum_and_count(viewer_client, gate_redis, fresh_totals):
     counted = current().totals
     for seconds in (0.001, 0.2, 0.2, 7.0, 99999.0):
         counted.observe("run_seconds", step, seconds, outcome="succeeded")
     counted.flush()
-    samples = scrape(staff_client)
+    samples = scrape(viewer_client)
     labels = {"task": step.name, "key_template": "{key}", "outcome": "succeeded"}
     assert value(samples, "keyed_queue_run_seconds_bucket", le="0.005", **labels) == 1
     assert value(samples, "keyed_queue_run_seconds_bucket", le="0.25", **labels) == 3
@@ -124,7 +119,7 @@ def test_histograms_are_cumulative_with_their_sum_and_count(staff_client, gate_r
     assert value(samples, "keyed_queue_run_seconds_sum", **labels) == pytest.approx(0.001 + 0.4 + 7.0 + 99999.0)
 
 
-def test_fields_that_are_not_ours_are_left_out_and_the_rest_is_served(staff_client, gate_redis, fresh_totals):
+def test_fields_that_are_not_ours_are_left_out_and_the_rest_is_served(viewer_client, gate_redis, fresh_totals):
     gate_redis.hset(
         TOTALS,
         mapping={
@@ -136,21 +131,21 @@ def test_fields_that_are_not_ours_are_left_out_and_the_rest_is_served(staff_clie
             totals.field("started", "ours"): 3,
         },
     )
-    samples = scrape(staff_client)
+    samples = scrape(viewer_client)
     assert value(samples, "keyed_queue_started_total", task="ours") == 3
     assert [labels for labels, _ in samples.get("keyed_queue_submitted_total", [])] == []
 
 
-def test_the_top_keys_gauge_is_opt_in_and_capped(staff_client, gate_redis, broker, fresh_totals):
+def test_the_top_keys_gauge_is_opt_in_and_capped(viewer_client, gate_redis, broker, fresh_totals):
     for n in range(3):
         step.apply_async(("busy", n), queue=QUEUE)
         step.apply_async(("other-busy", n), queue=QUEUE)
-    assert "keyed_queue_key_oldest_wait_seconds" not in scrape(staff_client)
+    assert "keyed_queue_key_oldest_wait_seconds" not in scrape(viewer_client)
     with override_settings(KEYED_QUEUE_METRICS_TOP_KEYS=1):
-        listed = scrape(staff_client)["keyed_queue_key_oldest_wait_seconds"]
+        listed = scrape(viewer_client)["keyed_queue_key_oldest_wait_seconds"]
     assert [labels["key"] for labels, _ in listed] == ["busy"], "the key waiting longest, and only one"
     with override_settings(KEYED_QUEUE_METRICS_TOP_KEYS=10**9):
-        assert len(scrape(staff_client)["keyed_queue_key_oldest_wait_seconds"]) == 2  # capped, not an error
+        assert len(scrape(viewer_client)["keyed_queue_key_oldest_wait_seconds"]) == 2  # capped, not an error
 
 
 task_names = st.text(st.characters(codec="utf-8"), max_size=300) | st.sampled_from(["", "\x00", "a\nb", '"}{\\'])
@@ -158,7 +153,7 @@ task_names = st.text(st.characters(codec="utf-8"), max_size=300) | st.sampled_fr
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(name=task_names, template=task_names, seconds=st.floats(min_value=-1e9, max_value=1e12))
-def test_any_task_name_and_template_make_the_scrape_that_names_them(staff_client, gate_redis, name, template, seconds):
+def test_any_task_name_and_template_make_the_scrape_that_names_them(viewer_client, gate_redis, name, template, seconds):
     gate_redis.delete(TOTALS, TOTALS_TEMPLATES)
     assert totals.parse_field(totals.field("finished", name, "failed")) == ("finished", name[:200], "failed", "")
     counted = totals.Totals(get_gate)
@@ -166,14 +161,14 @@ def test_any_task_name_and_template_make_the_scrape_that_names_them(staff_client
     counted.observe("wait_seconds", name, seconds)
     counted.flush()
     gate_redis.hset(TOTALS_TEMPLATES, name[:200], template)
-    samples = scrape(staff_client)
+    samples = scrape(viewer_client)
     assert value(samples, "keyed_queue_finished_total", task=name[:200], outcome="failed") == 2
     assert value(samples, "keyed_queue_finished_total", task=name[:200])  # one series
     assert value(samples, "keyed_queue_wait_seconds_count", task=name[:200], key_template=template) == 1
     assert value(samples, "keyed_queue_wait_seconds_sum", task=name[:200]) == pytest.approx(max(0.0, seconds))
 
 
-def test_the_docs_list_every_series_and_the_dashboard_reads_no_other(staff_client, gate_redis, broker, fresh_totals):
+def test_the_docs_list_every_series_and_the_dashboard_reads_no_other(viewer_client, gate_redis, broker, fresh_totals):
     counted = current().totals
     for series in totals.COUNTERS:
         counted.count(series, step, outcome="succeeded" if series in ("finished", "recovered") else "")
@@ -183,7 +178,7 @@ def test_the_docs_list_every_series_and_the_dashboard_reads_no_other(staff_clien
     step.apply_async(("busy", 0), queue=QUEUE)
     step.apply_async(("busy", 1), queue=QUEUE)
     with override_settings(KEYED_QUEUE_METRICS_TOP_KEYS=1):
-        response = staff_client.get(URL)
+        response = viewer_client.get(URL)
     served = {family.name for family in text_string_to_metric_families(response.content.decode())}
 
     page = (DOCS / "metrics.md").read_text()

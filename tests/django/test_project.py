@@ -57,3 +57,20 @@ def test_the_metrics_name_at_most_fifty_keys():
 
 def test_the_project_checks_clean():
     assert check_settings() == []
+
+
+def test_a_metrics_token_is_a_text_a_header_can_carry_and_the_checks_never_show_it():
+    for good in (None, "kq-0123456789abcdef", "a.b~c+d/e="):
+        with override_settings(KEYED_QUEUE_METRICS_TOKEN=good):
+            assert check_settings() == []
+    secret = "s3cret-token-value"
+    for bad in ("", b"s3cret-token-value", 12345, True, f"{secret}\n", f" {secret}", "s3cret token", "s3crét", "\x00"):
+        with override_settings(KEYED_QUEUE_METRICS_TOKEN=bad):
+            problems = check_settings()
+        assert [p.id for p in problems] == ["keyed_queue.E011"], bad
+        assert secret not in f"{problems[0].msg} {problems[0].hint}" and "s3cr" not in problems[0].msg
+
+
+def test_a_metrics_token_beside_public_metrics_is_a_warning():
+    with override_settings(KEYED_QUEUE_METRICS_TOKEN="kq-0123456789abcdef", KEYED_QUEUE_METRICS_PUBLIC=True):
+        assert [p.id for p in check_settings()] == ["keyed_queue.W002"]

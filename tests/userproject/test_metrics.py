@@ -1,4 +1,5 @@
-"""The metrics in a user's project: totals summed over every process, scraped from a process that ran none."""
+"""The metrics in a user's project: totals summed over every process, scraped from a process that ran none
+with the bearer token Prometheus sends (and refused without it)."""
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -8,10 +9,17 @@ from tests.waiting import wait_until
 
 pytestmark = pytest.mark.workers
 
-#: What a process that submitted nothing and ran nothing serves: the view mounted as docs/metrics.md says.
-SCRAPE = r"""
+#: The project's KEYED_QUEUE_METRICS_TOKEN.
+TOKEN = "kq-metrics-0f3b9a7c5e1d"
+
+#: What a process that submitted nothing and ran nothing serves: the view mounted as docs/metrics.md says,
+#: asked as Prometheus' ``authorization`` scrape config asks, and without it.
+SCRAPE = rf"""
 from django.test import Client
-response = Client(SERVER_NAME="localhost").get("/keyed-queue/metrics/")
+client = Client(SERVER_NAME="localhost")
+refused = client.get("/keyed-queue/metrics/")
+assert refused.status_code == 401 and refused["WWW-Authenticate"].startswith("Bearer"), refused.status_code
+response = client.get("/keyed-queue/metrics/", HTTP_AUTHORIZATION="Bearer {TOKEN}")
 assert response.status_code == 200, response.status_code
 print("# scrape\n" + response.content.decode())
 """
@@ -39,7 +47,7 @@ def total(samples, name, **labels) -> float:
 
 
 def test_fifty_run_and_three_parked_on_a_paused_key_read_as_such_from_a_process_that_ran_none(make_project):
-    project = make_project(KEYED_QUEUE_METRICS_PUBLIC=True)
+    project = make_project(KEYED_QUEUE_METRICS_TOKEN=TOKEN)
     with open(project.directory / "mysite" / "urls.py", "a") as urls:
         urls.write(MOUNTED)
     project.manage("keyed_queue_pause", "held:0")
