@@ -80,7 +80,7 @@ class OperatorCalls(InspectCalls):
         # Unlisted after, in a call of its own, so that a key is never unlisted while it is still paused.
         self.client.srem(PAUSED_KEYS, key)
         logger.debug("resume key=%r code=%s", key, Code(reply[0]).name)
-        return None if reply[0] == Code.NOT_PAUSED else grants(key, reply[1:])
+        return None if reply[0] == Code.NOT_PAUSED else grants(key, reply[1:], self.pushes.pushed)
 
     def set_overrides(self, key: str, *, limit: int | None | Unchanged = UNCHANGED,
                       interval_ms: int | None | Unchanged = UNCHANGED) -> list[Grant]:  # fmt: skip
@@ -101,7 +101,7 @@ class OperatorCalls(InspectCalls):
             if self._overridden(key):  # another operator's set came between: listed again
                 self.client.sadd(OVERRIDDEN_KEYS, key)
         logger.debug("overrides of key=%r: limit=%s interval_ms=%s", key, *args)
-        return grants(key, reply[1:])
+        return grants(key, reply[1:], self.pushes.pushed)
 
     def _overridden(self, key: str) -> bool:
         """Whether ``key`` has an operator's limit or rate (one read of its meta)."""
