@@ -10,7 +10,7 @@ goes through the transport that knows a cluster.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import redis
@@ -21,6 +21,7 @@ from redis.typing import EncodableT
 
 from .calls import ScriptCall
 from .keys import CLUSTER_INDEX_SHARDS, DEADLINE_INDEX, UNWRITTEN_INDEX, Index
+from .pushes import Pushes, username
 from .results import Grant
 from .scripts import SCRIPT_NAMES, seconds_to_ms, source
 from .transport import Command, Replication, transport_for
@@ -61,6 +62,8 @@ class GateBase:
         shards = CLUSTER_INDEX_SHARDS if isinstance(client, RedisCluster) else 1
         self.deadlines = Index(DEADLINE_INDEX, shards)
         self.unwritten_index = Index(UNWRITTEN_INDEX, shards)
+        #: Reads whether each grant's message was pushed, and tells a refused push (once per cause).
+        self.pushes = Pushes(username(client))
 
     def _call(self, call: ScriptCall) -> Any:
         """Run one script call; its reply."""
@@ -139,10 +142,12 @@ def index_commands(index: Index, keys: Iterable[str], score: int, *flags: str) -
     return [("ZADD", shard, *flags, *scored) for shard, scored in by_shard.items()]
 
 
-def grants(key: str, flat: list[Any]) -> list[Grant]:
-    """The tickets a script granted, from its reply's ticket, dispatch, message, pushed quadruples."""
+def grants(key: str, flat: list[Any], pushed: Callable[[Any], bool]) -> list[Grant]:
+    """The tickets a script granted, from its reply's ticket, dispatch, message, pushed quadruples
+    (``pushed``: the gate's ``pushes.pushed``, which reads the last)."""
     return [
-        Grant(key, int(flat[i]), int(flat[i + 1]), flat[i + 2], pushed=flat[i + 3] == 1) for i in range(0, len(flat), 4)
+        Grant(key, int(flat[i]), int(flat[i + 1]), flat[i + 2], pushed=pushed(flat[i + 3]))
+        for i in range(0, len(flat), 4)
     ]
 
 

@@ -80,7 +80,7 @@ class OperatorCalls(InspectCalls):
         # Unlisted after, in a call of its own, so that a key is never unlisted while it is still paused.
         self.client.srem(PAUSED_KEYS, key)
         logger.debug("resume key=%r code=%s", key, Code(reply[0]).name)
-        return None if reply[0] == Code.NOT_PAUSED else grants(key, reply[1:])
+        return None if reply[0] == Code.NOT_PAUSED else grants(key, reply[1:], self.pushes.pushed)
 
     def set_overrides(self, key: str, *, limit: int | None | Unchanged = UNCHANGED,
                       interval_ms: int | None | Unchanged = UNCHANGED) -> Overridden:  # fmt: skip
@@ -109,7 +109,7 @@ class OperatorCalls(InspectCalls):
         withdrawn = [int(t) for t in reply[2 : 2 + int(reply[1])]]
         messages = self.client.hmget(KeyNames(key).messages, withdrawn) if withdrawn else []
         return Overridden(
-            grants(key, reply[2 + len(withdrawn) :]),
+            grants(key, reply[2 + len(withdrawn) :], self.pushes.pushed),
             [(t, stored_task_id(m)) for t, m in zip(withdrawn, messages, strict=True)],
         )
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from . import calls
@@ -84,7 +85,7 @@ class ReaperCalls(GateBase):
         longest_gap = min(self.lease_ms, self.dispatch_timeout_ms)
         for (member, seen), reply in zip(due, replies, strict=True):
             next_deadline = int(reply[0])
-            recoveries += _recoveries(text(member), reply)
+            recoveries += _recoveries(text(member), reply, self.pushes.pushed)
             # Look again at the key's next deadline, and at least that often while it has holders.
             moves.append((text(member), seen, -1 if next_deadline < 0 else min(next_deadline, now_ms + longest_gap)))
         if not dry_run:
@@ -129,7 +130,7 @@ class ReaperCalls(GateBase):
         The ticket is among the recoveries only if it was released.
         """
         [reply] = self._pipelined([self._reap_call(key, release=ticket, released_dispatch=dispatch)], index=key)
-        return _recoveries(key, reply)
+        return _recoveries(key, reply, self.pushes.pushed)
 
     def _reap_call(
         self,
@@ -162,7 +163,7 @@ class ReaperCalls(GateBase):
             key, staged, last_ticket=last_ticket, limit=limit, dispatch_timeout_ms=self.dispatch_timeout_ms
         )
         reply = self._call_and_index(call, key)
-        return FinishResult(Code(reply[0]), grants(key, reply[1:]))
+        return FinishResult(Code(reply[0]), grants(key, reply[1:], self.pushes.pushed))
 
     def _index_range(self, max_score: int, *, num: int) -> list[bytes | str]:
         """The keys of the deadline index scored at most ``max_score``, earliest first; at most ``num``."""
@@ -183,8 +184,9 @@ class ReaperCalls(GateBase):
         return due if num is None else due[:num]
 
 
-def _recoveries(key: str, reply: list[Any]) -> list[Recovery]:
-    """``reap.lua``'s reply after its next deadline: action, ticket, dispatch, attempts, message, pushed, repeated."""
+def _recoveries(key: str, reply: list[Any], pushed: Callable[[Any], bool]) -> list[Recovery]:
+    """``reap.lua``'s reply after its next deadline: action, ticket, dispatch, attempts, message, pushed, repeated
+    (``pushed``: the gate's ``pushes.pushed``, which reads that field)."""
     flat = reply[1:]
     return [
         Recovery(
@@ -194,7 +196,7 @@ def _recoveries(key: str, reply: list[Any]) -> list[Recovery]:
             int(flat[i + 2]),
             int(flat[i + 3]),
             flat[i + 4],
-            pushed=flat[i + 5] == 1,
+            pushed=pushed(flat[i + 5]),
         )  # fmt: skip
         for i in range(0, len(flat), 6)
     ]

@@ -8,7 +8,7 @@ round trip (``unblock``, an operator's, says why it is not). Their arguments are
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -75,7 +75,7 @@ class TicketCalls(GateBase):
         if reply[0] == Code.DUPLICATE:
             logger.debug("submit key=%r join_id=%s duplicate", key, join_id)
             return None
-        result = _submit_result(key, reply)
+        result = _submit_result(key, reply, self.pushes.pushed)
         if isinstance(result, QueueFull):
             raise result
         return result
@@ -106,7 +106,7 @@ class TicketCalls(GateBase):
             return []
         recorded = [s.key for s in submissions if s.record or s.coalesce]
         replies = self._pipelined(batch, index=[s.key for s in submissions], also=self._index_unwritten(recorded))
-        return [_submit_result(s.key, reply) for s, reply in zip(submissions, replies, strict=True)]
+        return [_submit_result(s.key, reply, self.pushes.pushed) for s, reply in zip(submissions, replies, strict=True)]
 
     def _submit_call(
         self,
@@ -220,7 +220,7 @@ class TicketCalls(GateBase):
         [reply] = self._pipelined(
             [call], index=key, index_within_ms=within, also=[("SADD", BLOCKED_KEYS, key)] if block else ()
         )
-        granted = grants(key, reply[3:])
+        granted = grants(key, reply[3:], self.pushes.pushed)
         if granted and int(reply[1]):
             granted[0] = replace(granted[0], token=int(reply[1]), attempts=int(reply[2]))
         result = FinishResult(Code(reply[0]), granted)
@@ -300,7 +300,7 @@ class TicketCalls(GateBase):
         # A ticket blocked now is listed among blocked_keys() in the same round trip, as finish's.
         listed: list[Command] = [("SADD", BLOCKED_KEYS, key)] if failed_for_good else []
         [reply] = self._pipelined([call], index=key, also=listed)
-        result = FinishResult(Code(reply[0]), grants(key, reply[1:]))
+        result = FinishResult(Code(reply[0]), grants(key, reply[1:], self.pushes.pushed))
         logger.debug("cancel key=%r ticket=%s code=%s", key, ticket, result.code.name)
         return result
 
@@ -319,7 +319,7 @@ class TicketCalls(GateBase):
             idle_horizon_ms=self.idle_horizon_ms,
         )  # fmt: skip
         reply = self._call_and_index(call, key)
-        result = FinishResult(Code(reply[0]), grants(key, reply[1:]))
+        result = FinishResult(Code(reply[0]), grants(key, reply[1:], self.pushes.pushed))
         if result.code is Code.OK:
             self.client.srem(BLOCKED_KEYS, key)
         logger.debug("unblock key=%r ticket=%s retry=%s code=%s", key, ticket, retry, result.code.name)
@@ -349,13 +349,13 @@ class TicketCalls(GateBase):
         return outcome
 
 
-def _submit_result(key: str, reply: list[Any]) -> SubmitResult | QueueFull:
+def _submit_result(key: str, reply: list[Any], read_pushed: Callable[[Any], bool]) -> SubmitResult | QueueFull:
     code, ticket, token, _, pushed, *replaced = reply
     if code == Code.QUEUE_FULL:
         return QueueFull(key, int(ticket))
     superseded = (int(replaced[0]), text(replaced[1])) if replaced and int(replaced[0]) else None
     result = SubmitResult(
-        ticket=int(ticket), granted=code == Code.OK, token=int(token), pushed=pushed == 1, superseded=superseded
+        ticket=int(ticket), granted=code == Code.OK, token=int(token), pushed=read_pushed(pushed), superseded=superseded
     )
     logger.debug("submit key=%r ticket=%s granted=%s", key, result.ticket, result.granted)
     return result

@@ -26,6 +26,7 @@ import redis
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
+from ..gate.pushes import username
 from .message import HEADER
 
 if TYPE_CHECKING:
@@ -50,13 +51,31 @@ def same_server(gate_client: Any, connection: Any) -> bool:
     return broker == (gate.get("host"), gate.get("port"), gate.get("db"))
 
 
+def same_user(gate_client: Any, connection: Any) -> bool:
+    """Whether the gate connects as the Redis user kombu's ``connection`` connects as (no name:
+    Redis' ``default``)."""
+    return (username(gate_client) or "default") == (connection.userid or "default")
+
+
 def describe(gate_client: Any, connection: Any) -> str:
     """How grants reach the broker from a process whose broker connection is kombu's ``connection``,
-    for the log line a worker writes when it starts."""
-    if same_server(gate_client, connection):
+    for the log line a worker writes when it starts: only what it knows it does.
+
+    As two Redis users, the gate pushes only where its user's ACL lets it write the broker's
+    queues: the first push refused is logged at WARNING (``gate/pushes.py``), and from then on
+    each refused one is published in a second step.
+    """
+    if same_server(gate_client, connection) and same_user(gate_client, connection):
         return (
             "the gate pushes each granted task's message onto Celery's queue in the same atomic call "
             "(its Redis is the broker's)"
+        )
+    if same_server(gate_client, connection):
+        return (
+            f"the gate's Redis is the broker's, as another Redis user ({username(gate_client) or 'default'!r}, "
+            f"the broker's {connection.userid or 'default'!r}): the gate pushes a granted task's message onto "
+            "Celery's queue in the same call only if that user's ACL lets it, and a refused push is published "
+            "in a second step and logged once (see docs/deployment.md)"
         )
     return (
         "granted tasks' messages are published in two steps, the grant and then the publish: the gate's "

@@ -13,7 +13,9 @@ process and of a pool process, and the next run waits for all of it. Instead,
 the process that finished keeps the grant and, once Celery has stored the
 finished task's result (``task_postrun``), runs it through Celery's own tracer
 (result backend, signals, retries, callbacks) with the request the broker
-message would have carried. The gate still decides: the kept run starts
+message would have carried, in a ``contextvars`` context of its own: its
+trace context is its message's (a ``traceparent`` header), or none, never
+that of the task it runs after. The gate still decides: the kept run starts
 through the same ``start`` call as any message, so exclusion, order and
 fencing are unchanged.
 
@@ -28,6 +30,7 @@ Everything else is published as usual.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 import threading
@@ -152,7 +155,10 @@ class LocalHandoff(threading.local):
                 handoff_runs.note(task_id, kept.request)  # this job's own task finished: it hosts this run
                 task = app.tasks[kept.request["task"]]
                 current().totals.count("handed_over", task.name)
-                trace(app, task, kept.request, current().worker)
+                # In a context of its own, as a message's run starts: what the task it runs after left
+                # current (a tracer's span, attached by that task's task_prerun and detached only by its
+                # task_postrun, after this) must not become this run's parent.
+                contextvars.Context().run(trace, app, task, kept.request, current().worker)
                 self.tracing = None
         finally:
             handoff_runs.clear()

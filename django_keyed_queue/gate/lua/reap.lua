@@ -32,7 +32,8 @@
             'block'                              (it failed and now blocks its key)
             'grant'                              (a parked ticket took a freed slot: publish it)
             'outcome'                            (message is an unwritten record of a finished run)
-    pushed  1 = the message was pushed to the broker here (see push_granted); 0 = publish it
+    pushed  1 = the message was pushed to the broker here (see push_granted); 0 or a refusal
+            (common.lua's push_reply) = publish it
             (a 'republish' never is: its template is dropped, and its stored message is published)
 ]]
 --- @include "common"
@@ -87,7 +88,7 @@ for i = 1, #holders, 2 do
     end
     local pushed = 0
     if not dry_run and action == 'redispatch' then
-      pushed = push_granted(KEYS[7], ticket, holder.dispatch) > 0 and 1 or 0
+      pushed = push_reply(KEYS[7], ticket, holder.dispatch)
     elseif not dry_run and action == 'republish' then
       -- Granted and never started: the message the gate pushed may be one no worker accepts (a
       -- template rewritten in Redis). The caller publishes it from the stored message, which it

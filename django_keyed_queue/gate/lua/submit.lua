@@ -38,7 +38,8 @@
 
   Returns {code, ticket, token, deadline_ms, pushed, superseded ticket, superseded task id}
     code 0 OK          granted (token > 0 when started, deadline = lease end); pushed 1 = its
-                       message is on the broker's queue, 0 = the caller publishes it
+                       message is on the broker's queue, 0 or a refusal (common.lua's push_reply)
+                       = the caller publishes it
     code 1 PARKED      waiting in the queue
     a superseded ticket > 0: this one replaced it (coalescing), and it will never run
     code 7 DUPLICATE   the join id was seen before; nothing changed
@@ -177,5 +178,5 @@ end
 -- A debounced grant's message waits out its eta first: its dispatch deadline runs from then.
 local deadline = now + debounce + dispatch_timeout
 redis.call('HSET', holders_key, ticket, encode_holder(new_holder('g', 0, deadline, 0, 0, 0)))
-local pushed = push_granted(KEYS[9], ticket, 1) > 0 and 1 or 0
+local pushed = push_reply(KEYS[9], ticket, 1)
 return {0, ticket, 0, deadline, pushed, tonumber(replaced), replaced_id}

@@ -33,7 +33,7 @@ if ARGV[2] == '1' then
   holder.dispatch = holder.dispatch + 1
   holder.deadline = now + dispatch_timeout
   redis.call('HSET', holders_key, ticket, encode_holder(holder))
-  local pushed = push_granted(KEYS[5], ticket, holder.dispatch) > 0 and 1 or 0
+  local pushed = push_reply(KEYS[5], ticket, holder.dispatch)
   return {0, tonumber(ticket), holder.dispatch, redis.call('HGET', messages_key, ticket), pushed}
 end
 redis.call('HDEL', holders_key, ticket)

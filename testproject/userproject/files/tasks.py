@@ -229,3 +229,14 @@ def retried_elsewhere(self, key: str, n: int) -> int:
     """Retries with arguments of another key: a mistake, which fails the task where it is made."""
     log("start", key, n, self.request.id)
     raise self.retry(args=(f"{key}-other", n), countdown=0)
+
+
+@keyed_serial_task(key="{key}", bind=True)
+def handoff_step(self, key: str, n: int, seconds: float = 0.0) -> int:
+    """A step that notes whether its worker runs it by local handoff (in the job of its key's previous task)."""
+    from django_keyed_queue.worker.handoff import local
+
+    log("start", key, n, self.request.id, handed_off=local().tracing is not None)
+    time.sleep(seconds)
+    log("end", key, n, self.request.id)
+    return n

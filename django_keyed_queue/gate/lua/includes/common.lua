@@ -152,8 +152,9 @@ end
 --   (holes: t ticket, d dispatch, g the delivery tag's own part)
 -- A direct exchange's queues are looked up in its bindings now, as kombu does when it publishes.
 -- The queues' keys are not declared to the script: only a single server gets templates.
--- Returns how many queues it pushed to: 0 = no template, no queue bound, or the push was refused
--- (the caller publishes).
+-- Returns how many queues it pushed to (0 = no template, or no queue bound: the caller publishes),
+-- or, if Redis refused a command (an ACL that does not let the gate's user touch the broker's keys,
+-- the broker's memory full), "<command>\0<key>\0<Redis' error>": the caller publishes, and says why.
 local function push_granted(wires_key, ticket, dispatch)
   local template = redis.call('HGET', wires_key, ticket)
   if not template then
@@ -170,8 +171,11 @@ local function push_granted(wires_key, ticket, dispatch)
   else
     local seen = {}
     local entries = redis.pcall('SMEMBERS', binding)
-    if type(entries) ~= 'table' or entries.err then
+    if type(entries) ~= 'table' then
       return 0
+    end
+    if entries.err then
+      return 'SMEMBERS\0' .. binding .. '\0' .. entries.err
     end
     for _, entry in ipairs(entries) do
       -- "<routing key><sep><pattern><sep><queue>", as kombu's Redis transport binds a queue.
@@ -200,21 +204,32 @@ local function push_granted(wires_key, ticket, dispatch)
   end
   local payload = table.concat(out)
   for _, queue in ipairs(queues) do
-    -- A refused push (the broker's memory full, an ACL) must not fail the grant half-done (Redis
-    -- rolls nothing back): it is left to the caller, whose publish meets the same refusal and is
-    -- retried by the reaper.
+    -- A refused push (an ACL, the broker's memory full) must not fail the grant half-done (Redis
+    -- rolls nothing back): it is left to the caller, who publishes the message itself (through
+    -- kombu, as the broker's user where that is another) and logs the refusal.
     local pushed = redis.pcall('LPUSH', prefix .. queue .. suffix, payload)
     if type(pushed) == 'table' and pushed.err then
-      return 0
+      return 'LPUSH\0' .. prefix .. queue .. '\0' .. pushed.err
     end
   end
   return #queues
 end
 
+-- A grant's "pushed" reply field, from push_granted: 1 = its message is on the broker's queue, 0 =
+-- the caller publishes it, or the refusal push_granted returned (the caller publishes it, and says
+-- why: gate/base.py's pushed).
+local function push_reply(wires_key, ticket, dispatch)
+  local pushed = push_granted(wires_key, ticket, dispatch)
+  if type(pushed) == 'string' then
+    return pushed
+  end
+  return pushed > 0 and 1 or 0
+end
+
 -- Grant parked tickets, oldest first, while the key has a free slot and is neither paused nor
 -- blocked, each pushed to the broker if it can be (push_granted). Appends ticket, dispatch, message,
--- pushed (1/0) for each grant to `out`. `keep`, if given: the caller keeps the first grant to run it
--- itself (a worker's local handoff): it is not pushed, and its holder is `keep(ticket)`'s.
+-- pushed (push_reply's) for each grant to `out`. `keep`, if given: the caller keeps the first grant
+-- to run it itself (a worker's local handoff): it is not pushed, and its holder is `keep(ticket)`'s.
 local function grant_waiting(meta_key, queue_key, messages_key, holders_key, wires_key, limit, deadline, out, keep)
   if grants_held(meta_key) then
     return out
@@ -231,7 +246,7 @@ local function grant_waiting(meta_key, queue_key, messages_key, holders_key, wir
       keep = nil
     else
       redis.call('HSET', holders_key, ticket, encode_holder(new_holder('g', 0, deadline, 0, 0, 0)))
-      pushed = push_granted(wires_key, ticket, 1) > 0 and 1 or 0
+      pushed = push_reply(wires_key, ticket, 1)
     end
     out[#out + 1] = tonumber(ticket)
     out[#out + 1] = 1
