@@ -221,6 +221,11 @@ def unwritten(key: str, *, count: int, keep_ms: int) -> ScriptCall:
     return ScriptCall("unwritten", [n.unwritten, n.messages, n.scan_cursors], [count, keep_ms])
 
 
+def replacement(key: str, *, task_id: str, ticket: int | None, max_hops: int) -> ScriptCall:
+    n = KeyNames(key)
+    return ScriptCall("replacement", [n.unwritten, n.recent, n.recent_older], [task_id, _or_empty(ticket), max_hops])
+
+
 def reap(
     key: str,
     *,

@@ -11,6 +11,7 @@ SCRIPT_NAMES = (
     *("submit", "start", "finish", "retry", "requeue", "renew"),
     *("cancel", "refuse_join", "reap", "reindex", "rebuild", "stage_rebuild", "pause", "give_up", "republish_soon"),
     *("claim_unwritten", "unwritten", "unblock", "wait_to_start", "newer_waiting", "override"),
+    "replacement",
 )
 
 

@@ -71,6 +71,14 @@ class UnwrittenCalls(GateBase):
                 )
         return UnwrittenRecords(found, frozenset(more))
 
+    def replacement(self, key: str, task_id: str, *, ticket: int | None = None, max_hops: int) -> tuple[str, int]:
+        """The task that replaced ``task_id`` of ``key`` while it waited (coalescing), the one that replaced that
+        one, and so on, as far as the superseded records kept here until their rows are written tell, at most
+        ``max_hops`` on: (the last one's id, how many replacements led to it); (``task_id``, 0) if none is kept.
+        ``ticket``: the task's, if known (else found among the key's recent submissions). Reads only."""
+        found, hops = self._call(calls.replacement(key, task_id=task_id, ticket=ticket, max_hops=max_hops))
+        return text(found), int(hops)
+
     def unclaim_unwritten(self, claims: Iterable[tuple[str, int]]) -> None:
         """Give back ``claims`` (from :meth:`claim_unwritten`) whose records were not written: due again at once."""
         if batch := calls.reindex(self.unwritten_index, moves=((key, claim, 0) for key, claim in claims)):

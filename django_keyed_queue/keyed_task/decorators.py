@@ -52,7 +52,8 @@ def keyed_serial_task(
     ``coalesce=True``: a key holds at most one waiting task of this task. A newer
     submission replaces the one waiting, which never runs: its record ends
     ``superseded``, naming its replacement, its result reads ``REVOKED``, and an
-    idempotency key that gave it gives its replacement. A running task is not touched.
+    idempotency key that gave it gives the task that runs: the last of the chain of
+    replacements. A running task is not touched.
 
     ``debounce=SECONDS`` (implies ``coalesce``): a key's task starts only once no newer
     submission of it came for that long; of a burst, only the last runs. The wait

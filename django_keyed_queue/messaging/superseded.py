@@ -1,10 +1,11 @@
 """What a coalescing submission does at once for the waiting task it replaced (``SubmitResult.superseded``).
 
 Its result reads ``REVOKED``, as Celery's own revoke leaves it, and its idempotency
-keys give the task that replaced it. The replaced task's row ends ``superseded``
-through the record the gate keeps for it (``records.submissions``), which also hands its
-idempotency keys over, so a producer that dies right after the gate's call leaves
-the row and the keys right; only its result then stays ``PENDING``.
+keys are handed to the task that replaced it. The replaced task's row ends ``superseded``
+through the record the gate keeps for it (``records.submissions``), so a producer that dies
+right after the gate's call leaves the row right; only its result then stays ``PENDING``.
+A duplicate finds the task that runs whether or not a hand-over was made, and in whatever
+order they were (``idempotency.resolve`` follows the chain): they only keep the chain short.
 """
 
 from __future__ import annotations

@@ -19,12 +19,14 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpR
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
-from django.utils.html import format_html, format_html_join
+from django.utils.html import format_html
 from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 from django.utils.translation import gettext_lazy as _
 from django.views.decorators.http import require_POST
 
 from ..exceptions import ActionRefused
+from ..process.state import get_gate
+from ..records import idempotency
 from ..records.models import IdempotencyKey, KeyedTask, LiveKey
 from ..records.statuses import ACTIVE_STATUSES, Status
 from . import limits, recovery, task_actions
@@ -151,11 +153,11 @@ class KeyedTaskAdmin(_PagesOfOurs):
         it in turn: the last is the one that runs."""
         if not task.superseded_by:
             return NOTHING
-        *between, runs = KeyedTask.objects.superseded_chain(task.superseded_by)
-        if not between:
+        runs = idempotency.resolve(get_gate(), task.task_id, task.key)
+        if runs == task.superseded_by:
             return _task_link(runs)
-        chain = format_html_join(" → ", "{}", ((_task_link(t),) for t in between))
-        return format_html("{} (the one that runs; replaced in turn: {})", _task_link(runs), chain)
+        return format_html("{}, itself replaced in turn: {} is the one that runs", _task_link(task.superseded_by),
+                           _task_link(runs))  # fmt: skip
 
     enqueued = _at("enqueued_at", _("enqueued at"))
     due = _at("due_at", _("due at"))

@@ -21,6 +21,7 @@ from ..exceptions import MessageRefused
 from ..gate import Holder, KeySnapshot
 from ..messaging.message import TaskMessage
 from ..process.state import get_gate
+from ..records import idempotency
 from ..records.models import KeyedTask
 from ..records.statuses import TERMINAL_STATUSES, Status
 from ..worker.attempt_errors import lost_process
@@ -307,8 +308,7 @@ def _ended(task: KeyedTask) -> Explanation:
     if task.retried_as:
         reasons.append(f"an operator retried it as {task.retried_as}")
     if task.superseded_by:
-        *between, runs = KeyedTask.objects.superseded_chain(task.superseded_by)
-        through = f" (through {', '.join(between)}, each replaced in turn)" if between else ""
-        reasons.append(f"a newer submission of its task replaced it while it waited: {runs} is the one that runs"
-                       f"{through}")  # fmt: skip
+        runs = idempotency.resolve(get_gate(), task.task_id, task.key)
+        later = f", itself replaced in turn: {runs} is the one that runs" if runs != task.superseded_by else ""
+        reasons.append(f"a newer submission of its task, {task.superseded_by}, replaced it while it waited{later}")
     return Explanation(task, task.status, reasons)

@@ -20,7 +20,7 @@ from ..process.outage import asked_again
 from ..process.state import current
 from ..records import idempotency
 from .checks import Checked, check
-from .submit import gate_submission, in_transaction, queue_full, submit, withdraw
+from .submit import duplicate_of, gate_submission, in_transaction, queue_full, submit, withdraw
 
 if TYPE_CHECKING:
     from kombu import Producer
@@ -108,8 +108,8 @@ def _submit_batch(
     results, sending = [], []
     for item in batch:
         c = item.checked
-        original = c.fingerprint and idempotency.claim(c.fingerprint, task.name, c.task_id, **c.claimed_with)
-        if original:
+        original = duplicate_of(task, c)
+        if original is not None:
             results.append(task.AsyncResult(original))
             continue
         item.claimed = c.fingerprint is not None

@@ -30,7 +30,7 @@ from ..records import idempotency, submissions
 from ..records.models import KeyedTask
 from ..records.statuses import Status
 from ..records.transitions import describe_arguments
-from .checks import check
+from .checks import Checked, check
 
 if TYPE_CHECKING:
     from ..messaging.task_type import KeyedTaskProtocol
@@ -53,11 +53,8 @@ def submit(
     """
     checked = check(task, args, kwargs, options, idempotency_key)
     fingerprint, task_id, key = checked.fingerprint, checked.task_id, checked.key
-    if fingerprint is not None and not claimed:
-        original = idempotency.claim(fingerprint, task.name, task_id, **checked.claimed_with)
-        if original is not None:
-            logger.debug("duplicate of %s[%s] key=%r: returning the original", task.name, original, key)
-            return task.AsyncResult(original)
+    if not claimed and (original := duplicate_of(task, checked)) is not None:
+        return task.AsyncResult(original)
     args, kwargs, options = checked.args, checked.kwargs, checked.options
     try:
         if is_delayed(options):
@@ -67,6 +64,19 @@ def submit(
         if fingerprint is not None:
             idempotency.unclaim(fingerprint, task_id)
         raise
+
+
+def duplicate_of(task: KeyedTaskProtocol, checked: Checked) -> str | None:
+    """Claim ``checked``'s idempotency key; None if it claimed it (or has none), else the id of the task a
+    duplicate returns: the original, or the task that replaced it (``idempotency.resolve``)."""
+    if checked.fingerprint is None:
+        return None
+    original = idempotency.claim(checked.fingerprint, task.name, checked.task_id, **checked.claimed_with)
+    if original is None:
+        return None
+    runs = idempotency.resolve(current().gate, original, checked.key)
+    logger.debug("duplicate of %s[%s] key=%r: returning %s", task.name, original, checked.key, runs)
+    return runs
 
 
 def in_transaction(using: str | None = None) -> bool:
@@ -99,8 +109,7 @@ def submit_on_commit(
         return task.AsyncResult(checked.task_id)
     claimed = False
     if checked.fingerprint is not None and idempotency.database() == DEFAULT_DB_ALIAS:
-        original = idempotency.claim(checked.fingerprint, task.name, checked.task_id, **checked.claimed_with)
-        if original is not None:
+        if (original := duplicate_of(task, checked)) is not None:
             return task.AsyncResult(original)
         claimed = True
     logger.debug("%s[%s] key=%r is submitted when the transaction commits", task.name, checked.task_id, checked.key)

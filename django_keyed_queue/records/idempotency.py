@@ -4,16 +4,24 @@ A key is claimed with one INSERT on a unique fingerprint, so concurrent
 submitters in any number of processes agree on one winner. A submission that
 fails after claiming gives its key back. An explicit key reused with other
 arguments is an error, as Stripe's are: the caller reused a key by mistake.
+
+A duplicate returns the task that runs: the claim's task, or, if a newer
+submission of its coalescing task replaced it while it waited, the end of the
+chain of replacements (``resolve``), read from the rows and from the records
+the gate keeps until the rows are written. The claim's pointer is moved along
+the chain too (``repoint``), to keep the chain short, but no lookup depends on it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import redis
 from django.conf import settings as django_settings
 from django.db import IntegrityError, connections, router, transaction
 from django.utils import timezone
@@ -24,9 +32,19 @@ from ..conf import settings
 from ..exceptions import IdempotencyConflict, InvalidArguments
 from .columns import IDEMPOTENCY_KEY_MAX_LENGTH, shown, unstorable
 from .models import IdempotencyKey, KeyedTask
+from .statuses import Status
+
+if TYPE_CHECKING:
+    from ..gate import Gate
+
+logger = logging.getLogger(__name__)
 
 #: How long a duplicate waits for the original submission to be written or given up.
 SETTLE_SECONDS = 5.0
+#: The most replacements ``resolve`` follows: a bound, never reached by a key's real history.
+MAX_REPLACEMENTS = 10_000
+#: A task a newer submission can still replace: parked, or a debounced grant not started.
+REPLACEABLE = (Status.WAITING, Status.DISPATCHED)
 
 
 def explicit_fingerprint(task_name: str, key: str) -> str:
@@ -135,8 +153,40 @@ def unclaim(fingerprint: str, task_id: str) -> None:
     IdempotencyKey.objects.filter(fingerprint=fingerprint, task_id=task_id).delete()
 
 
+def resolve(gate: Gate, task_id: str, key: str) -> str:
+    """The task a claim on ``task_id`` stands for: ``task_id`` itself or, if a newer submission of its
+    coalescing task replaced it while it waited, the last of the chain of replacements: the one that runs,
+    ran or waits now. ``key``: where to look for a task whose row is not written yet (the duplicate's key).
+
+    The chain is read where it is recorded: the rows (``superseded_by``, the whole chain in one query),
+    then, while its last task's row is not written or it still waits, the superseded records the gate
+    keeps until the writer writes them (one script call), and so on. The gate deletes a record only
+    once its row is written: a replacement missing from the rows is in the gate, and the rows are read
+    again after the gate found none, for one written between the two reads. So it holds whatever the
+    order the replacements' hand-overs (``repoint``) ran in, and whether they ran at all.
+    """
+    hops, gate_kept_none = 0, False
+    while True:  # each pass goes further, or the next one ends: at most 2 * MAX_REPLACEMENTS passes
+        end = KeyedTask.objects.replacement(task_id, max_hops=MAX_REPLACEMENTS - hops)
+        task_id, hops = end.task_id, hops + end.hops
+        settled = end.status is not None and end.status not in REPLACEABLE  # it runs or it ended
+        if settled or (gate_kept_none and not end.hops) or hops >= MAX_REPLACEMENTS:
+            break
+        try:
+            task_id, moved = gate.replacement(
+                end.key or key, task_id, ticket=end.ticket, max_hops=MAX_REPLACEMENTS - hops
+            )
+        except redis.RedisError as exc:
+            logger.warning("%s: the gate's records of replacements are unreadable (%s): as the rows say", task_id, exc)
+            break
+        hops, gate_kept_none = hops + moved, not moved
+    if hops >= MAX_REPLACEMENTS:
+        logger.warning("%s ends a chain of %d replacements, the most followed; it may have others", task_id, hops)
+    return task_id
+
+
 def repoint(old_task_id: str, new_task_id: str) -> None:
-    """Make the keys that resolve to one task resolve to another (its retry)."""
+    """Make the keys that resolve to one task resolve to another (its replacement, or its retry)."""
     IdempotencyKey.objects.filter(task_id=old_task_id).update(task_id=new_task_id)
 
 

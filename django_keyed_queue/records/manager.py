@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from contextlib import nullcontext
 from datetime import datetime
 from functools import cache
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from django.db import DataError, IntegrityError, connections, models, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -66,17 +66,6 @@ class KeyedTaskQuerySet(models.QuerySet["KeyedTask"]):
     def for_key(self, key: str) -> KeyedTaskQuerySet:
         return self.filter(key=key)
 
-    def superseded_chain(self, task_id: str, *, hops: int = 20) -> list[str]:
-        """``task_id`` and the tasks that replaced it in turn (coalescing), ending with the one not replaced:
-        the task that runs. At most ``hops`` replacements are followed (a loop written by anyone ends too)."""
-        chain = [task_id]
-        while len(chain) <= hops:
-            row = self.filter(task_id=chain[-1]).order_by("-id").values_list("superseded_by", flat=True).first()
-            if not row or row in chain:
-                break
-            chain.append(row)
-        return chain
-
     def holding(self, snapshots: Iterable[KeySnapshot]) -> dict[tuple[str, int], KeyedTask]:
         """The records of the tasks that hold the snapshots' slots, by key and ticket (one query).
 
@@ -90,6 +79,47 @@ class KeyedTaskQuerySet(models.QuerySet["KeyedTask"]):
                 if holder.task_id is not None:
                     held |= models.Q(key=snapshot.key, ticket=ticket, task_id=holder.task_id)
         return {(t.key, t.ticket): t for t in self.filter(held).defer("message", "arguments").order_by("id")}  # type: ignore[misc]  # a holder's row has its ticket
+
+    def replacement(self, task_id: str, *, max_hops: int) -> Replacement:
+        """The end of the chain of replacements the rows record from ``task_id``: its latest row's
+        ``superseded_by``, that task's, and so on, at most ``max_hops`` on, in one query (a recursive one).
+        A task id Celery reused stands for its latest row, as its AsyncResult does."""
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(_replacement_sql(self.model, self.db), {"task_id": task_id, "max_hops": max_hops})
+            found = cursor.fetchone()
+        return Replacement(*found) if found else Replacement(task_id, 0, None, None, None)  # '': no task
+
+
+class Replacement(NamedTuple):
+    """Where a chain of replacements ends, as the rows tell (``KeyedTaskQuerySet.replacement``)."""
+
+    task_id: str
+    #: How many replacements led there (0: the task itself).
+    hops: int
+    #: Its latest row's key, ticket and status; None if its row is not written.
+    key: str | None
+    ticket: int | None
+    status: str | None
+
+
+@cache
+def _replacement_sql(model: type[models.Model], alias: str) -> str:
+    """A recursive query: each step finds the next task through the task id index (a scalar subquery, so
+    that SQLite, its statistics gathered, does not make each step a scan of the table for a Bloom filter).
+    A step whose task has no row, or whose latest row names no replacement, gives NULL or '': the last."""
+    qn = connections[alias].ops.quote_name
+    table, id_, task_id = qn(model._meta.db_table), qn("id"), qn("task_id")
+    # TEXT on both sides: PostgreSQL wants a recursive term's columns typed as its first term's.
+    return (
+        f"WITH RECURSIVE chain (task_id, hops) AS ("
+        f" SELECT CAST(%(task_id)s AS TEXT), 0"
+        f" UNION ALL SELECT (SELECT CAST(t.{qn('superseded_by')} AS TEXT) FROM {table} t"
+        f" WHERE t.{task_id} = c.task_id ORDER BY t.{id_} DESC LIMIT 1), c.hops + 1"
+        f" FROM chain c WHERE c.hops < %(max_hops)s AND c.task_id <> '')"
+        f" SELECT e.task_id, e.hops, t.{qn('key')}, t.{qn('ticket')}, t.{qn('status')}"
+        f" FROM (SELECT task_id, hops FROM chain WHERE task_id <> '' ORDER BY hops DESC LIMIT 1) e"
+        f" LEFT JOIN {table} t ON t.{id_} = (SELECT MAX(n.{id_}) FROM {table} n WHERE n.{task_id} = e.task_id)"
+    )
 
 
 def seconds_since(at: datetime | None) -> float:

@@ -103,7 +103,8 @@ class IdempotencyKey(models.Model):
     """A submission that a duplicate within the window resolves to instead of running again."""
 
     fingerprint = models.CharField(_("fingerprint"), max_length=64, unique=True)
-    #: Indexed: a coalescing submission hands the keys of the task it replaced to itself (``repoint``).
+    #: Indexed: a coalescing submission hands the keys of the task it replaced to itself (``repoint``),
+    #: so that a duplicate's lookup (``idempotency.resolve``) follows a short chain.
     task_id = models.CharField(_("task id"), max_length=TASK_ID_MAX_LENGTH, db_index=True)
     task_name = models.CharField(_("task name"), max_length=TASK_NAME_MAX_LENGTH)
     #: HMAC-SHA256, keyed with the project's secret, of the arguments an explicit key was claimed with

@@ -7,7 +7,8 @@ right after ``apply_async`` returned loses nothing. Every worker's main process
 rows: each writer claims keys, writes their records in one transaction, and
 only then deletes them from the gate. A worker that runs the task first
 creates the row from its own transition; the two writes merge (see
-``KeyedTaskManager.apply``), in either order.
+``KeyedTaskManager.apply``), in either order. A pass also hands the idempotency
+keys of the superseded tasks it writes to the last replacement it knows of.
 """
 
 from __future__ import annotations
@@ -98,9 +99,9 @@ def write(gate: Gate, keys: Sequence[str], claims: Sequence[tuple[str, int]] = (
         rows = _merged(rows)  # a ticket's submission record and its superseded one, read together
         if rows:  # a row the database refuses is set aside: it holds back no other, and is not tried again
             KeyedTask.objects.apply_setting_aside(rows, new=True)
-        for row in rows:  # written again if this pass fails after: each hand-over is done once however often
-            if row.status == Status.SUPERSEDED:
-                idempotency.repoint(row.task_id, row.fields["superseded_by"])
+        # Written again if this pass fails after: each hand-over is done once however often.
+        for replaced, by in _replacements(rows).items():
+            idempotency.repoint(replaced, by)
     except BaseException:
         gate.unclaim_unwritten(claims)  # the next pass, of any writer, tries them again
         raise
@@ -108,6 +109,22 @@ def write(gate: Gate, keys: Sequence[str], claims: Sequence[tuple[str, int]] = (
     gate.forget_unwritten(found, [c for c in claims if c[0] not in step.more])
     gate.unclaim_unwritten([c for c in claims if c[0] in step.more])
     return len(rows)
+
+
+def _replacements(rows: list[Transition]) -> dict[str, str]:
+    """Each superseded task of ``rows`` with the last of the replacements they chain it to: the keys'
+    hand-overs, in any order, leave none on a task another of these replaced (``idempotency.resolve``
+    finds the end of a longer chain; the hand-overs only keep it short)."""
+    by = {row.task_id: row.fields["superseded_by"] for row in rows if row.status == Status.SUPERSEDED}
+    ends: dict[str, str] = {}
+    for replaced in by:
+        walked, task_id = [], replaced
+        while task_id in by and task_id not in ends and task_id not in walked:  # a cycle, no real history's, ends it
+            walked.append(task_id)
+            task_id = by[task_id]
+        end = ends.get(task_id, task_id)
+        ends.update(dict.fromkeys(walked, end))
+    return ends
 
 
 def _merged(rows: list[Transition]) -> list[Transition]:

@@ -207,6 +207,47 @@ def test_a_pointer_not_as_submit_writes_it_reads_as_none_waiting(gate, gate_redi
     assert not gate.newer_waiting("k", "t", running.ticket)
 
 
+# --- replacement: the chain a lookup follows while the rows are not written ----------------------------------
+
+
+def test_the_chain_of_replacements_is_followed_to_its_end_from_any_task(gate):
+    submit(gate, "k", "t0")  # holds the key
+    tickets = {task_id: submit(gate, "k", task_id).ticket for task_id in ("t1", "t2", "t3", "t4")}
+
+    assert gate.replacement("k", "t1", max_hops=10) == ("t4", 3)
+    assert gate.replacement("k", "t2", ticket=tickets["t2"], max_hops=10) == ("t4", 2), "from the ticket the row has"
+    assert gate.replacement("k", "t4", max_hops=10) == ("t4", 0), "the one waiting"
+    assert gate.replacement("k", "t0", max_hops=10) == ("t0", 0), "the one that runs"
+    assert gate.replacement("k", "t1", max_hops=2) == ("t3", 2), "at most max_hops"
+    assert gate.replacement("k", "unknown", max_hops=10) == ("unknown", 0)
+    assert gate.replacement("other-key", "t1", max_hops=10) == ("t1", 0)
+
+
+def test_a_written_record_is_no_longer_followed_and_a_ticket_of_another_task_never_is(gate, gate_redis):
+    submit(gate, "k", "t0")
+    first = submit(gate, "k", "t1")
+    submit(gate, "k", "t2")
+    submit(gate, "k", "t3")
+
+    assert gate.replacement("k", "t1", ticket=first.ticket + 1, max_hops=10) == ("t3", 2), (
+        "a ticket not its own (tickets start over) is passed by: found among the recent submissions"
+    )
+    written = [u for u in gate.unwritten(["k"]).records if u.superseded and u.ticket == first.ticket]
+    gate.forget_unwritten(written)  # its row is written: the rows tell the rest
+    assert gate.replacement("k", "t1", max_hops=10) == ("t1", 0)
+    assert gate.replacement("k", "t2", max_hops=10) == ("t3", 1)
+
+
+def test_records_not_as_supersede_keeps_them_end_the_chain(gate, gate_redis):
+    submit(gate, "k", "t0")
+    first = submit(gate, "k", "t1")
+    submit(gate, "k", "t2")
+    field = f"{first.ticket}s"
+    for kept in (b"s|1|not json", b"w|1|{}", b's|1|{"task_id": "t1"}', b's|1|{"task_id": "t1", "superseded_by": 7}'):
+        gate_redis.hset(KeyNames("k").unwritten, field, kept)
+        assert gate.replacement("k", "t1", max_hops=10) == ("t1", 0), kept
+
+
 # --- debounce: a granted ticket not started yet is replaced too ------------------------------------------
 
 
