@@ -1,0 +1,58 @@
+"""What the console says is the gate's truth, on real prefork workers in a project made as users make one:
+a run whose pool process Celery reported lost is told so at once (not "running" for a whole lease), and a
+key whose tickets started over names its new holder, not the older record with the same ticket."""
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from tests.userproject.run_checks import accepted_by, check_run
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.workers
+
+
+def why(project, task_id: str) -> dict:
+    return json.loads(project.manage("keyed_queue_status", "--task", task_id, "--json").stdout)
+
+
+def started(project, task_id: str) -> list[dict]:
+    return [e for e in project.history() if e["event"] == "start" and e["id"] == task_id]
+
+
+def test_a_run_whose_pool_process_was_killed_is_told_lost_until_its_lease_ends(make_project):
+    project = make_project(KEYED_QUEUE_LEASE_SECONDS=8)
+    project.worker("a")
+    [task] = accepted_by(project.produce("step", 1, 1, 0, 4))
+    wait_until(lambda: started(project, task["id"]), timeout=20)
+    assert why(project, task["id"])["reasons"][0].startswith("it holds its key: running for ")
+
+    os.kill(started(project, task["id"])[0]["pid"], signal.SIGKILL)  # the pool child: Celery sees it exit
+
+    def told_lost() -> list[str]:
+        reasons = why(project, task["id"])["reasons"]
+        return reasons if reasons[0].startswith("Celery reported its worker process lost: ") else []
+
+    reasons = wait_until(told_lost, timeout=10)
+    assert "WorkerLostError" in reasons[0] and "it is dispatched again at its lease's end, in " in reasons[0]
+    assert reasons[1].startswith("it holds its key: running for "), "it keeps its key until its lease ends"
+    check_run(project, [task], timeout=40, killed=frozenset({task["id"]}))  # recovered, run again, once at a time
+
+
+def test_a_key_whose_tickets_started_over_names_its_new_holder(make_project):
+    project = make_project(KEYED_QUEUE_IDLE_HORIZON_SECONDS=1)
+    project.worker("a")
+    [old] = accepted_by(project.produce("step", 1, 1, 0, 0))
+    check_run(project, [old], timeout=20)
+    time.sleep(1.5)  # the drained key's counters expire: its next ticket is 1 again
+    new, behind = accepted_by(project.produce("step", 2, 1, 0, 4, prefix="acct"))
+    wait_until(lambda: started(project, new["id"]), timeout=20)
+
+    status = project.manage("keyed_queue_status", "--key", "acct:0").stdout
+    assert f"holder shop.tasks.step[{new['id']}] (ticket 1): running" in status and old["id"] not in status
+    holders = why(project, behind["id"])["holders"]
+    assert [(h["ticket"], h["task_id"]) for h in holders] == [(1, new["id"])]
+    check_run(project, [new, behind], timeout=30)
