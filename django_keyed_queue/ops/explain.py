@@ -195,7 +195,8 @@ def _holding(key_state: Explanation, own: Holding, snapshot: KeySnapshot) -> Exp
         worker = f" on {task.worker}" if task.worker else ""
         held = f"it holds its key: {state} for {since(own.since)}{worker}"
         return replace(key_state, state=state, reasons=[*_dead_run(task, own), held])
-    reasons = _recovered(task)
+    recovered = _recovered(task)
+    reasons = [*recovered]
     registered = registered_task(None, task.task_name)
     interval_ms = snapshot.interval_override_ms or getattr(registered, "serial_interval_ms", 0)
     now = timezone.now()
@@ -216,7 +217,7 @@ def _holding(key_state: Explanation, own: Holding, snapshot: KeySnapshot) -> Exp
         )
     if task.status == Status.RETRYING:
         reasons.append("its retry's countdown runs: it keeps its key until then")
-    waits_for_time = len(reasons) > len(_recovered(task))
+    waits_for_time = len(reasons) > len(recovered)
     if not waits_for_time:
         reasons += unconsumed(task, own.since)
     waits = "not started by a worker yet" if waits_for_time else "waiting for a worker to start it"
