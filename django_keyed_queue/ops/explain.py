@@ -205,9 +205,11 @@ def _holding(key_state: Explanation, own: Holding, snapshot: KeySnapshot) -> Exp
         next_slot = max(interval_ms / 1000 - snapshot.since_last_start, 0.0)
         if next_slot > 0:
             by = " (an operator's, over its task's)" if snapshot.interval_override_ms else ""
+            # A worker that found it early holds its message until the slot it was told then.
+            told = "; a worker told to wait under an earlier rate starts it when told" if by else ""
             reasons.append(
                 f"it starts at {at(now + timedelta(seconds=next_slot))}, in {took(next_slot)}: its key's rate{by} "
-                f"is {rate_said(interval_ms)}"
+                f"is {rate_said(interval_ms)}{told}"
             )
     eta = _eta(task)
     if getattr(registered, "serial_debounce_ms", 0) and eta is not None and eta > now:

@@ -215,3 +215,17 @@ def test_a_lowered_limit_puts_back_the_tasks_granted_but_not_started(gate_redis,
     assert [rows[i].status for i in ids[1:5]] == ["waiting"] * 4, "their records say they wait again"
     assert all("lower limit 1" in rows[i].error and rows[i].dispatched_at is None for i in ids[1:5])
     assert explain(ids[1]).reasons[-1] == "it is next in its key's queue"
+
+
+def test_a_granted_task_of_a_key_given_a_rate_says_when_it_starts_and_whose_rate(gate_redis, broker):
+    set_key_rate("a", "1/m")
+    first, second = submit("a", 2)
+    write_submission_rows()
+    gate = get_gate()
+    started = gate.start("a", 1, 1, task_id=first)
+    assert gate.finish("a", 1, started.token).granted, "the second is granted, to start when the rate lets it"
+
+    reason = explain(second).reasons[0]
+
+    assert reason.startswith("it starts at ") and "its key's rate (an operator's, over its task's) is 1/m" in reason
+    assert reason.endswith("a worker told to wait under an earlier rate starts it when told")
