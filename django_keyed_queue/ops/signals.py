@@ -124,7 +124,8 @@ def _note_lost_process(sender=None, task_id: str = "", exception: BaseException 
     if not isinstance(sender, KeyedSerialTask) or not isinstance(exception, WorkerLostError):
         return
     try:
-        note_lost_process(task_id, getattr(sender.request, HEADER, None), exception)
+        note_lost_process(task_id, getattr(sender.request, HEADER, None) if sender.request.id == task_id else None,
+                          exception)  # fmt: skip
     except Exception:
         logger.exception("keyed task %s: its lost process could not be noted on its record", task_id)
 

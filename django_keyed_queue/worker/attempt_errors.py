@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from django.utils import timezone
 
+from ..process.state import current
 from ..records.models import KeyedTask
 
 if TYPE_CHECKING:
@@ -56,12 +57,31 @@ def lost_process(dispatch: int) -> str:
 def note_lost_process(task_id: str, header: object, exc: BaseException) -> bool:
     """Celery's worker reported the process running ``task_id`` lost: say so on its record, while it still
     runs (an operator then sees the run is dead, not running, until its lease ends). The attempt is the
-    one the message's ``header`` names; none named, nothing is written. Whether a record was changed."""
-    if not isinstance(header, dict):
+    one the message's ``header`` names; without one (Celery before 5.5 gives no request with its signal),
+    the attempt its ticket's slot runs now, if that slot is the task's own. Whether a record was changed."""
+    attempt = _named_attempt(header) if header is not None else _running_attempt(task_id)
+    if attempt is None:
         return False
-    try:
-        key, ticket, dispatch = str(header["key"]), int(header["ticket"]), int(header["dispatch"])
-    except (KeyError, TypeError, ValueError):
-        return False
+    key, ticket, dispatch = attempt
     note = f"{lost_process(dispatch)} at {timezone.now().isoformat(timespec='milliseconds')}: {exc!r}"
     return KeyedTask.objects.note_running(task_id, key, ticket, error=note[:ERROR_CHARS]) > 0
+
+
+def _named_attempt(header: object) -> tuple[str, int, int] | None:
+    """The key, ticket and dispatch a message's ticket header names; None if it names none."""
+    if not isinstance(header, dict):
+        return None
+    try:
+        return str(header["key"]), int(header["ticket"]), int(header["dispatch"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _running_attempt(task_id: str) -> tuple[str, int, int] | None:
+    """The key, ticket and dispatch of ``task_id``'s run, as its ticket's slot holds it now; None if it runs
+    none (its lease ended, or its ticket is another task's)."""
+    row = KeyedTask.objects.filter(task_id=task_id, ticket__isnull=False).order_by("-id").only("key", "ticket").first()
+    if row is None or row.ticket is None:
+        return None
+    slot = current().gate.inspect(row.key, waiting_shown=0).held_by(row.ticket, task_id)
+    return (row.key, row.ticket, slot.dispatch) if slot is not None and slot.state == "running" else None

@@ -168,6 +168,8 @@ def test_a_run_whose_process_celery_reported_lost_says_so_first(gate_redis, brok
     lost = WorkerLostError("Worker exited prematurely: signal 9 (SIGKILL) Job: 3.")
     assert not note_lost_process(task_id, {"key": "account:10", "ticket": 1}, lost), "no attempt named: nothing"
     assert note_lost_process(task_id, {"key": "account:10", "ticket": 1, "dispatch": 1}, lost)
+    assert note_lost_process(task_id, None, lost), "no request (Celery 5.4): the attempt its slot runs now"
+    assert not note_lost_process("another-task", None, lost)
 
     why = explain(task_id)
     assert why.reasons[0].startswith("Celery reported its worker process lost: ")
