@@ -8,6 +8,7 @@ as data only.
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 
 from celery import current_app
@@ -19,6 +20,8 @@ from ..messaging.message import TaskMessage
 from ..records.models import KeyedTask
 from .display import at, since
 
+logger = logging.getLogger(__name__)
+
 CACHE_KEY = "keyed_queue:consumed_queues"
 CACHE_SECONDS = 15
 TIMEOUT_SECONDS = 1.0
@@ -26,12 +29,17 @@ TIMEOUT_SECONDS = 1.0
 ASK_AFTER_SECONDS = 10.0
 
 
-def consumed_queues() -> tuple[datetime, dict[str, list[str]]]:
-    """When the workers were asked, and each queue a running worker consumes with the workers consuming it."""
+def consumed_queues() -> tuple[datetime, dict[str, list[str]]] | None:
+    """When the workers were asked, and each queue a running worker consumes with the workers consuming it;
+    None if the broadcast could not be made (the explanation then says nothing of it)."""
     cached = cache.get(CACHE_KEY)
     if cached is not None:
         return cached
-    replies = current_app.control.inspect(timeout=TIMEOUT_SECONDS).active_queues() or {}
+    try:
+        replies = current_app.control.inspect(timeout=TIMEOUT_SECONDS).active_queues() or {}
+    except Exception as exc:  # the broker away: an explanation is still given, without this
+        logger.info("keyed queue: Celery's inspect of the workers' queues failed: %r", exc)
+        return None
     queues: dict[str, list[str]] = {}
     for worker, consumed in replies.items() if isinstance(replies, dict) else []:
         for queue in consumed if isinstance(consumed, list) else []:
@@ -51,7 +59,10 @@ def unconsumed(task: KeyedTask, dispatched: datetime | None) -> list[str]:
     queue = task_queue(task)
     if queue is None:
         return []
-    asked, queues = consumed_queues()
+    consumed = consumed_queues()
+    if consumed is None:
+        return []
+    asked, queues = consumed
     if queue in queues:
         return []
     when = f"Celery's inspect at {at(asked)}, {since(asked)} ago"
