@@ -70,8 +70,16 @@ def stoppable_step(self, key: str, n: int, seconds: float = 0.0) -> int:
 
 @keyed_serial_task(key="{key}", bind=True, rate="5/s")
 def paced_step(self, key: str, n: int, seconds: float = 0.0) -> int:
-    """A step of an interval queue: one key's starts at least 200 ms apart."""
-    return logged(self.request.id, key, n, seconds)
+    """A step of an interval queue: one key's starts at least 200 ms apart. Its start's line also says the
+    key's last start as the gate's clock has it (its own, unless the line comes over 200 ms late)."""
+    from django_keyed_queue.gate.keys import KeyNames
+    from django_keyed_queue.process.state import get_gate
+
+    last_start = get_gate().client.hget(KeyNames(key).meta, "last_start")
+    log("start", key, n, self.request.id, gate_start_ms=int(last_start or 0))
+    time.sleep(seconds)
+    log("end", key, n, self.request.id)
+    return n
 
 
 def failing_while_told(task_id: str, key: str, n: int, seconds: float) -> int:
