@@ -1,8 +1,9 @@
 """An operator's limit and rate for one key, over its tasks' own, set at runtime without a deploy.
 
 Kept in the gate's Redis with the key (``Gate.set_overrides``) until set back to the tasks' own
-(None); they apply from the key's next grant and start on, and a raised limit dispatches its
-waiting tasks at once. They are not in the database: a total loss of Redis loses them, and
+(None); they apply from the key's next grant and start on, a raised limit dispatches its
+waiting tasks at once, and a lowered one puts back those granted but never started (their records
+say they wait again). They are not in the database: a total loss of Redis loses them, and
 ``keyed_queue_rebuild`` does not restore them. Each change is logged for the audit trail by the
 operator's recovery logger, as the other actions are.
 """
