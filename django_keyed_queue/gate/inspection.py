@@ -110,7 +110,7 @@ class InspectCalls(GateBase):
             named[snapshot.key] = replace(snapshot, holders=holders)
         return [named.get(s.key, s) for s in snapshots]
 
-    def live_keys(self, keys: Sequence[str]) -> set[str]:
+    def keys_with_state(self, keys: Sequence[str]) -> set[str]:
         """Which of ``keys`` have state in Redis, as ``rebuild`` refuses them (one pipelined round trip)."""
         pipe = self.client.pipeline(transaction=False)
         for key in keys:

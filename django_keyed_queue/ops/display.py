@@ -12,6 +12,8 @@ from datetime import UTC, datetime, timedelta
 
 from django.utils import timezone
 
+from ..keyed_task.decorators import RATE_PERIODS_MS, rate_interval_ms
+
 
 def at(value: datetime | None) -> str | None:
     """A moment in the current time zone, to the millisecond, with the zone's name."""
@@ -79,8 +81,10 @@ def last_line(error: str) -> str:
 
 
 def rate_said(interval_ms: int) -> str:
-    """The least ms between two starts as the rate an operator types: "2/h", "30/m", "5/s"."""
-    for unit, ms in (("s", 1000), ("m", 60_000), ("h", 3_600_000)):
-        if interval_ms <= ms or unit == "h":
-            return f"{ms / interval_ms:g}/{unit}"
-    raise AssertionError("unreachable")
+    """The least ms between two starts as the rate an operator types ("2/h", "30/m", "3/s"): the rate whose
+    interval it is (``rate_interval_ms``), in the shortest period that has one; else the interval itself."""
+    for period, period_ms in RATE_PERIODS_MS.items():
+        count = round(period_ms / interval_ms)
+        if count >= 1 and rate_interval_ms(f"{count}/{period}") == interval_ms:
+            return f"{count}/{period}"
+    return f"one start every {interval_ms} ms"

@@ -16,10 +16,10 @@ from typing import Any
 from celery import current_app
 from django.utils import timezone
 
-from ..conf import settings
 from ..exceptions import MessageRefused
 from ..gate import Holder, KeySnapshot
 from ..messaging.message import TaskMessage
+from ..process.leases import renewal_seconds
 from ..process.state import get_gate
 from ..records import idempotency
 from ..records.models import KeyedTask
@@ -211,8 +211,8 @@ def _holding(key_state: Explanation, own: Holding, snapshot: KeySnapshot) -> Exp
                 f"it starts at {at(now + timedelta(seconds=next_slot))}, in {took(next_slot)}: its key's rate{by} "
                 f"is {rate_said(interval_ms)}{told}"
             )
-    eta = _eta(task)
-    if getattr(registered, "serial_debounce_ms", 0) and eta is not None and eta > now:
+    eta = _eta(task) if getattr(registered, "serial_debounce_ms", 0) else None  # its message decoded only then
+    if eta is not None and eta > now:
         reasons.append(
             f"it starts at {at(eta)}, in {took(eta - now)}: it is debounced, and a newer submission of its task "
             "replaces it until then"
@@ -238,9 +238,9 @@ def _dead_run(task: KeyedTask, own: Holding) -> list[str]:
         return [f"Celery reported its worker process lost: {last_line(task.error)}; {then}"]
     beat = task.heartbeat_at or task.started_at
     silent = (timezone.now() - beat).total_seconds() if beat else 0.0
-    if silent > 2 * settings.LEASE_SECONDS / 3 + RENEWAL_SLACK_SECONDS:
+    if silent > 2 * renewal_seconds() + RENEWAL_SLACK_SECONDS:
         worker = f"its worker {task.worker}" if task.worker else "its worker"
-        every = took(settings.LEASE_SECONDS / 3)
+        every = took(renewal_seconds())
         return [f"{worker} has not renewed its lease for {took(silent)} (it renews every {every}): it may have "
                 f"stopped or died; unless it renews, {then}"]  # fmt: skip
     return []

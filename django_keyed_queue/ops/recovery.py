@@ -196,7 +196,7 @@ def rebuild(*, dry_run: bool = False, app: Celery | None = None) -> RebuildRepor
     by_key: dict[str, list] = {}
     for row in active.only("pk", "task_id", "task_name", "key", "ticket", "message"):
         by_key.setdefault(row.key, []).append(row)
-    live = gate.live_keys(list(by_key)) if dry_run else set()
+    live = gate.keys_with_state(list(by_key)) if dry_run else set()
     for key, rows in by_key.items():
         restorable = [r for r in rows if _restorable(r, app)]
         kept = {r.pk for r in restorable}

@@ -201,3 +201,13 @@ def test_a_granted_task_no_running_worker_consumes_says_so(gate_redis, broker):
     why = explain(task_id)
     assert why.reasons[0].startswith("no worker answered Celery's inspect within 1 s"), why.reasons
     assert f"its queue {QUEUE!r}" in why.reasons[0]
+
+
+def test_a_rate_is_said_as_an_operator_types_the_one_the_gate_keeps():
+    from django_keyed_queue.keyed_task.decorators import rate_interval_ms
+    from django_keyed_queue.ops.display import rate_said
+
+    said = {rate: rate_said(rate_interval_ms(rate)) for rate in ("3/s", "5/s", "1/m", "59/m", "2/h", "7/h", "700/s")}
+    assert said == {"3/s": "3/s", "5/s": "5/s", "1/m": "1/m", "59/m": "59/m", "2/h": "2/h", "7/h": "7/h",
+                    "700/s": "500/s"}, "700/s is kept as 2 ms apart: 500 a second"  # fmt: skip
+    assert rate_said(12_345) == "one start every 12345 ms"
