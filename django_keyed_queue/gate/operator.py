@@ -97,14 +97,8 @@ class OperatorCalls(InspectCalls):
             idle_horizon_ms=self.idle_horizon_ms,
         )  # fmt: skip
         reply = self._call_and_index(call, key)
-        # Listed again after: a clear racing this set may have unlisted it between the first SADD and the
-        # script. A key then stays listed if any set's script ran last; unlisted only if a clear's did.
-        if self._overridden(key):
-            self.client.sadd(OVERRIDDEN_KEYS, key)
-        else:
-            self.client.srem(OVERRIDDEN_KEYS, key)
-            if self._overridden(key):  # another operator's set came between: listed again
-                self.client.sadd(OVERRIDDEN_KEYS, key)
+        # Listed again after: a clear racing this set may have unlisted it between the first SADD and the script.
+        self._list_as_overridden([key])
         logger.debug("overrides of key=%r: limit=%s interval_ms=%s", key, *args)
         withdrawn = [int(t) for t in reply[2 : 2 + int(reply[1])]]
         messages = self.client.hmget(KeyNames(key).messages, withdrawn) if withdrawn else []
@@ -113,10 +107,6 @@ class OperatorCalls(InspectCalls):
             [(t, stored_task_id(m)) for t, m in zip(withdrawn, messages, strict=True)],
         )
 
-    def _overridden(self, key: str) -> bool:
-        """Whether ``key`` has an operator's limit or rate (one read of its meta)."""
-        return key in self._overridden_of([key])
-
     def _overridden_of(self, keys: list[str]) -> set[str]:
         """Which of ``keys`` have an operator's limit or rate (one pipelined read of their meta)."""
         pipe = self.client.pipeline(transaction=False)
@@ -124,19 +114,27 @@ class OperatorCalls(InspectCalls):
             pipe.hmget(KeyNames(key).meta, "limit_override", "interval_override")
         return {key for key, values in zip(keys, pipe.execute(), strict=True) if any(v is not None for v in values)}
 
-    def overridden_keys(self, *, limit: int | None = None) -> list[str]:
-        """The keys given a limit or rate of their own (:meth:`set_overrides`); at most ``limit`` of them.
-
-        Checked against each key's meta: a key listed whose override was cleared is taken off the list
-        (and listed again if a set came between), so the list and the overrides agree.
-        """
-        listed = self._listed(OVERRIDDEN_KEYS, limit)
-        overridden = self._overridden_of(listed) if listed else set()
-        if stale := [key for key in listed if key not in overridden]:
+    def _list_as_overridden(self, keys: list[str]) -> set[str]:
+        """List those of ``keys`` with an override, unlist the others; which have one. An unlisted key whose
+        override a racing set wrote meanwhile is listed again: a key stays listed if any set's script ran
+        last, and is unlisted only if a clear's did."""
+        overridden = self._overridden_of(keys) if keys else set()
+        if overridden:
+            self.client.sadd(OVERRIDDEN_KEYS, *overridden)
+        if stale := [key for key in keys if key not in overridden]:
             self.client.srem(OVERRIDDEN_KEYS, *stale)
             if back := self._overridden_of(stale):
                 self.client.sadd(OVERRIDDEN_KEYS, *back)
                 overridden |= back
+        return overridden
+
+    def overridden_keys(self, *, limit: int | None = None) -> list[str]:
+        """The keys given a limit or rate of their own (:meth:`set_overrides`); at most ``limit`` of them.
+
+        Checked against each key's meta, so that the list and the overrides agree (:meth:`_list_as_overridden`).
+        """
+        listed = self._listed(OVERRIDDEN_KEYS, limit)
+        overridden = self._list_as_overridden(listed)
         return [key for key in listed if key in overridden]
 
     def is_paused(self, key: str) -> bool:
