@@ -76,7 +76,8 @@ def _set(
     overridden = gate.set_overrides(key, limit=limit, interval_ms=interval_ms)
     done = publish_grants(app or current_app, overridden.granted)
     current().recorder.flush()
-    back = f"its grant taken back by {by}'s lower limit {limit}: it waits again, its message is dropped if it arrives"
+    lower = f"lower limit {limit}" if isinstance(limit, int) else "limit, its tasks' own again,"
+    back = f"its grant taken back by {by}'s {lower}: it waits again, its message is dropped if it arrives"
     for ticket, task_id in overridden.withdrawn:
         submissions.settle(gate, task_id, key, ticket, Status.WAITING, dispatched_at=None, error=back)
     said = [f"limit {limit or DEFAULT_SAID}"] if limit is not UNCHANGED else []

@@ -59,6 +59,8 @@ def test_back_to_the_tasks_own_limit_after_default(gate_redis, broker):
 
     gate = get_gate()
     assert list(gate.inspect("a").holders) == [1], "one at a time again: the second, never started, waits again"
+    write_submission_rows()
+    assert "taken back by an operator's limit, its tasks' own again," in KeyedTask.objects.get(task_id=ids[1]).error
     first = gate.start("a", 1, 1)
     assert [g.ticket for g in gate.finish("a", 1, first.token, limit=1).granted] == [2]
     assert get_gate().inspect("a").limit_override is None and not gate_redis.sismember(OVERRIDDEN_KEYS, "a")
