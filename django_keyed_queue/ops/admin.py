@@ -27,6 +27,7 @@ from django.views.decorators.http import require_POST
 from ..exceptions import ActionRefused
 from ..process.state import get_gate
 from ..records import idempotency
+from ..records.columns import TASK_ID_MAX_LENGTH, unstorable
 from ..records.models import IdempotencyKey, KeyedTask, LiveKey
 from ..records.statuses import ACTIVE_STATUSES, Status
 from . import limits, recovery, task_actions
@@ -421,12 +422,15 @@ class KeyedTaskAdmin(_PagesOfOurs):
             return HttpResponseBadRequest("an action (pause, resume, release, limit), a key and, to release, a ticket")
         if dispatch and not _number(dispatch):
             return HttpResponseBadRequest("a dispatch is a number")
+        task_id = request.POST.get("task_id", "")
+        if problem := task_id and unstorable(task_id, TASK_ID_MAX_LENGTH):
+            return HttpResponseBadRequest(f"a task id {problem}", content_type="text/plain; charset=utf-8")
         if not self._allowed(request, action):
             return self._refused(request, f"{action} keys")
         ticket_number, dispatch_number = (
             (int(ticket), int(dispatch) if dispatch else None) if action == "release" else (None, None)
         )
-        self._on_key(request, action, key, ticket_number, dispatch_number, request.POST.get("task_id", ""))
+        self._on_key(request, action, key, ticket_number, dispatch_number, task_id)
         shown = request.POST.get("shown_key", "")  # the page's own filter, kept after the action
         return HttpResponseRedirect(
             reverse("admin:keyed_queue_keys") + (f"?{urlencode({'key': shown})}" if shown else "")

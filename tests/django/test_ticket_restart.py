@@ -135,3 +135,13 @@ def test_the_timeline_tells_the_series_of_tickets_apart(restarted):
     assert [b.task_id for b in timeline.bars] == [old, new, behind], "each series in order, the older first"
     assert [b.restarts for b in timeline.bars] == [False, True, False]
     assert [b.label for b in timeline.bars] == ["#1 succeeded", "#1 running", "#2 waiting"]
+
+
+@pytest.mark.parametrize("task_id", ["\x00", "x" * 100_000, "é\x00" * 3])
+def test_a_release_naming_a_task_id_no_database_can_store_is_refused_whole(restarted, as_user, task_id):
+    response = as_user("rob", "release_keyedtask").post(
+        reverse("admin:keyed_queue_key_act"),
+        {"action": "release", "key": KEY, "ticket": 1, "dispatch": 1, "task_id": task_id},
+    )
+    assert response.status_code == 400 and b"task id" in response.content
+    assert get_gate().inspect(KEY).holders[1].state == "running" and not LogEntry.objects.exists()
