@@ -17,7 +17,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
@@ -175,6 +175,6 @@ def fail_ticket(key: str, ticket: int, task_id: str | None, error: str, *, dispa
         error += "; it blocks its key until an operator retries or cancels it"
     elif withdrawn.code is not Code.OK and named:
         return []
-    failed = {"finished_at": timezone.now(), "error": error}
+    failed: dict[str, Any] = {"finished_at": timezone.now(), "error": error}
     submissions.settle(current().gate, task_id, key, ticket, Status.FAILED, **failed)
     return withdrawn.granted

@@ -79,7 +79,11 @@ def _set(
     lower = f"lower limit {limit}" if isinstance(limit, int) else "limit, its tasks' own again,"
     back = f"its grant taken back by {by}'s {lower}: it waits again, its message is dropped if it arrives"
     for ticket, task_id in overridden.withdrawn:
-        submissions.settle(gate, task_id, key, ticket, Status.WAITING, dispatched_at=None, error=back)
+        if task_id is not None:  # a message naming no task names no row: its ticket alone may be an older one's
+            # A grant given again and started since keeps its own record.
+            submissions.settle(
+                gate, task_id, key, ticket, Status.WAITING, unstarted=True, dispatched_at=None, error=back
+            )
     said = [f"limit {limit or DEFAULT_SAID}"] if limit is not UNCHANGED else []
     if interval_ms is not UNCHANGED:
         said.append(f"rate {f'one start every {interval_ms} ms' if interval_ms else DEFAULT_SAID}")

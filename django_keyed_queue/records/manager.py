@@ -216,14 +216,19 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
                 _set_aside(t, exc)
         return waiting
 
-    def settle(self, task_id: str | None, key: str, ticket: int, status: str, **fields: Any) -> int:
+    def settle(
+        self, task_id: str | None, key: str, ticket: int, status: str, *, unstarted: bool = False, **fields: Any
+    ) -> int:
         """Set a submission's status now, whatever it was, unless it already ended (recovery's write).
 
         Recovery knows better than the buffered writes of a worker it gave up on;
         a record that reached a terminal status keeps it. ``task_id`` None: the ticket's
-        row, whatever its task (a stored message too malformed to name it). Returns how many rows changed.
+        row, whatever its task (a stored message too malformed to name it). ``unstarted``: only a row
+        still waiting or dispatched (a run that started meanwhile keeps its own). Returns how many rows changed.
         """
         rows = self.filter(key=key, ticket=ticket)
+        if unstarted:
+            rows = rows.filter(status__in=(Status.WAITING, Status.DISPATCHED))
         return self._settle(rows if task_id is None else rows.filter(task_id=task_id), status, fields)
 
     def note_running(self, task_id: str, key: str, ticket: int, **fields: Any) -> int:

@@ -161,11 +161,13 @@ def write_due(gate: Gate, *, batch: int = 500, max_batches: int = 100) -> int:
     return written
 
 
-def settle(gate: Gate, task_id: str | None, key: str, ticket: int, status: str, **fields: Any) -> int:
+def settle(
+    gate: Gate, task_id: str | None, key: str, ticket: int, status: str, *, unstarted: bool = False, **fields: Any
+) -> int:
     """``KeyedTask.objects.settle``, writing the key's kept submissions first if the row is not there yet."""
-    changed = KeyedTask.objects.settle(task_id, key, ticket, status, **fields)
+    changed = KeyedTask.objects.settle(task_id, key, ticket, status, unstarted=unstarted, **fields)
     if not changed and write_key(gate, key):
-        changed = KeyedTask.objects.settle(task_id, key, ticket, status, **fields)
+        changed = KeyedTask.objects.settle(task_id, key, ticket, status, unstarted=unstarted, **fields)
     return changed
 
 

@@ -231,3 +231,14 @@ def test_a_granted_task_of_a_key_given_a_rate_says_when_it_starts_and_whose_rate
 
     assert reason.startswith("it starts at ") and "its key's rate (an operator's, over its task's) is 1/m" in reason
     assert reason.endswith("a worker told to wait under an earlier rate starts it when told")
+
+
+def test_a_grant_taken_back_and_started_again_before_its_record_is_written_keeps_its_run(gate_redis, broker):
+    ids = submit("a", 2)
+    set_key_limit("a", 2)
+    write_submission_rows()
+    KeyedTask.objects.filter(task_id=ids[1]).update(status="running", attempts=1)  # its worker's write won the race
+
+    set_key_limit("a", 1)
+
+    assert KeyedTask.objects.get(task_id=ids[1]).status == "running", "a run's record is never told it waits"
