@@ -154,3 +154,9 @@ def grants(key: str, flat: list[Any], pushed: Callable[[Any], bool]) -> list[Gra
 def text(reply: bytes | str) -> str:
     """A reply as text (the gate's client reads bytes; redis-py's annotations allow either)."""
     return reply.decode() if isinstance(reply, bytes) else reply
+
+
+def stored_text(reply: bytes | str) -> str:
+    """Text the gate keeps for an operator (who stopped a run, and how): anyone may have written it,
+    so bytes that are not UTF-8 are read too."""
+    return reply.decode(errors="replace") if isinstance(reply, bytes) else reply

@@ -186,9 +186,9 @@ def newer_waiting(key: str, *, task_name: str, ticket: int) -> ScriptCall:
     return ScriptCall("newer_waiting", [n.meta, n.messages, n.holders], [task_name, ticket])
 
 
-def give_up(key: str, *, ticket: int, grace_ms: int, dispatch: int) -> ScriptCall:
+def stop(key: str, *, ticket: int, dispatch: int, by: str, how: str) -> ScriptCall:
     n = KeyNames(key)
-    return ScriptCall("give_up", [n.meta, n.holders], [ticket, grace_ms, dispatch])
+    return ScriptCall("stop", [n.meta, n.holders], [ticket, dispatch, by, how])
 
 
 def renew(key: str, *, lease_ms: int, leases: Iterable[Lease]) -> ScriptCall:

@@ -16,9 +16,9 @@ from dataclasses import replace
 from redis.cluster import RedisCluster
 
 from . import calls
-from .base import GateBase, text
+from .base import GateBase, stored_text, text
 from .keys import KeyNames
-from .results import Holder, HolderState, KeySnapshot, Lease
+from .results import Holder, HolderState, KeySnapshot, Lease, Stopping
 from .scripts import ms_to_seconds
 
 
@@ -84,7 +84,7 @@ class InspectCalls(GateBase):
                     blocked=int(meta[b"blocked"]) if b"blocked" in meta else None,
                     waiting=[int(t) for t in queue],
                     depth=depth,
-                    holders={int(t): decode_holder(raw, now_ms) for t, raw in holders.items()},
+                    holders=_stopping({int(t): decode_holder(raw, now_ms) for t, raw in holders.items()}, meta),
                     messages=messages,
                     idle_expires_in=ms_to_seconds(ttl_ms) if ttl_ms >= 0 else None,
                     limit_override=_int_or_none(meta.get(b"limit_override")),
@@ -130,6 +130,16 @@ class InspectCalls(GateBase):
             return False
         holder = decode_holder(raw, now_ms=0)  # its deadline is not read
         return holder.state == "running" and holder.token == lease.token
+
+
+def _stopping(holders: dict[int, Holder], meta: dict[bytes, bytes]) -> dict[int, Holder]:
+    """``holders`` with who stopped each running one, as ``stop.lua`` noted it in meta (for its dispatch)."""
+    for ticket, holder in holders.items():
+        noted = meta.get(b"stop:%d" % ticket) if holder.state == "running" else None
+        parts = stored_text(noted).split("|", 3) if noted else []
+        if len(parts) == 4 and parts[0] == str(holder.dispatch) and parts[1].isdigit():
+            holders[ticket] = replace(holder, stopping=Stopping(parts[3], int(parts[1]), parts[2]))
+    return holders
 
 
 def stored_task_id(raw: bytes | str | None) -> str | None:

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 from . import calls
-from .base import GateBase, grants, text
+from .base import GateBase, grants, stored_text, text
 from .keys import BLOCKED_KEYS, KeyNames
-from .results import FinishResult, Recovery, RecoveryAction
+from .results import FinishResult, Recovery, RecoveryAction, Stopping
 from .scripts import Code, seconds_to_ms
 
 logger = logging.getLogger(__name__)
@@ -185,8 +185,8 @@ class ReaperCalls(GateBase):
 
 
 def _recoveries(key: str, reply: list[Any], pushed: Callable[[Any], bool]) -> list[Recovery]:
-    """``reap.lua``'s reply after its next deadline: action, ticket, dispatch, attempts, message, pushed, repeated
-    (``pushed``: the gate's ``pushes.pushed``, which reads that field)."""
+    """``reap.lua``'s reply after its next deadline: action, ticket, dispatch, attempts, message, pushed,
+    stopped, repeated (``pushed``: the gate's ``pushes.pushed``, which reads that field)."""
     flat = reply[1:]
     return [
         Recovery(
@@ -197,9 +197,18 @@ def _recoveries(key: str, reply: list[Any], pushed: Callable[[Any], bool]) -> li
             int(flat[i + 3]),
             flat[i + 4],
             pushed=pushed(flat[i + 5]),
+            stopped=_stopped(flat[i + 6]),
         )  # fmt: skip
-        for i in range(0, len(flat), 6)
+        for i in range(0, len(flat), 7)
     ]
+
+
+def _stopped(note: bytes | str) -> Stopping | None:
+    """A stopped run's note in ``reap.lua``'s reply: since|how|by, or empty."""
+    if not note:
+        return None
+    since_ms, how, by = stored_text(note).split("|", 2)
+    return Stopping(by, int(since_ms), how)
 
 
 def _scored(reply: list[Any]) -> list[tuple[bytes | str, float]]:

@@ -173,6 +173,19 @@ class RecoveryAction(enum.StrEnum):
 
 
 @dataclass(frozen=True)
+class Stopping:
+    """Who stopped a run (an operator, or Celery killing its process on purpose), when and how
+    (``Gate.stop``): it holds its key's slot until it has ended."""
+
+    #: The operator who stopped it; empty when Celery killed it and nobody stopped it first.
+    by: str
+    #: When, in server ms since the epoch.
+    since_ms: int
+    #: What was done to its process ("SIGTERM"), or why Celery killed it.
+    how: str
+
+
+@dataclass(frozen=True)
 class Recovery:
     """One thing the reaper did (or, in a dry run, would do) to a ticket.
 
@@ -191,6 +204,8 @@ class Recovery:
     message: bytes | None
     #: The gate pushed its message onto the broker's queue as it recovered it.
     pushed: bool = False
+    #: A stopped run's end (it failed, or blocks its key): who stopped it.
+    stopped: Stopping | None = None
 
     @property
     def publishes(self) -> bool:
@@ -220,6 +235,8 @@ class Holder:
     #: The task id of the message stored with the ticket: what names the run (a key's tickets start
     #: over once it drains, so a ticket alone may match older records). None if the message is gone.
     task_id: str | None = None
+    #: A running holder being stopped: it keeps its slot until its run has ended.
+    stopping: Stopping | None = None
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,19 @@ from dataclasses import replace
 from typing import Any
 
 from . import calls
-from .base import GateBase, grants, text
+from .base import GateBase, grants, stored_text, text
 from .keys import BLOCKED_KEYS, KeyNames
-from .results import FinishResult, KeptStart, Lease, Outcome, QueueFull, StartResult, Submission, SubmitResult
+from .results import (
+    FinishResult,
+    KeptStart,
+    Lease,
+    Outcome,
+    QueueFull,
+    StartResult,
+    Stopping,
+    Submission,
+    SubmitResult,
+)
 from .scripts import Code, ms_to_seconds, seconds_to_ms
 from .transport import Command
 
@@ -26,7 +36,7 @@ RECENT_SUBMISSION_SECONDS = 30.0
 
 
 class TicketCalls(GateBase):
-    """Submit, start, renew, retry, requeue, finish, cancel, unblock and give up tickets."""
+    """Submit, start, renew, retry, requeue, finish, cancel, unblock and stop tickets."""
 
     def submit(
         self,
@@ -325,15 +335,17 @@ class TicketCalls(GateBase):
         logger.debug("unblock key=%r ticket=%s retry=%s code=%s", key, ticket, retry, result.code.name)
         return result
 
-    def give_up(self, key: str, ticket: int, dispatch: int, *, grace_seconds: float) -> bool:
-        """Give up the attempt of ``ticket`` started by the message of ``dispatch``, whose process is
-        being killed: fenced now, failed by the reaper without a recovery once ``grace_seconds`` have
-        passed. False if that attempt does not run (it ended, or another dispatch replaced it)."""
-        grace_ms = seconds_to_ms(grace_seconds)
-        call = calls.give_up(key, ticket=ticket, grace_ms=grace_ms, dispatch=dispatch)
-        [(code, _)] = self._pipelined([call], index=key, index_within_ms=grace_ms)
-        logger.debug("give_up key=%r ticket=%s code=%s", key, ticket, Code(code).name)
-        return Code(code) is Code.OK
+    def stop(self, key: str, ticket: int, dispatch: int, *, by: str, how: str) -> Stopping | None:
+        """Stop the attempt of ``ticket`` started by the message of ``dispatch``: it is not recovered, and
+        keeps its slot until it has ended (``release`` of that dispatch, once its process is gone, or its
+        lease's end). ``by``: the operator ('' for Celery killing it: noted only if nobody stopped it);
+        ``how``: what is done to its process. Who stopped it first; None if that attempt does not run."""
+        call = calls.stop(key, ticket=ticket, dispatch=dispatch, by=by, how=how.replace("|", "/"))
+        code, stopped_by, since_ms, stopped_how = self._call(call)
+        logger.debug("stop key=%r ticket=%s code=%s", key, ticket, Code(code).name)
+        if Code(code) is not Code.OK:
+            return None
+        return Stopping(stored_text(stopped_by), int(since_ms), stored_text(stopped_how))
 
     def renew(self, leases: Iterable[Lease]) -> dict[Lease, bool]:
         """Extend many leases in one round trip (one script call per key, pipelined)."""

@@ -10,16 +10,14 @@ having changed nothing.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
 from celery import Celery, current_app, signals, states
 from celery.app.task import Context
 from celery.utils import uuid
-from django.db import DatabaseError, close_old_connections, models, transaction
-from django.db.models import Case, F, Value, When
+from django.db import close_old_connections, models, transaction
 from django.utils import timezone
 
 from ..exceptions import ActionRefused, InvalidArguments, InvalidKey, MessageRefused
@@ -27,6 +25,7 @@ from ..gate import MAX_KEY_LENGTH, Code, Recovery, RecoveryAction
 from ..keyed_task.task import KeyedSerialTask
 from ..messaging.dispatch import REPUBLISH_DELAY_SECONDS, Dispatched, Published, fail_ticket, publish, publish_grants
 from ..messaging.message import JOIN_HEADER, TaskMessage
+from ..messaging.recovered import carry_out, recorded
 from ..process.state import current, get_gate
 from ..producer.submit import submit
 from ..records import submissions
@@ -34,12 +33,9 @@ from ..records.columns import TASK_ID_MAX_LENGTH, shown, unstorable
 from ..records.idempotency import repoint
 from ..records.models import KeyedTask
 from ..records.statuses import Status
-from ..records.transitions import Transition
 from .display import did
 
 logger = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 
 @dataclass
@@ -72,13 +68,13 @@ def reap(*, dry_run: bool = False, batch: int = 500, max_batches: int = 100, app
     report = ReapReport()
     if not dry_run:
         # A key's recovery never waits on the records' database.
-        report.written = _recorded("writing submissions' rows", submissions.write_due, get_gate()) or 0
+        report.written = recorded("writing submissions' rows", submissions.write_due, get_gate()) or 0
     for _ in range(max_batches):
         visited, found = get_gate().reap(batch=batch, dry_run=dry_run)
         report.visited += visited
         report.recoveries += found
         if not dry_run:
-            report.unpublished += [recovery for recovery in found if not _act(app, recovery)]
+            report.unpublished += [recovery for recovery in found if not carry_out(app, recovery)]
         if dry_run or visited < batch:
             break
     if report.recoveries:
@@ -96,7 +92,7 @@ def republish_unstarted(lost_seconds: float, *, app: Celery | None = None) -> Re
     app = _celery(app)
     found = get_gate().republish_unstarted(granted_seconds_ago=lost_seconds)
     report = ReapReport(visited=len({r.key for r in found}), recoveries=found)
-    report.unpublished = [recovery for recovery in found if not _act(app, recovery)]
+    report.unpublished = [recovery for recovery in found if not carry_out(app, recovery)]
     logger.info(
         "keyed queue: %d grants made before the broker connection was lost published again "
         "(%d refused by the broker); other recoveries: %s",
@@ -105,63 +101,6 @@ def republish_unstarted(lost_seconds: float, *, app: Celery | None = None) -> Re
         report.summary(),
     )
     return report
-
-
-def _act(app, recovery: Recovery, reason: str = "") -> bool:
-    """Carry out one recovery; False if its message had to be published and the broker refused it."""
-    if recovery.action is RecoveryAction.OUTCOME:
-        # A run finished but its worker died before writing the record.
-        try:
-            end = Transition.from_json(recovery.message or b"{}")
-        except (ValueError, TypeError, KeyError):
-            logger.error("keyed queue key=%r keeps an outcome that is not a record: %r", recovery.key, recovery.message)
-            return True
-        what = f"recording an outcome of key={recovery.key!r}"
-        if _recorded(what, KeyedTask.objects.apply_setting_aside, [end]) is not None:
-            get_gate().forget_outcomes([(recovery.key, end.outcome_field)])
-        return True
-    if not recovery.message:  # a holder without a message: nothing to publish or record
-        logger.error("keyed queue holder without a message key=%r ticket=%s", recovery.key, recovery.ticket)
-        return True
-    try:
-        task_name, task_id = TaskMessage.peek(recovery.message)[:2]
-    except MessageRefused:
-        return publish(app, recovery) is not Published.BROKER_REFUSED  # which refuses it and fails its ticket
-    current().totals.count("recovered", task_name, outcome=recovery.action)
-    now = timezone.now()
-    lost = reason or f"its worker was lost: the lease of attempt {recovery.attempts} expired"
-    settle = partial(_recorded, "recording a recovery", submissions.settle, get_gate(), task_id, recovery.key)
-    if recovery.action in (RecoveryAction.FAIL, RecoveryAction.BLOCK):
-        blocked = (
-            "; it blocks its key until an operator retries or cancels it"
-            if recovery.action is RecoveryAction.BLOCK
-            else ""
-        )
-        failed = {"finished_at": now, "error": f"{lost}; no recoveries left{blocked}"}
-        # What an operator's retry needs, if its row was written after the gate let the message go.
-        failed["message"] = Case(
-            When(message="", then=Value(recovery.message.decode())),
-            default=F("message"),
-            output_field=models.TextField(),
-        )
-        settle(recovery.ticket, Status.FAILED, **failed)
-        current().totals.count("finished", task_name, outcome=Status.FAILED)
-        return True
-    if recovery.action is RecoveryAction.REDISPATCH:
-        again = {"dispatched_at": now, "error": f"{lost}; dispatched again"}
-        settle(recovery.ticket, Status.DISPATCHED, **again)
-    # A redispatch's record was settled above; any other publish records its dispatch.
-    mark_dispatched = recovery.action is not RecoveryAction.REDISPATCH
-    return publish(app, recovery, mark_dispatched=mark_dispatched) is not Published.BROKER_REFUSED
-
-
-def _recorded(what: str, write: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
-    """``write(...)``, a write of records; if the database fails, None, logged: the recovery of keys goes on."""
-    try:
-        return write(*args, **kwargs)
-    except DatabaseError:
-        logger.warning("keyed queue reaper: %s failed; recovering keys goes on", what, exc_info=True)
-        return None
 
 
 @dataclass
@@ -503,7 +442,7 @@ def release(
             "finished meanwhile; look again"
         )
     for recovery in recoveries:
-        _act(app, recovery, reason=f"released by {by}")
+        carry_out(app, recovery, reason=f"released by {by}")
     current().recorder.flush()
     logger.info("keyed queue key=%r ticket=%s released by %s", key, ticket, by)
     return recoveries

@@ -36,8 +36,8 @@ from ..records.statuses import Status
 from ..records.submissions import RecordWriter
 from ..worker import handoff, handoff_runs
 from ..worker.attempt_errors import note_lost_process
+from ..worker.killed import end_killed_run
 from ..worker.reconnect import republish_after_reconnect, tolerate_lost_brpop_on_close
-from ..worker.run import end_killed_run
 from .reaper import WorkerReaper
 from .recovery import cancel, unknown_task, withdraw_revoked
 
@@ -103,9 +103,11 @@ def _end_revoked(
             if signum not in _ENDING_SIGNALS:
                 return  # e.g. SIGUSR1: the task sees an exception and ends its run itself
             end_killed_run(
+                sender.app,
                 sender.name,
                 request.id,
                 getattr(request, HEADER, None),
+                getattr(request, "worker_pid", None),
                 status=Status.CANCELLED,
                 reason=f"revoked by Celery, its process terminated ({signal.Signals(signum).name})",
             )

@@ -84,7 +84,7 @@ def terminate(app: Celery, consumer: Consumer, task_ids: Iterable[str], signum: 
 def _announce_terminated(app: Celery, consumer: Consumer, entry: dict[str, Any], signum: int) -> None:
     """What Celery's request does for a task it terminated: its result, the event, ``task_revoked``."""
     task = app.tasks.get(entry["task"])
-    request = Context({"id": entry["id"], "task": entry["task"], HEADER: entry[HEADER]})
+    request = Context({"id": entry["id"], "task": entry["task"], HEADER: entry[HEADER], "worker_pid": entry["pid"]})
     backend = task.backend if task is not None else app.backend
     backend.mark_as_revoked(entry["id"], "terminated", request=request)
     # The consumer's Events step sets event_dispatcher; celery-types' Consumer leaves it out.

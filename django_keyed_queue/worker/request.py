@@ -2,7 +2,7 @@
 
 Celery kills a run past its hard time limit from the worker's main process,
 which knows the message it killed, and so the attempt: its ticket header. The
-attempt is ended there (see ``run.end_killed_run``); any other attempt
+attempt is ended there once its process is gone (see ``killed``); any other attempt
 of the same task, such as the one a recovery started after this one stalled,
 goes on.
 
@@ -34,7 +34,8 @@ from ..messaging.message import HEADER, JOIN_HEADER, ticket_header
 from ..process.state import get_gate
 from ..records.statuses import Status
 from . import handoff_runs
-from .run import end_killed_run, join, send_when_due
+from .killed import end_killed_run
+from .run import join, send_when_due
 
 if TYPE_CHECKING:
     from billiard.einfo import ExceptionInfo
@@ -131,9 +132,11 @@ class KeyedRequest(Request):
             return  # the run sees SoftTimeLimitExceeded and ends itself, naming its lease
         try:
             end_killed_run(
+                self.task.app,
                 self.task.name,
                 self.id,
                 self._request_dict.get(HEADER),  # type: ignore[attr-defined]  # Request's own, not in celery-types
+                self.worker_pid,
                 status=Status.FAILED,
                 reason=f"hard time limit exceeded ({timeout}s)",
             )

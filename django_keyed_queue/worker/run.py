@@ -2,8 +2,8 @@
 
 ``Run.begin`` starts the ticket its message names (or, for a delayed task now
 due, takes one), ``finish`` ends it at the gate and dispatches what that
-grants, ``retry_in_place`` keeps the slot through ``self.retry()``, and
-``end_killed_run`` ends the attempt Celery killed. Every gate call here is made
+grants, and ``retry_in_place`` keeps the slot through ``self.retry()`` (an
+attempt Celery kills ends in ``killed``). Every gate call here is made
 after the fact, so each waits out a Redis restart (``outage``): giving up would
 leave the key held until its lease expires.
 """
@@ -38,7 +38,6 @@ from ..messaging.message import (
 )
 from ..process.outage import outlast_restart, take_ticket
 from ..process.state import current
-from ..records import submissions
 from ..records.columns import shown
 from ..records.statuses import Status
 from ..records.transitions import Transition
@@ -479,37 +478,3 @@ def failure_text(exc: BaseException) -> str:
     if len(trace) > TRACEBACK_CHARS:
         trace = "…" + trace[-TRACEBACK_CHARS:]
     return f"{type(exc).__name__}: {exc}\n\n{trace}"
-
-
-#: How long a run's process has to die, once Celery kills it on purpose, before its key moves on.
-KILLED_RUN_GRACE_SECONDS = 2.0
-
-
-def end_killed_run(task_name: str, task_id: str, header: dict[str, Any] | None, *, status: str, reason: str) -> bool:
-    """Celery is killing a running task's process on purpose (revoked with terminate, hard time limit).
-
-    ``header`` is the ticket header of the killed run's message: it names the
-    attempt (its ticket and dispatch; one dispatch starts at most one attempt).
-    That attempt, and no other, is not dispatched again as it would be after a
-    lost lease: it is fenced now, its record ends with ``status`` and
-    ``reason``, and the reaper frees its slot once the process had
-    ``KILLED_RUN_GRACE_SECONDS`` to die. False, with nothing changed, when no
-    attempt is named (a delayed task that took its ticket on arrival: its lease
-    runs out instead) or the named one no longer runs (it ended, or a recovery
-    replaced it).
-    """
-    if header is None:
-        logger.info("keyed queue task %s was killed (%s); its message names no attempt to end", task_id, reason)
-        return False
-    key, ticket, dispatch = header["key"], int(header["ticket"]), int(header["dispatch"])
-    if not current().gate.give_up(key, ticket, dispatch, grace_seconds=KILLED_RUN_GRACE_SECONDS):
-        logger.info(
-            "keyed queue task %s key=%r ticket=%s dispatch=%s was killed (%s) after it stopped holding its key",
-            task_id, key, ticket, dispatch, reason,
-        )  # fmt: skip
-        current().totals.count("fenced", task_name)
-        return False
-    submissions.settle(current().gate, task_id, key, ticket, status, finished_at=timezone.now(), error=reason)
-    current().totals.count("finished", task_name, outcome=status)
-    logger.info("keyed queue task %s key=%r ticket=%s dispatch=%s ended: %s", task_id, key, ticket, dispatch, reason)
-    return True

@@ -1,6 +1,7 @@
 """Submissions' rows, written from the records the gate keeps with their tickets (``records.submissions``)."""
 
 import logging
+import subprocess
 
 import pytest
 from django.utils import timezone
@@ -12,7 +13,7 @@ from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.records.statuses import Status
 from django_keyed_queue.records.transitions import Transition
 from django_keyed_queue.testing import write_submission_rows
-from django_keyed_queue.worker.run import end_killed_run
+from django_keyed_queue.worker.killed import end_killed_run
 from testproject.demo.tasks import step
 from tests.django.queues import QUEUE
 from tests.gate_redis import UNWRITTEN, index_scores
@@ -65,10 +66,14 @@ def test_ending_a_run_whose_row_is_not_written_yet_writes_it_first(gate_redis, b
     assert get_gate().start("k", 1, 1).ok
     header = {"key": "k", "ticket": 1, "dispatch": 1}
 
-    assert end_killed_run(step.name, result.id, header, status="failed", reason="hard time limit exceeded")
+    killed = subprocess.Popen(["true"])
+    killed.wait()
+
+    assert end_killed_run(step.app, step.name, result.id, header, killed.pid, status="failed",
+                          reason="hard time limit exceeded")  # fmt: skip
 
     row = KeyedTask.objects.get(task_id=result.id)
-    assert (row.status, row.error) == ("failed", "hard time limit exceeded")
+    assert (row.status, row.error) == ("failed", f"hard time limit exceeded; its process {killed.pid} ended")
     assert write_submission_rows() == 0
 
 

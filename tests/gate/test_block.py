@@ -116,11 +116,11 @@ def test_a_holder_written_before_the_policy_existed_reads_as_not_blocking(gate, 
     assert gate.renew([Lease("old", 1, 5)]) == {Lease("old", 1, 5): True}
 
 
-def test_a_run_killed_on_purpose_blocks_the_key_once_its_grace_passed(gate):
+def test_a_run_killed_on_purpose_blocks_the_key_once_it_ended(gate):
     ticket, token = running(gate, "k", max_lost=3)
-    assert gate.give_up("k", ticket, 1, grace_seconds=0.1)  # its hard time limit killed it
+    assert gate.stop("k", ticket, 1, by="", how="hard time limit exceeded")  # its hard time limit killed it
 
-    [recovery] = wait_until(lambda: gate.reap()[1], timeout=5, message="the grace to pass")
+    [recovery] = gate.release("k", ticket, dispatch=1)  # its worker saw its process end
     assert (recovery.action, gate.inspect("k").blocked) == (RecoveryAction.BLOCK, ticket), "no recovery, a block"
 
 

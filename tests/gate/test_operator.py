@@ -120,32 +120,72 @@ def test_paused_keys_are_read_in_bounded_steps(gate, gate_redis):
     assert gate.paused_keys(limit=100) == gate.paused_keys() == [f"k{n:02}" for n in range(50)]
 
 
-def test_a_given_up_run_is_fenced_now_and_failed_without_recovery_after_the_grace(make_gate, gate_redis):
+def test_a_stopped_run_keeps_its_slot_while_it_renews_and_fails_without_recovery_once_released(make_gate):
     gate = make_gate(lease_seconds=30)
     ticket, token = running(gate, "k", max_lost=3)
     parked = gate.submit("k", b"next")
-    assert gate.give_up("k", ticket, 1, grace_seconds=0.5)
-    assert not gate.holds(Lease("k", ticket, token)), "fenced at once: the killed run's writes are refused"
-    assert not gate.finish("k", ticket, token).ok
-    assert gate.reap()[1] == [], "the slot stays held through the grace: the next task must not overlap"
-    looks_at = gate_redis.zscore(DEADLINES.shard_of("k"), "k")
-    assert looks_at <= (time.time() + 0.5) * 1000, "the reaper looks after the grace"
-    recoveries = wait_until(lambda: gate.reap()[1], timeout=5, message="the grace to pass")
-    assert [(r.action, r.ticket) for r in recoveries] == [
-        (RecoveryAction.FAIL, ticket),
-        (RecoveryAction.GRANT, parked.ticket),
+
+    stopping = gate.stop("k", ticket, 1, by="ops", how="SIGTERM")
+
+    assert stopping is not None and (stopping.by, stopping.how) == ("ops", "SIGTERM")
+    assert gate.holds(Lease("k", ticket, token)), "not fenced: a process that outlives the signal keeps its key"
+    assert gate.renew([Lease("k", ticket, token)]) == {Lease("k", ticket, token): True}
+    assert gate.reap()[1] == [], "the slot stays held until the run has ended: the next task must not overlap"
+    assert gate.inspect("k").holders[ticket].stopping == stopping
+    # Its worker saw the process end: the release of that dispatch fails it, without a recovery.
+    recoveries = gate.release("k", ticket, dispatch=1)
+    assert [(r.action, r.ticket, r.stopped) for r in recoveries] == [
+        (RecoveryAction.FAIL, ticket, stopping),
+        (RecoveryAction.GRANT, parked.ticket, None),
     ]
+    assert gate.release("k", ticket, dispatch=1) == [], "a second end of it ends nothing"
 
 
-def test_giving_up_a_ticket_that_does_not_run_changes_nothing(gate, gate_redis):
+def test_a_stopped_run_whose_lease_expires_fails_naming_who_stopped_it(make_gate):
+    gate = make_gate(lease_seconds=0.3)
+    ticket, _ = running(gate, "k", max_lost=3)
+    stopping = gate.stop("k", ticket, 1, by="ops", how="SIGKILL")
+
+    [recovery] = wait_until(lambda: gate.reap()[1], timeout=5, message="the lease to expire")
+
+    assert (recovery.action, recovery.stopped) == (RecoveryAction.FAIL, stopping)
+    assert gate.inspect("k").holders == {}
+
+
+def test_the_first_stop_names_the_run_and_a_kill_by_celery_after_it_keeps_the_operators_name(gate):
+    ticket, _ = running(gate, "k")
+    first = gate.stop("k", ticket, 1, by="", how="revoked by Celery")
+    assert first is not None and first.by == ""
+    by_operator = gate.stop("k", ticket, 1, by="ops", how="SIGTERM")
+    assert by_operator is not None and by_operator.by == "ops" and by_operator.since_ms == first.since_ms
+    assert gate.stop("k", ticket, 1, by="", how="revoked by Celery") == by_operator
+    assert gate.stop("k", ticket, 1, by="other", how="SIGKILL") == by_operator, "a second stop changes nothing"
+
+
+def test_stopping_a_ticket_that_does_not_run_changes_nothing(gate, gate_redis):
     ticket, token = running(gate, "k")
     granted = gate.submit("other", b"m")
     before = {name: gate_redis.hgetall(KeyNames(name).holders) for name in ("k", "other")}
-    assert not gate.give_up("k", ticket, 2, grace_seconds=1), "another dispatch than the killed run's"
-    assert not gate.give_up("other", granted.ticket, 1, grace_seconds=1), "granted, not started"
-    assert not gate.give_up("k", 999, 1, grace_seconds=1)
+    assert gate.stop("k", ticket, 2, by="ops", how="SIGTERM") is None, "another dispatch than the run's"
+    assert gate.stop("other", granted.ticket, 1, by="ops", how="SIGTERM") is None, "granted, not started"
+    assert gate.stop("k", 999, 1, by="ops", how="SIGTERM") is None
     assert {name: gate_redis.hgetall(KeyNames(name).holders) for name in ("k", "other")} == before
     assert gate.holds(Lease("k", ticket, token))
+    assert gate.inspect("k").holders[ticket].stopping is None
+
+
+def test_a_stop_note_is_read_only_for_its_own_attempt(gate, gate_redis):
+    """Notes are kept in meta by ticket; one whose run ended is not read as a later run's (its dispatch
+    differs) and goes with the next stop."""
+    ticket, token = running(gate, "k", max_lost=3)
+    assert gate.stop("k", ticket, 1, by="ops", how="SIGTERM")
+    gate_redis.hset(KeyNames("k").meta, "stop:77", "1|5|SIGTERM|ghost")
+    gate_redis.hset(KeyNames("k").meta, f"stop:{ticket}", b"9|5|\xff|ghost")
+    assert gate.inspect("k").holders[ticket].stopping is None, "a note of another dispatch"
+    other, _ = running(gate, "j")
+    gate.stop("j", other, 1, by="ops", how="SIGTERM")
+    gate.stop("k", ticket, 1, by="ops", how="SIGTERM")
+    assert not gate_redis.hexists(KeyNames("k").meta, "stop:77"), "a note of a ticket that holds nothing went"
 
 
 def test_a_pause_keeps_who_paused_the_key_and_when_until_it_is_resumed(gate, gate_redis):

@@ -26,7 +26,7 @@
   ARGV[7] released_dispatch: with ARGV[5]: the dispatch of the ticket the operator released ('' = any):
           a ticket that moved on since (released already, started again) is left alone
 
-  Returns {next_deadline_ms, action1, ticket1, dispatch1, attempts1, message1, pushed1, action2, ...}
+  Returns {next_deadline_ms, action1, ticket1, dispatch1, attempts1, message1, pushed1, stopped1, action2, ...}
     next_deadline_ms  earliest deadline left among the key's holders, -1 if none
     action  'redispatch' | 'fail' | 'republish'  (publish message with dispatch, or fail the ticket)
             'block'                              (it failed and now blocks its key)
@@ -35,6 +35,7 @@
     pushed  1 = the message was pushed to the broker here (see push_granted); 0 or a refusal
             (common.lua's push_reply) = publish it
             (a 'republish' never is: its template is dropped, and its stored message is published)
+    stopped '<since_ms>|<how>|<by>' for a stopped run's end (see stop.lua), else ''
 ]]
 --- @include "common"
 
@@ -57,6 +58,7 @@ for i = 1, #holders, 2 do
   if holder.state ~= 'b' and (holder.deadline <= now or released
       or (holder.state == 'g' and holder.deadline <= republish_before)) then
     local message = redis.call('HGET', messages_key, ticket)
+    local stopped = holder.state == 'r' and stop_noted(meta_key, ticket, holder.dispatch)
     local action
     if holder.state == 'g' then
       action = 'republish'
@@ -86,6 +88,13 @@ for i = 1, #holders, 2 do
         redis.call('HSET', holders_key, ticket, encode_holder(holder))
       end
     end
+    local note = ''
+    if stopped then
+      note = string.format('%d|%s|%s', stopped.since, stopped.how, stopped.by)
+      if not dry_run then
+        redis.call('HDEL', meta_key, 'stop:' .. ticket)
+      end
+    end
     local pushed = 0
     if not dry_run and action == 'redispatch' then
       pushed = push_reply(KEYS[7], ticket, holder.dispatch)
@@ -96,8 +105,8 @@ for i = 1, #holders, 2 do
       redis.call('HDEL', KEYS[7], ticket)
     end
     local n = #out
-    out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5], out[n + 6] =
-      action, tonumber(ticket), holder.dispatch, holder.attempts, message, pushed
+    out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5], out[n + 6], out[n + 7] =
+      action, tonumber(ticket), holder.dispatch, holder.attempts, message, pushed, note
   end
 end
 
@@ -107,8 +116,8 @@ if freed then
     now + dispatch_timeout, {})
   for i = 1, #granted, 4 do
     local n = #out
-    out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5], out[n + 6] =
-      'grant', granted[i], granted[i + 1], 0, granted[i + 2], granted[i + 3]
+    out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5], out[n + 6], out[n + 7] =
+      'grant', granted[i], granted[i + 1], 0, granted[i + 2], granted[i + 3], ''
   end
   expire_if_idle(meta_key, queue_key, holders_key, horizon)
 end
@@ -130,7 +139,8 @@ for i = 1, #outcomes, 2 do
   local at, record = string.match(outcomes[i + 1], '^(%d+)|(.*)$')
   if tonumber(at) + grace <= now then
     local n = #out
-    out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5], out[n + 6] = 'outcome', 0, 0, 0, record, 0
+    out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5], out[n + 6], out[n + 7] =
+      'outcome', 0, 0, 0, record, 0, ''
   end
   -- Look again once it is due, or to see it was deleted.
   if out[1] < 0 or now + grace < out[1] then

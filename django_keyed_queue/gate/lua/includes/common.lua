@@ -106,6 +106,16 @@ local function effective_interval(meta_key, interval)
   return tonumber(redis.call('HGET', meta_key, 'interval_override')) or interval
 end
 
+-- Who stopped the attempt of `ticket` started by `dispatch` (stop.lua), when and how; nil if nobody did.
+local function stop_noted(meta_key, ticket, dispatch)
+  local raw = redis.call('HGET', meta_key, 'stop:' .. ticket)
+  local noted_dispatch, since, how, by = string.match(raw or '', '^(%d+)|(%d+)|([^|]*)|(.*)$')
+  if tonumber(noted_dispatch) ~= dispatch then
+    return nil
+  end
+  return {since = tonumber(since), how = how, by = by}
+end
+
 -- Whether the key grants nothing now: paused by an operator, or blocked by a failed ticket.
 local function grants_held(meta_key)
   return redis.call('HEXISTS', meta_key, 'paused') == 1 or redis.call('HEXISTS', meta_key, 'blocked') == 1

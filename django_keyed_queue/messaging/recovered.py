@@ -1,0 +1,103 @@
+"""Carrying out what the gate recovered: the reaper's finds, an operator's release, a stopped run's end.
+
+The gate's ``reap`` (and ``release``, its operator's form) decides in Redis what becomes of each
+due holder; here its message is published, or its task's record says how it ended. The reaper,
+the operator's actions and a worker ending a run it saw killed all come here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from django.db import DatabaseError, models
+from django.db.models import Case, F, Value, When
+from django.utils import timezone
+
+from ..exceptions import MessageRefused
+from ..gate import Recovery, RecoveryAction, Stopping
+from ..process.state import current, get_gate
+from ..records import submissions
+from ..records.models import KeyedTask
+from ..records.statuses import Status
+from ..records.transitions import Transition
+from .dispatch import Published, publish
+from .message import TaskMessage
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def carry_out(app: Celery, recovery: Recovery, reason: str = "", *, stopped_status: str = Status.FAILED) -> bool:
+    """Carry out one recovery; False if its message had to be published and the broker refused it.
+
+    ``reason``: why its run ended, for its record (default: its lease expired). A stopped run's
+    end (``recovery.stopped``) says who stopped it; its task fails (blocking its key, if its task
+    does), or ends ``stopped_status`` when Celery killed it and no operator stopped it.
+    """
+    if recovery.action is RecoveryAction.OUTCOME:
+        # A run finished but its worker died before writing the record.
+        try:
+            end = Transition.from_json(recovery.message or b"{}")
+        except (ValueError, TypeError, KeyError):
+            logger.error("keyed queue key=%r keeps an outcome that is not a record: %r", recovery.key, recovery.message)
+            return True
+        what = f"recording an outcome of key={recovery.key!r}"
+        if recorded(what, KeyedTask.objects.apply_setting_aside, [end]) is not None:
+            get_gate().forget_outcomes([(recovery.key, end.outcome_field)])
+        return True
+    if not recovery.message:  # a holder without a message: nothing to publish or record
+        logger.error("keyed queue holder without a message key=%r ticket=%s", recovery.key, recovery.ticket)
+        return True
+    try:
+        task_name, task_id = TaskMessage.peek(recovery.message)[:2]
+    except MessageRefused:
+        return publish(app, recovery) is not Published.BROKER_REFUSED  # which refuses it and fails its ticket
+    current().totals.count("recovered", task_name, outcome=recovery.action)
+    now = timezone.now()
+    lost = reason or f"its worker was lost: the lease of attempt {recovery.attempts} expired"
+    settle = partial(recorded, "recording a recovery", submissions.settle, get_gate(), task_id, recovery.key)
+    if recovery.action in (RecoveryAction.FAIL, RecoveryAction.BLOCK):
+        blocks = recovery.action is RecoveryAction.BLOCK
+        blocked = "; it blocks its key until an operator retries or cancels it" if blocks else ""
+        if recovery.stopped is not None:
+            ended = f"{stopped_text(recovery.stopped)}; {reason or 'its lease expired: its process is gone'}"
+            status = Status.FAILED if blocks or recovery.stopped.by else stopped_status
+        else:
+            ended, status = f"{lost}; no recoveries left", Status.FAILED
+        failed: dict[str, Any] = {"finished_at": now, "error": f"{ended}{blocked}"}
+        # What an operator's retry needs, if its row was written after the gate let the message go.
+        failed["message"] = Case(
+            When(message="", then=Value(recovery.message.decode())),
+            default=F("message"),
+            output_field=models.TextField(),
+        )
+        settle(recovery.ticket, status, **failed)
+        current().totals.count("finished", task_name, outcome=status)
+        return True
+    if recovery.action is RecoveryAction.REDISPATCH:
+        again = {"dispatched_at": now, "error": f"{lost}; dispatched again"}
+        settle(recovery.ticket, Status.DISPATCHED, **again)
+    # A redispatch's record was settled above; any other publish records its dispatch.
+    mark_dispatched = recovery.action is not RecoveryAction.REDISPATCH
+    return publish(app, recovery, mark_dispatched=mark_dispatched) is not Published.BROKER_REFUSED
+
+
+def stopped_text(stopping: Stopping) -> str:
+    """How a stopped run's record says it was stopped: by whom and how, or why Celery killed it."""
+    return f"stopped by {stopping.by} ({stopping.how})" if stopping.by else stopping.how
+
+
+def recorded(what: str, write: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
+    """``write(...)``, a write of records; if the database fails, None, logged: the recovery of keys goes on."""
+    try:
+        return write(*args, **kwargs)
+    except DatabaseError:
+        logger.warning("keyed queue reaper: %s failed; recovering keys goes on", what, exc_info=True)
+        return None

@@ -1,0 +1,128 @@
+"""A run Celery kills on purpose ends when its process has ended, never before.
+
+Celery kills a running task's pool process when the task is revoked with ``terminate`` (an
+operator's Stop sends that revoke, to the worker that runs it) or passes its hard time limit,
+from the worker's main process, which knows the message it killed and so the attempt: its
+ticket header. That attempt is stopped at the gate at once (``Gate.stop``: it is not recovered,
+and it keeps its key's slot), and the main process watches the pool process: once it is gone,
+that dispatch is released, its task's record ends naming who stopped it, and its key's next
+task goes out. A process that outlives the signal goes on renewing its lease, and its key stays
+held; one that is never seen to end (its worker died too) is ended by its lease's end, by the
+reaper. The key's next task never starts beside it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections
+
+from ..conf import settings
+from ..messaging.recovered import carry_out
+from ..process.state import current
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+logger = logging.getLogger(__name__)
+
+#: How often the main process looks whether a killed run's process is gone.
+WATCH_SECONDS = 0.05
+
+
+def end_killed_run(
+    app: Celery,
+    task_name: str,
+    task_id: str,
+    header: dict[str, Any] | None,
+    pid: object,
+    *,
+    status: str,
+    reason: str,
+) -> bool:
+    """Celery is killing the process ``pid`` that runs a task, on purpose: stop the attempt its message
+    names, and end it once that process is gone (``status``: its record's, unless an operator stopped it;
+    ``reason``: why Celery killed it). False, with nothing changed, when no attempt is named (a delayed
+    task that took its ticket on arrival: its lease runs out instead) or the named one no longer runs
+    (it ended, or a recovery replaced it)."""
+    if header is None:
+        logger.info("keyed queue task %s was killed (%s); its message names no attempt to end", task_id, reason)
+        return False
+    key, ticket, dispatch = header["key"], int(header["ticket"]), int(header["dispatch"])
+    stopping = current().gate.stop(key, ticket, dispatch, by="", how=reason)
+    if stopping is None:
+        logger.info(
+            "keyed queue task %s key=%r ticket=%s dispatch=%s was killed (%s) after it stopped holding its key",
+            task_id, key, ticket, dispatch, reason,
+        )  # fmt: skip
+        current().totals.count("fenced", task_name)
+        return False
+    if not isinstance(pid, int) or isinstance(pid, bool):  # Celery's request may lack it
+        logger.warning("keyed queue task %s was killed (%s) in no known process: its lease ends it", task_id, reason)
+        return True
+    started = _process_start(pid)
+    if started is None:  # gone already (SIGKILL): ended here and now
+        _end(app, task_id, key, ticket, dispatch, pid, status)
+        return True
+    watch = threading.Thread(
+        target=_end_once_gone,
+        args=(app, task_id, key, ticket, dispatch, pid, started, status),
+        name="keyed-queue-killed-run",
+        daemon=True,
+    )
+    watch.start()
+    return True
+
+
+def _end_once_gone(
+    app: Celery, task_id: str, key: str, ticket: int, dispatch: int, pid: int, started: str, status: str
+) -> None:
+    # Past two leases the process outlived its signal: its renewals, or their end, decide.
+    give_up_at = time.monotonic() + 2 * float(settings.LEASE_SECONDS)
+    while _process_start(pid) == started:
+        if time.monotonic() > give_up_at:
+            logger.warning(
+                "keyed queue task %s key=%r: its process %s outlived the signal that was to end it; it keeps its "
+                "key while it renews its lease", task_id, key, pid,
+            )  # fmt: skip
+            return
+        time.sleep(WATCH_SECONDS)
+    try:
+        _end(app, task_id, key, ticket, dispatch, pid, status)
+    finally:
+        connections.close_all()  # this thread's own
+
+
+def _end(app: Celery, task_id: str, key: str, ticket: int, dispatch: int, pid: int, status: str) -> None:
+    """The killed run's process is gone: release its dispatch, record its end, publish what that grants."""
+    try:
+        for recovery in current().gate.release(key, ticket, dispatch=dispatch):
+            carry_out(app, recovery, reason=f"its process {pid} ended", stopped_status=status)
+        current().recorder.flush()
+        logger.info("keyed queue task %s key=%r ticket=%s ended with its process %s", task_id, key, ticket, pid)
+    except Exception:
+        logger.exception("keyed queue task %s key=%r: its killed run is ended at its lease's end instead", task_id, key)
+
+
+def _process_start(pid: int) -> str | None:
+    """What tells process ``pid`` apart from a later one given its number: its start time (Linux's
+    /proc), or "alive" where there is no /proc; None once it is gone (or a zombie, its run over)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            # After the command's closing parenthesis: state is the first field, start time the 20th.
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return "alive"
+    return None if fields[0] in (b"Z", b"X") else fields[19].decode()
