@@ -59,6 +59,7 @@ PERMISSIONS = {
     "pause": "pause_key",
     "resume": "resume_key",
     "limit": "change_key_limits",
+    "stop": "stop_keyedtask",
 }
 
 
@@ -208,6 +209,9 @@ class KeyedTaskAdmin(_PagesOfOurs):
     def has_retry_permission(self, request) -> bool:
         return self._allowed(request, "retry")
 
+    def has_stop_permission(self, request) -> bool:
+        return self._allowed(request, "stop")
+
     def has_release_permission(self, request) -> bool:
         return self._allowed(request, "release")
 
@@ -250,11 +254,18 @@ class KeyedTaskAdmin(_PagesOfOurs):
         for task in queryset.defer("message", "arguments"):
             self._act_on_task(request, task, action)
 
-    def _act_on_task(self, request, task: KeyedTask, action: str, seen: dict[str, int] | None = None) -> None:
+    def _act_on_task(
+        self,
+        request,
+        task: KeyedTask,
+        action: str,
+        seen: dict[str, int] | None = None,
+        picked: dict[str, str] | None = None,
+    ) -> None:
         """Do ``action``, log it, and tell the operator what happened, with a link to the task that runs now."""
         by = _who(request)
         with self._refusals(request):
-            text, runs = task_actions.perform(action, task, by, seen)
+            text, runs = task_actions.perform(action, task, by, seen, picked)
             if runs is None or runs == task.task_id:
                 self.log_change(request, task, text)
                 said = format_html("{}", text)
@@ -368,11 +379,15 @@ class KeyedTaskAdmin(_PagesOfOurs):
                 "verb": task_actions.VERBS[action],
                 "task_url": page,
                 "back": back or page,
+                "instead_url": proposal.instead
+                and self._allowed(request, proposal.instead)
+                and reverse("admin:keyed_queue_task_act", args=[task.pk, proposal.instead]),
             }
             return TemplateResponse(request, "admin/keyed_queue/keyedtask/confirm_action.html", context)
         # What the operator confirmed: a release frees only the dispatch they were shown.
         seen = {name: int(request.POST[name]) for name in ("ticket", "dispatch") if _number(request.POST.get(name, ""))}
-        self._act_on_task(request, task, action, seen)
+        picked = {"signal": request.POST["signal"]} if "signal" in request.POST else None
+        self._act_on_task(request, task, action, seen, picked)
         return HttpResponseRedirect(back or page)
 
     # -- the live keys page, reached from the task list --

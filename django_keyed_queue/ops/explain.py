@@ -19,6 +19,7 @@ from django.utils import timezone
 from ..exceptions import MessageRefused
 from ..gate import Holder, KeySnapshot
 from ..messaging.message import TaskMessage
+from ..messaging.recovered import stopped_text
 from ..process.leases import renewal_seconds
 from ..process.state import get_gate
 from ..records import idempotency
@@ -194,7 +195,7 @@ def _holding(key_state: Explanation, own: Holding, snapshot: KeySnapshot) -> Exp
         state = "retrying" if task.status == Status.RETRYING else "running"
         worker = f" on {task.worker}" if task.worker else ""
         held = f"it holds its key: {state} for {since(own.since)}{worker}"
-        return replace(key_state, state=state, reasons=[*_dead_run(task, own), held])
+        return replace(key_state, state=state, reasons=[*_being_stopped(own), *_dead_run(task, own), held])
     recovered = _recovered(task)
     reasons = [*recovered]
     registered = registered_task(None, task.task_name)
@@ -225,6 +226,16 @@ def _holding(key_state: Explanation, own: Holding, snapshot: KeySnapshot) -> Exp
     waits = "not started by a worker yet" if waits_for_time else "waiting for a worker to start it"
     reasons.append(f"it holds its key: dispatched {since(own.since)} ago, {waits}")
     return replace(key_state, state="dispatched", reasons=reasons, next_slot_in=next_slot)
+
+
+def _being_stopped(own: Holding) -> list[str]:
+    """A run an operator stopped, or Celery is killing, first: its key waits for it to end."""
+    stopping = own.slot.stopping if own.slot is not None else None
+    if stopping is None:
+        return []
+    ago = since(from_epoch(stopping.since_ms / 1000))
+    return [f"it is being ended: {stopped_text(stopping)}, {ago} ago; its key moves on once the run has ended "
+            "(its worker sees its process gone, or its lease ends unrenewed)"]  # fmt: skip
 
 
 def _dead_run(task: KeyedTask, own: Holding) -> list[str]:

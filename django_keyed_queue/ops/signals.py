@@ -22,6 +22,7 @@ from celery.signals import (
     worker_shutdown,
 )
 from celery.utils.functional import maybe_list
+from celery.worker import state as worker_state
 from celery.worker.control import Panel
 from django.core.signals import setting_changed
 from django.dispatch import receiver
@@ -40,6 +41,7 @@ from ..worker.killed import end_killed_run
 from ..worker.reconnect import republish_after_reconnect, tolerate_lost_brpop_on_close
 from .reaper import WorkerReaper
 from .recovery import cancel, unknown_task, withdraw_revoked
+from .stop import STOP_ONLY
 
 logger = logging.getLogger(__name__)
 #: Signals that end a pool process: a run terminated with them never finishes by itself.
@@ -70,8 +72,12 @@ def _withdraw_revoked_tasks() -> None:
 
     @functools.wraps(celery_revoke)
     def revoke(state, task_id, terminate: bool = False, signal: Any = None, **kwargs: Any) -> Any:
+        stop_only = kwargs.pop(STOP_ONLY, False)
         reply = celery_revoke(state, task_id, terminate=terminate, signal=signal, **kwargs)
         task_ids = maybe_list(task_id) or []
+        if stop_only:  # an operator's Stop ended the run; the task itself is not revoked
+            for stopped in task_ids:
+                worker_state.revoked.discard(stopped)
         try:
             if terminate:
                 signum = platform_signals.signum(signal or TERM_SIGNAME)

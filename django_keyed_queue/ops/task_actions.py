@@ -17,13 +17,13 @@ from ..gate import Holder
 from ..process.state import get_gate
 from ..records.models import KeyedTask
 from ..records.statuses import Status
-from . import recovery
+from . import recovery, stop
 from .display import did, since
 
-ACTIONS = ("retry", "cancel", "release")
+ACTIONS = ("retry", "cancel", "stop", "release")
 
 #: What an operator is told an action does, as a button says it.
-VERBS = {"retry": "Retry", "cancel": "Cancel", "release": "Release"}
+VERBS = {"retry": "Retry", "cancel": "Cancel", "stop": "Stop", "release": "Release"}
 
 
 @dataclass
@@ -36,6 +36,10 @@ class Proposal:
     refusal: str = ""
     #: What the confirmation posts back: the release's ticket and dispatch, as the operator saw them.
     seen: dict[str, int] = field(default_factory=dict)
+    #: What the operator picks as they confirm: a name, and its choices (the first is the default).
+    choices: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    #: Another action the operator may want instead (a running task's Release offers Stop).
+    instead: str = ""
 
     @property
     def applies(self) -> bool:
@@ -51,6 +55,8 @@ def available(task: KeyedTask, holder: Holder | None) -> list[str]:
         found.append("cancel")
     elif task.status == Status.FAILED and holder is not None and holder.state == "blocked":
         found.append("cancel")
+    if holder is not None and holder.state == "running":
+        found.append("stop")
     if holder is not None and holder.state in ("running", "granted"):
         found.append("release")
     return found
@@ -95,6 +101,24 @@ def propose(action: str, task: KeyedTask) -> Proposal:
                 f"{name} leaves the queue of key {key!r} and never runs; its record says you cancelled it.",
                 "If a worker starts it first, the cancel is refused: release it then.",
             ]
+    elif action == "stop":
+        assert holder is not None
+        refusal = stop.cannot_end(current_app, task.worker if task.attempts == holder.attempts else "")
+        if refusal:
+            proposal.refusal = refusal
+            return proposal
+        proposal.seen = {"ticket": task.ticket or 0, "dispatch": holder.dispatch}
+        proposal.choices = {"signal": stop.SIGNALS}
+        ran = f" for {since(task.started_at)}" if task.started_at else ""
+        where = f" on worker {task.worker}" if task.worker else ""
+        proposal.what = [
+            f"The run of {name}{ran}{where} (ticket {task.ticket}, attempt {holder.attempts}) is ended: Celery's "
+            "worker kills its process with the signal you pick (SIGTERM lets it run its exit handlers; SIGKILL "
+            "cannot be ignored).",
+            f"Key {key!r} keeps it until the run has ended (its worker sees the process gone, or its lease ends): "
+            "the next task starts after it, never beside it. The task fails, stopped by you"
+            f"{', and blocks its key' if holder.blocks_on_failure else ''}; it is not dispatched again.",
+        ]
     else:
         assert holder is not None
         proposal.seen = {"ticket": task.ticket or 0, "dispatch": holder.dispatch}
@@ -114,14 +138,19 @@ def propose(action: str, task: KeyedTask) -> Proposal:
                 f"self.holds_key(), or stores self.keyed_lease.token ({holder.token}) with its writes and "
                 "refuses older tokens, stays safe.",
             ]
+            if "stop" in available(task, holder):
+                proposal.instead = "stop"
     return proposal
 
 
-def perform(action: str, task: KeyedTask, by: str, seen: dict[str, int] | None = None) -> tuple[str, str | None]:
+def perform(
+    action: str, task: KeyedTask, by: str, seen: dict[str, int] | None = None, picked: dict[str, str] | None = None
+) -> tuple[str, str | None]:
     """Do ``action`` on ``task``: what was done, and the id of the task that now runs (a retry's, which the
     text then ends by naming), if any.
-    ActionRefused if it no longer applies. ``seen``: the release's ticket and dispatch as the operator
-    confirmed them (None: as they are now, for the task list's action on many tasks)."""
+    ActionRefused if it no longer applies. ``seen``: the ticket and dispatch a release or stop names, as the
+    operator confirmed them (None: as they are now, for the task list's action on many tasks); ``picked``:
+    what the operator chose among the proposal's ``choices``."""
     if action == "retry":
         new_id = recovery.retry(task.task_id, by=by)
         if new_id == task.task_id:
@@ -134,8 +163,11 @@ def perform(action: str, task: KeyedTask, by: str, seen: dict[str, int] | None =
     if task.ticket is None:
         raise ActionRefused(f"task {task.task_id} has no ticket: it holds no key")
     if seen is not None and (seen.get("ticket") != task.ticket or "dispatch" not in seen):
-        raise ActionRefused("the release names no ticket and dispatch of this task: look again")
+        raise ActionRefused(f"the {action} names no ticket and dispatch of this task: look again")
     dispatch = None if seen is None else seen["dispatch"]
+    if action == "stop":
+        signal = (picked or {}).get("signal", stop.SIGNALS[0])
+        return stop.stop(task.task_id, by=by, signal=signal, dispatch=dispatch).said(), None
     released = recovery.release(task.key, task.ticket, dispatch=dispatch, task_id=task.task_id, by=by)
     return f"Released by {by} ({', '.join(r.action for r in released if r.ticket == task.ticket)})", None
 
@@ -147,7 +179,9 @@ def _not_now(action: str, task: KeyedTask, holder: Holder | None) -> str:
         return f"it {did(task.status)}: only a failed task can be retried"
     if action == "cancel":
         if holder is not None and holder.state == "running":
-            return "it is running: release it instead"
+            return "it is running: stop it instead"
         only = "only a waiting or dispatched task, or a failed one that blocks its key, is cancelled"
         return f"it {did(task.status)}: {only}"
+    if action == "stop":
+        return "it is not running: only a running task is stopped"
     return "it holds no slot of its key now: it is not running or dispatched"

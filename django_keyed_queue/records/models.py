@@ -68,6 +68,8 @@ class KeyedTask(models.Model):
             ("pause_key", _("Can pause a key")),
             ("resume_key", _("Can resume a key")),
             ("change_key_limits", _("Can set a key's limit and rate")),
+            ("stop_keyedtask", _("Can stop a running keyed task")),
+            ("run_now_keyedtask", _("Can start a delayed keyed task now")),
         ]
 
     def __str__(self) -> str:
