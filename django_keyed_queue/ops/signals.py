@@ -35,7 +35,7 @@ from ..messaging.message import HEADER
 from ..process.state import WorkerTraits, current, note_worker
 from ..records.statuses import Status
 from ..records.submissions import RecordWriter
-from ..worker import handoff, handoff_runs
+from ..worker import handoff, handoff_runs, killed
 from ..worker.attempt_errors import note_lost_process
 from ..worker.killed import end_killed_run
 from ..worker.reconnect import republish_after_reconnect, tolerate_lost_brpop_on_close
@@ -82,6 +82,7 @@ def _withdraw_revoked_tasks() -> None:
             if terminate:
                 signum = platform_signals.signum(signal or TERM_SIGNAME)
                 handoff_runs.terminate(state.app, state.consumer, task_ids, signum)
+                killed.kill_again(state.consumer.pool, task_ids, signum)
             withdraw_revoked(task_ids, app=state.app)
         except Exception:
             logger.exception("revoked task ids %s: the keyed ones could not be withdrawn or killed", task_id)
@@ -113,7 +114,8 @@ def _end_revoked(
                 sender.name,
                 request.id,
                 getattr(request, HEADER, None),
-                getattr(request, "worker_pid", None),
+                # Celery's request context lacks it: its request noted it (a run by local handoff carries it).
+                killed.terminating.pop(request.id, None) or getattr(request, "worker_pid", None),
                 status=Status.CANCELLED,
                 reason=f"revoked by Celery, its process terminated ({signal.Signals(signum).name})",
             )

@@ -33,6 +33,11 @@ logger = logging.getLogger(__name__)
 #: How often the main process looks whether a killed run's process is gone.
 WATCH_SECONDS = 0.05
 
+#: Runs Celery is killing for a revoke with terminate, noted by the request (``request``): task id -> process.
+terminating: dict[str, object] = {}
+#: The runs this main process watches end: task id -> their process and its start (``_process_start``).
+_watched: dict[str, tuple[int, str]] = {}
+
 
 def end_killed_run(
     app: Celery,
@@ -68,6 +73,7 @@ def end_killed_run(
     if started is None:  # gone already (SIGKILL): ended here and now
         _end(app, task_id, key, ticket, dispatch, pid, status)
         return True
+    _watched[task_id] = (pid, started)
     watch = threading.Thread(
         target=_end_once_gone,
         args=(app, task_id, key, ticket, dispatch, pid, started, status),
@@ -81,20 +87,35 @@ def end_killed_run(
 def _end_once_gone(
     app: Celery, task_id: str, key: str, ticket: int, dispatch: int, pid: int, started: str, status: str
 ) -> None:
-    # Past two leases the process outlived its signal: its renewals, or their end, decide.
-    give_up_at = time.monotonic() + 2 * float(settings.LEASE_SECONDS)
-    while _process_start(pid) == started:
-        if time.monotonic() > give_up_at:
-            logger.warning(
-                "keyed queue task %s key=%r: its process %s outlived the signal that was to end it; it keeps its "
-                "key while it renews its lease", task_id, key, pid,
-            )  # fmt: skip
-            return
-        time.sleep(WATCH_SECONDS)
+    # Past a few leases the process outlived its signal: its renewals, or their end, decide.
+    give_up_at = time.monotonic() + 4 * float(settings.LEASE_SECONDS)
     try:
+        while _process_start(pid) == started:
+            if time.monotonic() > give_up_at:
+                logger.warning(
+                    "keyed queue task %s key=%r: its process %s outlived the signal that was to end it; it keeps "
+                    "its key while it renews its lease", task_id, key, pid,
+                )  # fmt: skip
+                return
+            time.sleep(WATCH_SECONDS)
         _end(app, task_id, key, ticket, dispatch, pid, status)
     finally:
+        _watched.pop(task_id, None)
         connections.close_all()  # this thread's own
+
+
+def kill_again(pool: Any, task_ids: list[str], signum: int) -> list[str]:
+    """Revoked with ``terminate`` again: signal the processes of those of ``task_ids`` that were killed
+    already and still run (Celery forgot them when it first killed them: a SIGKILL after an ignored
+    SIGTERM would reach nobody). The task ids signalled."""
+    signalled = []
+    for task_id in task_ids:
+        pid, started = _watched.get(task_id, (0, ""))
+        if pid and _process_start(pid) == started:
+            logger.info("Terminating %s again (%s), in process %s", task_id, signum, pid)
+            pool.terminate_job(pid, signum)
+            signalled.append(task_id)
+    return signalled
 
 
 def _end(app: Celery, task_id: str, key: str, ticket: int, dispatch: int, pid: int, status: str) -> None:

@@ -33,7 +33,7 @@ from ..gate import Grant
 from ..messaging.message import HEADER, JOIN_HEADER, ticket_header
 from ..process.state import get_gate
 from ..records.statuses import Status
-from . import handoff_runs
+from . import handoff_runs, killed
 from .killed import end_killed_run
 from .run import join, send_when_due
 
@@ -125,6 +125,12 @@ class KeyedRequest(Request):
                 self.acknowledge()
                 return None
         return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+
+    def terminate(self, pool: Any, signal: Any = None) -> None:
+        """Revoked with ``terminate``: Celery kills the process and tells ``task_revoked`` without it; note it."""
+        if self.time_start and self.worker_pid:
+            killed.terminating[self.id] = self.worker_pid
+        super().terminate(pool, signal)
 
     def on_timeout(self, soft: bool, timeout: float) -> None:
         super().on_timeout(soft, timeout)

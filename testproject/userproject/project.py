@@ -102,13 +102,14 @@ class UserProject:
     def manage(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         return self.run([sys.executable, "manage.py", *args], check=check)
 
-    def worker(self, name: str, concurrency: int = 2) -> Worker:
-        """A worker started as Celery's docs say: ``celery -A mysite worker -l INFO``, named for the host."""
+    def worker(self, name: str, concurrency: int = 2, pool: str = "") -> Worker:
+        """A worker started as Celery's docs say: ``celery -A mysite worker -l INFO``, named for the host
+        (``pool``: Celery's ``--pool``, else its default, prefork)."""
         worker = Worker(
             name,
             self.directory / "logs",
             concurrency=concurrency,
-            args=(),
+            args=(f"--pool={pool}",) if pool else (),
             project="mysite",
             cwd=self.directory,
             base_env=self.env,

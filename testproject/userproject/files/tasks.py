@@ -6,6 +6,7 @@ written, so the file orders starts and ends across workers without comparing clo
 
 import json
 import os
+import signal
 import time
 
 from celery import shared_task
@@ -98,6 +99,16 @@ def strict_step(self, key: str, n: int, seconds: float = 0.0) -> int:
     """A ledger's step: it fails while the file ``fail-<key>-<n>`` is in the project, and then its key
     runs nothing more until an operator retries or cancels it."""
     return failing_while_told(self.request.id, key, n, seconds)
+
+
+@keyed_serial_task(key="{key}", bind=True)
+def stubborn_step(self, key: str, n: int, seconds: float = 0.0) -> int:
+    """A run that ignores SIGTERM (as code stuck in a C call, or with its own handler, may): only SIGKILL ends it."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        return logged(self.request.id, key, n, seconds)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 @keyed_serial_task(key="{key}", bind=True)
