@@ -8,6 +8,7 @@ import threading
 import pytest
 from django.contrib.admin.models import LogEntry
 from django.core.management import CommandError, call_command
+from django.db import connections
 from django.urls import reverse
 from django.utils import timezone
 
@@ -120,6 +121,8 @@ def test_racing_stops_stop_the_run_once(gate_redis, broker):
             said.append(stop.stop(task.task_id, by=by, dispatch=1).stopping)
         except Exception as exc:  # noqa: BLE001  # reported below
             errors.append(exc)
+        finally:
+            connections.close_all()  # this thread's own
 
     threads = [threading.Thread(target=stop_it, args=(f"op{n}",)) for n in range(6)]
     for thread in threads:
