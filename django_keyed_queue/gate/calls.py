@@ -191,6 +191,11 @@ def stop(key: str, *, ticket: int, dispatch: int, by: str, how: str) -> ScriptCa
     return ScriptCall("stop", [n.meta, n.holders], [ticket, dispatch, by, how])
 
 
+def run_now(key: str, *, ticket: int, dispatch: int, dispatch_timeout_ms: int) -> ScriptCall:
+    n = KeyNames(key)
+    return ScriptCall("run_now", [n.meta, n.holders, n.messages, n.wires], [ticket, dispatch, dispatch_timeout_ms])
+
+
 def renew(key: str, *, lease_ms: int, leases: Iterable[Lease]) -> ScriptCall:
     """``leases``: the key's own, sent as ticket, token pairs."""
     return ScriptCall(
@@ -249,12 +254,13 @@ def reap(
 
 
 def republish_soon(
-    key: str, *, ticket: int, dispatch: int, delay_ms: int, undelivered_keep_ms: int | None = None
+    key: str, *, ticket: int, dispatch: int, delay_ms: int, undelivered_keep_ms: int | None = None, later: bool = False
 ) -> ScriptCall:
-    """With ``undelivered_keep_ms``, the drop is counted (KEYS[2] and ARGV[4] are sent); else they are not."""
+    """With ``undelivered_keep_ms``, the drop is counted (KEYS[2] and ARGV[4] are sent); else they are not.
+    ``later``: the deadline is set also if it is later than the one it had."""
     n = KeyNames(key)
     if undelivered_keep_ms is None:
-        return ScriptCall("republish_soon", [n.holders], [ticket, dispatch, delay_ms])
+        return ScriptCall("republish_soon", [n.holders], [ticket, dispatch, delay_ms, "", _flag(later)])
     return ScriptCall("republish_soon", [n.holders, n.undelivered], [ticket, dispatch, delay_ms, undelivered_keep_ms])
 
 

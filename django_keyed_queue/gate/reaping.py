@@ -104,17 +104,25 @@ class ReaperCalls(GateBase):
         """
         return self._republish_soon(key, ticket, dispatch, delay_seconds, count=False) is not None
 
+    def republish_after(self, key: str, ticket: int, dispatch: int, *, delay_seconds: float) -> bool:
+        """A granted ticket's message went out with an eta: the reaper publishes it again only
+        ``delay_seconds`` from now (past that eta), not at its dispatch deadline. False if the ticket is no
+        longer granted with that dispatch."""
+        return self._republish_soon(key, ticket, dispatch, delay_seconds, count=False, later=True) is not None
+
     def undelivered(self, key: str, ticket: int, dispatch: int, *, delay_seconds: float) -> int | None:
         """A worker dropped the message of a granted ticket undelivered (it knows no such task): the reaper
         publishes it after ``delay_seconds``. How many times the ticket was dropped so, or None if it is no
         longer granted with that dispatch."""
         return self._republish_soon(key, ticket, dispatch, delay_seconds, count=True)
 
-    def _republish_soon(self, key: str, ticket: int, dispatch: int, delay_seconds: float, *, count: bool) -> int | None:
+    def _republish_soon(
+        self, key: str, ticket: int, dispatch: int, delay_seconds: float, *, count: bool, later: bool = False
+    ) -> int | None:
         delay_ms = seconds_to_ms(delay_seconds)
         call = calls.republish_soon(
             key, ticket=ticket, dispatch=dispatch, delay_ms=delay_ms,
-            undelivered_keep_ms=self.idle_horizon_ms if count else None,
+            undelivered_keep_ms=self.idle_horizon_ms if count else None, later=later,
         )  # fmt: skip
         [(code, *drops)] = self._pipelined([call], index=key, index_within_ms=delay_ms)
         logger.debug("republish_soon key=%r ticket=%s code=%s", key, ticket, Code(code).name)

@@ -28,7 +28,7 @@ from ..records import submissions
 from ..records.statuses import Status
 from ..records.transitions import Transition
 from .building import publish_stored
-from .message import TaskMessage, ticket_header
+from .message import TaskMessage, sent_eta, ticket_header
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -90,9 +90,12 @@ def publish(
     mark_dispatched: bool = True,
     then: list[Grant | Recovery] | None = None,
     countdown: float = 0.0,
+    at_once: bool = False,
 ) -> Published:
     """Publish a granted ticket's stored message and, with ``mark_dispatched``, record its task dispatched;
-    with ``countdown``, for then (Celery's ``eta``: a worker holds it until then, in no pool process).
+    with ``countdown``, for then (Celery's ``eta``: a worker holds it until then, in no pool process);
+    ``at_once``, without the eta it was sent with (an operator's Run now). A message that keeps an eta
+    (a debounce's) is published again by the reaper only past it, if it is lost.
 
     A message the broker refuses is published again by the reaper within
     ``REPUBLISH_DELAY_SECONDS`` (or, if Redis is unreachable too, the dispatch
@@ -100,7 +103,7 @@ def publish(
     task fails and its key moves on; the tickets granted in its place are
     appended to ``then``, or published now.
     """
-    if grant.pushed and countdown <= 0:
+    if grant.pushed and countdown <= 0 and not at_once:
         # The gate pushed it onto the broker's queue as it granted it: only the record is left.
         try:
             task_id = TaskMessage.peek(grant.message)[1]  # type: ignore[arg-type]  # a grant's message
@@ -125,6 +128,8 @@ def publish(
         header = ticket_header(grant.key, grant.ticket, grant.dispatch)
         if countdown > 0:
             header["eta"] = (app.now() + timedelta(seconds=countdown)).isoformat()
+        elif at_once:
+            header["eta"] = None
         publish_stored(app, message, header)
     except Exception:
         logger.exception(
@@ -143,6 +148,14 @@ def publish(
         return Published.BROKER_REFUSED
     if mark_dispatched:
         record_dispatched(grant, message.task_id, dispatched_at)
+    eta = None if countdown > 0 or at_once else sent_eta(message)
+    if eta is not None and eta > dispatched_at:
+        # Its dispatch deadline runs from its eta, as the submission of a debounced task set it.
+        wait = (eta - dispatched_at).total_seconds() + current().gate.dispatch_timeout_ms / 1000
+        try:
+            current().gate.republish_after(grant.key, grant.ticket, grant.dispatch, delay_seconds=wait)
+        except Exception:
+            logger.warning("key=%r ticket=%s may be published again before its eta", grant.key, grant.ticket)
     return Published.SENT
 
 

@@ -16,7 +16,7 @@ import binascii
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
@@ -209,3 +209,13 @@ def gate_message(
         if name not in LOCAL_OPTIONS and name not in DELAY_OPTIONS and name != "task_id" and value is not None
     }
     return TaskMessage(task_name, task_id, tuple(args), dict(kwargs), stored, sent)
+
+
+def sent_eta(message: TaskMessage) -> datetime | None:
+    """When the message as Celery built it may start (its ``eta`` header), aware; None if it has none."""
+    eta = (message.sent or {}).get("headers", {}).get("eta")
+    try:
+        moment = datetime.fromisoformat(eta) if isinstance(eta, str) else None
+    except ValueError:
+        return None
+    return moment.replace(tzinfo=UTC) if moment is not None and moment.tzinfo is None else moment

@@ -60,6 +60,7 @@ PERMISSIONS = {
     "resume": "resume_key",
     "limit": "change_key_limits",
     "stop": "stop_keyedtask",
+    "run_now": "run_now_keyedtask",
 }
 
 
@@ -208,6 +209,9 @@ class KeyedTaskAdmin(_PagesOfOurs):
 
     def has_retry_permission(self, request) -> bool:
         return self._allowed(request, "retry")
+
+    def has_run_now_permission(self, request) -> bool:
+        return self._allowed(request, "run_now")
 
     def has_stop_permission(self, request) -> bool:
         return self._allowed(request, "stop")

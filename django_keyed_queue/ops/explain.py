@@ -10,7 +10,7 @@ for its place in the queue).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from celery import current_app
@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from ..exceptions import MessageRefused
 from ..gate import Holder, KeySnapshot
-from ..messaging.message import TaskMessage
+from ..messaging.message import TaskMessage, sent_eta
 from ..messaging.recovered import stopped_text
 from ..process.leases import renewal_seconds
 from ..process.state import get_gate
@@ -273,14 +273,9 @@ def _error(task: KeyedTask) -> list[str]:
 def _eta(task: KeyedTask) -> datetime | None:
     """When the message the task was sent with may start (Celery's ``eta``), read as the app accepts it."""
     try:
-        message = TaskMessage.decode(task.message.encode(), current_app.conf.accept_content)
-        eta = (message.sent or {}).get("headers", {}).get("eta")
-        moment = datetime.fromisoformat(eta) if isinstance(eta, str) else None
-    except (MessageRefused, ValueError, AttributeError):
+        return sent_eta(TaskMessage.decode(task.message.encode(), current_app.conf.accept_content))
+    except (MessageRefused, AttributeError):
         return None
-    if moment is not None and timezone.is_naive(moment):
-        moment = timezone.make_aware(moment, UTC)
-    return moment
 
 
 def _limit(snapshot: KeySnapshot, task: KeyedTask) -> str:

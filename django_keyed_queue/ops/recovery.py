@@ -236,7 +236,7 @@ def cancel(task_id: str, *, by: str = "an operator", app: Celery | None = None) 
     if row.ticket is None:
         # Sent with a countdown or eta: it takes its ticket when due, unless refused now.
         due_in = (row.due_at - timezone.now()).total_seconds() if row.due_at else 0.0
-        if not gate.refuse_join(row.key, _join_id(row, _celery(app)), due_in_seconds=due_in):
+        if not gate.refuse_join(row.key, join_id_of(row, _celery(app)), due_in_seconds=due_in):
             raise ActionRefused(f"task {task_id} joined its key's queue just now; look again and retry")
     else:
         withdrawn = gate.cancel(row.key, row.ticket)  # the key's own limit, as its submissions set it
@@ -464,7 +464,7 @@ def _unblock(row: KeyedTask, *, retry: bool, app) -> None:
     current().recorder.flush()  # the operator sees the next task dispatched on their next look
 
 
-def _join_id(row: KeyedTask, app) -> str:
+def join_id_of(row: KeyedTask, app) -> str:
     """The id a delayed task's message joins its key's queue with (see ``messages.JOIN_HEADER``)."""
     try:
         headers = TaskMessage.decode(row.message.encode(), app.conf.accept_content).options.get("headers") or {}

@@ -17,13 +17,13 @@ from ..gate import Holder
 from ..process.state import get_gate
 from ..records.models import KeyedTask
 from ..records.statuses import Status
-from . import recovery, stop
+from . import recovery, run_now, stop
 from .display import did, since
 
-ACTIONS = ("retry", "cancel", "stop", "release")
+ACTIONS = ("retry", "run_now", "cancel", "stop", "release")
 
 #: What an operator is told an action does, as a button says it.
-VERBS = {"retry": "Retry", "cancel": "Cancel", "stop": "Stop", "release": "Release"}
+VERBS = {"retry": "Retry", "run_now": "Run now", "cancel": "Cancel", "stop": "Stop", "release": "Release"}
 
 
 @dataclass
@@ -51,6 +51,13 @@ def available(task: KeyedTask, holder: Holder | None) -> list[str]:
     found = []
     if task.status == Status.FAILED and not task.retried_as:
         found.append("retry")
+    granted = holder is not None and holder.state == "granted"
+    if (
+        (task.ticket is None or granted)
+        and task.status in (Status.WAITING, Status.DISPATCHED)
+        and run_now.waits_for(task)
+    ):
+        found.append("run_now")
     if task.status in (Status.WAITING, Status.DISPATCHED) and (holder is None or holder.state == "granted"):
         found.append("cancel")
     elif task.status == Status.FAILED and holder is not None and holder.state == "blocked":
@@ -100,6 +107,19 @@ def propose(action: str, task: KeyedTask) -> Proposal:
             proposal.what = [
                 f"{name} leaves the queue of key {key!r} and never runs; its record says you cancelled it.",
                 "If a worker starts it first, the cancel is refused: release it then.",
+            ]
+    elif action == "run_now":
+        waits = run_now.waits_for(task)
+        if task.ticket is None:
+            proposal.what = [
+                f"{name} joins the queue of key {key!r} now, instead of when its countdown or eta is due; it then "
+                "waits its turn behind the key's earlier tasks. The message that waits for its eta is dropped when "
+                "it comes."
+            ]
+        else:
+            proposal.what = [
+                f"{name} starts now instead of waiting for {waits}: its message is published again without an "
+                "eta, and a worker starts it at once; the copy that waits is dropped when it comes, so it runs once."
             ]
     elif action == "stop":
         assert holder is not None
@@ -156,6 +176,8 @@ def perform(
         if new_id == task.task_id:
             return f"Retried by {by} first on its key: it runs again before the key's others", new_id
         return f"Retried by {by} as", new_id  # the caller names (and links) the new task
+    if action == "run_now":
+        return f"Run now by {by}: {run_now.run_now(task.task_id, by=by)}", None
     if action == "cancel":
         was = recovery.cancel(task.task_id, by=by)
         after = " after it failed, blocking its key: the key moves on" if was.status == Status.FAILED else ""
@@ -184,4 +206,6 @@ def _not_now(action: str, task: KeyedTask, holder: Holder | None) -> str:
         return f"it {did(task.status)}: {only}"
     if action == "stop":
         return "it is not running: only a running task is stopped"
+    if action == "run_now":
+        return "it waits for no time (a debounce, an eta or its key's rate): only such a task runs now"
     return "it holds no slot of its key now: it is not running or dispatched"

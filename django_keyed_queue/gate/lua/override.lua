@@ -5,7 +5,7 @@
   wait again at the front of the queue, in ticket order (a published message of theirs that
   reaches a worker is dropped: its ticket holds no slot). A ticket that started once (a retry, a
   recovery) keeps its grant. They are kept in meta, which then does not expire (expire_if_idle),
-  until cleared.
+  until cleared. A faster rate publishes again a granted ticket that waits for the slower one.
 
   KEYS[1] meta      KEYS[2] queue      KEYS[3] messages      KEYS[4] holders
   KEYS[5] wires     HASH ticket -> its message's broker template (see common.lua's push_granted)
@@ -21,6 +21,8 @@
 --- @include "common"
 
 local meta_key, queue_key, messages_key, holders_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local task_interval = tonumber(redis.call('HGET', meta_key, 'interval') or '0')
+local interval_before = effective_interval(meta_key, task_interval)
 for i, field in ipairs({'limit_override', 'interval_override'}) do
   if ARGV[i] == '' then
     redis.call('HDEL', meta_key, field)
@@ -55,6 +57,24 @@ for i = #withdrawn, 1, -1 do
 end
 out = grant_waiting(meta_key, queue_key, messages_key, holders_key, KEYS[5], limit,
   now_ms() + tonumber(ARGV[3]), out)
+-- A faster rate: a granted ticket told to wait for the slower one goes out again, with its next
+-- dispatch, and its start asks the new rate (its waiting copy is dropped when it comes).
+local last_start = tonumber(redis.call('HGET', meta_key, 'last_start') or '0')
+if effective_interval(meta_key, task_interval) < interval_before and last_start + interval_before > now_ms() then
+  for i = 1, #held, 2 do
+    local raw = redis.call('HGET', holders_key, held[i])
+    local holder = raw and decode_holder(raw)
+    if holder and holder.state == 'g' then
+      holder.dispatch = holder.dispatch + 1
+      holder.deadline = now_ms() + tonumber(ARGV[3])
+      redis.call('HSET', holders_key, held[i], encode_holder(holder))
+      redis.call('HDEL', KEYS[5], held[i])
+      local n = #out
+      out[n + 1], out[n + 2], out[n + 3], out[n + 4] =
+        tonumber(held[i]), holder.dispatch, redis.call('HGET', messages_key, held[i]), 0
+    end
+  end
+end
 if redis.call('HLEN', holders_key) == 0 and redis.call('LLEN', queue_key) == 0
   and redis.call('HLEN', meta_key) == 0 then
   redis.call('DEL', meta_key)  -- a key that never had a task: nothing to keep

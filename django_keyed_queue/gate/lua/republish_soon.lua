@@ -10,6 +10,8 @@
   ARGV[2] dispatch: dispatch generation of the message that failed
   ARGV[3] delay_ms: delay before the reaper publishes it again, ms
   ARGV[4] undelivered_keep_ms: with KEYS[2]: how long the counts are kept, ms (the idle horizon)
+  ARGV[5] later: '1' = set the deadline also if it is later (a message published again with an eta
+          waits it out first: the reaper must not publish it again meanwhile)
 
   Returns {code, drops}
     code 0 OK            its deadline is at most the delay away; drops: the ticket's count (0 uncounted)
@@ -31,7 +33,7 @@ if holder.state ~= 'g' or holder.dispatch ~= dispatch then
   return {2}
 end
 local deadline = now_ms() + delay
-if deadline < holder.deadline then
+if deadline < holder.deadline or ARGV[5] == '1' then
   holder.deadline = deadline
   redis.call('HSET', holders_key, ticket, encode_holder(holder))
 end

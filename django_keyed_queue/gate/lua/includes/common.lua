@@ -85,8 +85,12 @@ end
 -- How many ms before a granted holder of a key whose starts are at least `interval` ms apart
 -- may start; if it must wait, its dispatch deadline becomes `lease` ms past then: the message
 -- sent for then starts it within ms, and if that message was lost with its worker, the
--- reaper publishes the ticket again then (a late copy is dropped by the start check).
+-- reaper publishes the ticket again then (a late copy is dropped by the start check). A dispatch an
+-- operator ran now does not wait.
 local function rate_wait(meta_key, holders_key, ticket, holder, interval, lease, now)
+  if redis.call('HGET', meta_key, 'now:' .. ticket) == tostring(holder.dispatch) then
+    return 0  -- an operator's Run now of this dispatch (run_now.lua)
+  end
   local last = tonumber(redis.call('HGET', meta_key, 'last_start') or '0')
   local wait = math.max(0, last + interval - now)
   if wait > 0 then
