@@ -84,7 +84,7 @@ class InspectCalls(GateBase):
                     blocked=int(meta[b"blocked"]) if b"blocked" in meta else None,
                     waiting=[int(t) for t in queue],
                     depth=depth,
-                    holders=_stopping({int(t): decode_holder(raw, now_ms) for t, raw in holders.items()}, meta),
+                    holders=_operators_marks({int(t): decode_holder(raw, now_ms) for t, raw in holders.items()}, meta),
                     messages=messages,
                     idle_expires_in=ms_to_seconds(ttl_ms) if ttl_ms >= 0 else None,
                     limit_override=_int_or_none(meta.get(b"limit_override")),
@@ -132,9 +132,12 @@ class InspectCalls(GateBase):
         return holder.state == "running" and holder.token == lease.token
 
 
-def _stopping(holders: dict[int, Holder], meta: dict[bytes, bytes]) -> dict[int, Holder]:
-    """``holders`` with who stopped each running one, as ``stop.lua`` noted it in meta (for its dispatch)."""
+def _operators_marks(holders: dict[int, Holder], meta: dict[bytes, bytes]) -> dict[int, Holder]:
+    """``holders`` with what an operator did to each, as meta notes it for its dispatch: who stopped a
+    running one (``stop.lua``), whether a granted one was run now (``run_now.lua``)."""
     for ticket, holder in holders.items():
+        if holder.state == "granted" and meta.get(b"now:%d" % ticket) == str(holder.dispatch).encode():
+            holders[ticket] = replace(holder, run_now=True)
         noted = meta.get(b"stop:%d" % ticket) if holder.state == "running" else None
         parts = stored_text(noted).split("|", 3) if noted else []
         if len(parts) == 4 and parts[0] == str(holder.dispatch) and parts[1].isdigit():

@@ -237,6 +237,8 @@ class Holder:
     task_id: str | None = None
     #: A running holder being stopped: it keeps its slot until its run has ended.
     stopping: Stopping | None = None
+    #: A granted holder an operator ran now: this dispatch starts whatever its key's rate.
+    run_now: bool = False
 
 
 @dataclass(frozen=True)

@@ -198,6 +198,9 @@ def _holding(key_state: Explanation, own: Holding, snapshot: KeySnapshot) -> Exp
         return replace(key_state, state=state, reasons=[*_being_stopped(own), *_dead_run(task, own), held])
     recovered = _recovered(task)
     reasons = [*recovered]
+    if own.slot is not None and own.slot.run_now:
+        ran_now = "an operator ran it now: a worker starts it at once, whatever its key's rate or debounce"
+        return replace(key_state, state="dispatched", reasons=[ran_now, *reasons])
     registered = registered_task(None, task.task_name)
     interval_ms = snapshot.interval_override_ms or getattr(registered, "serial_interval_ms", 0)
     now = timezone.now()

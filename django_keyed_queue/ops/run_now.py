@@ -47,7 +47,7 @@ def waits_for(row: KeyedTask, snapshot: KeySnapshot | None = None, app: Celery |
         return f"its countdown or eta ({at(due)})" if row.status == Status.WAITING and due and due > now else ""
     snapshot = snapshot if snapshot is not None else get_gate().inspect(row.key, waiting_shown=0)
     holder = snapshot.held_by(row.ticket, row.task_id)
-    if holder is None or holder.state != "granted":
+    if holder is None or holder.state != "granted" or holder.run_now:
         return ""
     eta = _sent_eta(row, app)
     if eta is not None and eta > now:
@@ -111,6 +111,8 @@ def _no_time(row: KeyedTask, snapshot: KeySnapshot | None) -> str:
             return f"task {row.task_id} waits for its key's earlier tasks, not for a time: it starts in its turn"
         if holder.state == "granted":
             return f"task {row.task_id} is dispatched and waits for no time: a worker starts it as soon as it can"
+        if holder.state == "running":
+            return f"task {row.task_id} is running: only a task waiting for a time runs now"
     return (
         f"task {row.task_id} {did(row.status)}: only a task waiting for a debounce, an eta or its key's rate runs now"
     )

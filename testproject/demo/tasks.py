@@ -112,6 +112,12 @@ def debounced_step(key: str, n: int, duration: float = 0.0) -> int:
     return logged_step(key, n, duration)
 
 
+@keyed_serial_task(key="{key}", debounce=600)
+def slow_debounced_step(key: str, n: int, duration: float = 0.0) -> int:
+    """A step of a key debounced for 10 minutes: what an operator may want to run now."""
+    return logged_step(key, n, duration)
+
+
 @keyed_serial_task(key="{key}")
 def keyed_noop(key: str, i: int) -> None:
     return None
