@@ -69,6 +69,18 @@ def stoppable_step(self, key: str, n: int, seconds: float = 0.0) -> int:
     return n
 
 
+@keyed_serial_task(key="{key}", bind=True, debounce=600)
+def slow_debounced_step(self, key: str, n: int, seconds: float = 0.0) -> int:
+    """Debounced for 10 minutes: what an operator may want to run now."""
+    return logged(self.request.id, key, n, seconds)
+
+
+@keyed_serial_task(key="{key}", bind=True, rate="2/h")
+def hourly_step(self, key: str, n: int, seconds: float = 0.0) -> int:
+    """Two an hour per key: the second of a key waits half an hour, unless an operator runs it now."""
+    return logged(self.request.id, key, n, seconds)
+
+
 @keyed_serial_task(key="{key}", bind=True, rate="5/s")
 def paced_step(self, key: str, n: int, seconds: float = 0.0) -> int:
     """A step of an interval queue: one key's starts at least 200 ms apart. Its start's line also says the
