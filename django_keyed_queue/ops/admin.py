@@ -67,7 +67,7 @@ PERMISSIONS = {
 #: The task page's fields, in order.
 DETAIL_FIELDS = (
     *("task_id", "task_name", "key", "ticket", "status", "attempts", "worker", "arguments"),
-    *("enqueued", "due", "dispatched", "started", "heartbeat", "finished", "waited", "ran", "error"),
+    *("enqueued", "due", "dispatched", "started", "heartbeat", "finished", "waited", "ran", "error", "notes"),
     *("retried_as_link", "retry_of_link", "superseded_by_link"),
 )
 

@@ -443,6 +443,12 @@ def release(
         )
     for recovery in recoveries:
         carry_out(app, recovery, reason=f"released by {by}")
+    if holder.state == "running" and holder.task_id is not None:
+        KeyedTask.objects.note(
+            holder.task_id, key, ticket,
+            f"attempt {holder.attempts} released by {by} at {timezone.now():%H:%M:%S} UTC while it may still run: "
+            "its end is refused, and the attempt after it may run beside it until it ends",
+        )  # fmt: skip
     current().recorder.flush()
     logger.info("keyed queue key=%r ticket=%s released by %s", key, ticket, by)
     return recoveries

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 from django.db import DataError, IntegrityError, connections, models, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.constants import OnConflict
+from django.db.models.functions import Concat
 from django.utils import timezone
 
 from .columns import shown, storable_text
@@ -236,6 +237,24 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
         has not ended, such as its process lost); a row that moved on keeps its own. How many changed."""
         rows = self.filter(task_id=task_id, key=key, ticket=ticket, status__in=(Status.DISPATCHED, Status.RUNNING))
         return rows.using(self.db_for_write()).update(**fields)
+
+    def note(self, task_id: str, key: str, ticket: int, line: str) -> int:
+        """Append ``line`` to the notes of submission ``(task_id, key, ticket)`` (an atomic append in the
+        database: a racing write of its status or error keeps it). How many rows took it."""
+        field = self.model._meta.get_field("notes")
+        text = storable_text(field, line)
+        rows = self.filter(task_id=task_id, key=key, ticket=ticket).using(self.db_for_write())
+        return rows.update(notes=Concat(models.F("notes"), models.Value(text + "\n"), output_field=models.TextField()))
+
+    def note_ran_on(self, task_id: str, key: str, ticket: int, attempt: int, began: datetime, ended: datetime) -> None:
+        """Attempt ``attempt`` lost its key (released, or its lease expired) and ran on until ``ended``: its
+        record says so, and how long it ran beside the attempt after it, as that one's record has it."""
+        later = self.filter(task_id=task_id, key=key, ticket=ticket).values_list("attempts", "started_at").first()
+        said = f"attempt {attempt} ran on after it lost its key: {began:%H:%M:%S} to {ended:%H:%M:%S} UTC"
+        if later is not None and later[0] > attempt and later[1] is not None and later[1] < ended:
+            beside = (ended - max(later[1], began)).total_seconds()
+            said += f", {beside:.1f} s of it beside attempt {later[0]} (started {later[1]:%H:%M:%S})"
+        self.note(task_id, key, ticket, said)
 
     def settle_rows(self, pks: Iterable[int], status: str, **fields: Any) -> int:
         """``settle`` for rows an operator's action or a rebuild has in hand."""

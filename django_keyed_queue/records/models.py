@@ -34,6 +34,9 @@ class KeyedTask(models.Model):
     heartbeat_at = models.DateTimeField(_("heartbeat at"), null=True, blank=True)
     finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
     error = models.TextField(_("error"), blank=True)
+    #: What happened beside its status and error, a line each, appended: an attempt released while it
+    #: may still run, and when such an attempt ended, beside the one after it.
+    notes = models.TextField(_("notes"), blank=True, default="")
     #: The task an operator's retry of this failed task submitted (set in the step that submits it).
     retried_as = models.CharField(_("retried as"), max_length=TASK_ID_MAX_LENGTH, blank=True, default="")
     #: The failed task an operator's retry submitted this one for (set once its row is written).

@@ -14,7 +14,7 @@ import logging
 import sys
 import time
 import traceback
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 import redis
@@ -39,6 +39,7 @@ from ..messaging.message import (
 from ..process.outage import outlast_restart, take_ticket
 from ..process.state import current
 from ..records.columns import shown
+from ..records.models import KeyedTask
 from ..records.statuses import Status
 from ..records.transitions import Transition
 from . import handoff
@@ -269,6 +270,15 @@ class Run:
                 task.name, request.id, lease.key, lease.ticket,
             )  # fmt: skip
             process.totals.count("fenced", task)
+            try:
+                began = timezone.now() - timedelta(seconds=time.monotonic() - self._began)
+                KeyedTask.objects.note_ran_on(
+                    cast(str, request.id), lease.key, lease.ticket, self.attempts, began, timezone.now()
+                )
+            except Exception:  # a note is worth less than ending the run
+                logger.warning(
+                    "%s[%s]: its run after losing its key is not noted", task.name, request.id, exc_info=True
+                )
             return False
         process.recorder.buffer(end)
         self._count_end(status)
