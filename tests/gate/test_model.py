@@ -1,8 +1,8 @@
 """A stateful model test of the gate: random sequences of every ticket transition, checked step by step.
 
 Hypothesis drives the real ``Gate`` (submit, submit_many, start, finish, fail and block, retry, lease
-loss and reap, pause, resume, cancel, release, unblock, stale ends, duplicate and foreign deliveries,
-operator actions repeated) on a key of limit 1 and one of limit 2, and a plain Python model of each
+loss and reap, pause, resume, cancel, release, unblock, stop and a stopped run's end, run now, stale
+ends, duplicate and foreign deliveries, operator actions repeated) on a key of limit 1 and one of limit 2, and a plain Python model of each
 key's queue predicts every reply. After each step ``Gate.inspect`` must match the model, and the
 contract must hold on what the gate shows: exclusion (G1); order, a retry keeping its place (G2); no
 double start (G4); one end per submission, never resurrected (G6); a paused or blocked key granting
@@ -50,6 +50,10 @@ class ModelHolder:
     lost: int = 0
     max_lost: int = 0
     blocks: bool = False  # as its start said
+    #: Who stopped its run (``Gate.stop``): it is not recovered, and keeps its slot until it has ended.
+    stopped_by: str = ""
+    #: The dispatch an operator ran now (``Gate.run_now``), marked while it is granted.
+    run_now: int = 0
 
 
 @dataclass
@@ -192,6 +196,8 @@ class GateModel(RuleBasedStateMachine):
     def _recover(self, km: ModelKey, ticket: int) -> list[tuple[RecoveryAction, int, int]]:
         """What the reaper (or a release) does to a holder past its deadline; the model updated."""
         holder = km.holders[ticket]
+        stopped = holder.stopped_by
+        holder.stopped_by = ""
         if holder.state == "granted":
             # Only a release acts on a granted holder here (no dispatch timeout passes in a test): its
             # message goes again with the next dispatch, so that a second release of the first is told apart.
@@ -201,10 +207,11 @@ class GateModel(RuleBasedStateMachine):
         if holder.lost < holder.max_lost:
             holder.state, holder.dispatch, holder.lost = "granted", holder.dispatch + 1, holder.lost + 1
             return [(RecoveryAction.REDISPATCH, ticket, holder.dispatch)]
+        assert not stopped or holder.lost == holder.max_lost, "a stopped run is never dispatched again"
         if holder.blocks:
             holder.state, km.blocked = "blocked", ticket
             return [(RecoveryAction.BLOCK, ticket, holder.dispatch)]
-        km.end(ticket, "failed")
+        km.end(ticket, "stopped" if stopped else "failed")
         granted = km.grant_waiting()
         self._new_grants(km, granted)
         return [(RecoveryAction.FAIL, ticket, holder.dispatch)] + [(RecoveryAction.GRANT, t, 1) for t in granted]
@@ -345,6 +352,7 @@ class GateModel(RuleBasedStateMachine):
             assert (done.code, done.granted) == (Code.BLOCKED, [])
             km.fence(ticket)
             km.holders[ticket].state, km.blocked = "blocked", ticket
+            km.holders[ticket].stopped_by = ""  # a stopped run that failed by itself: it ended
             return
         assert done.code is Code.OK
         km.end(ticket, "failed" if failed else "succeeded")
@@ -368,7 +376,8 @@ class GateModel(RuleBasedStateMachine):
         dispatch = self.gate.retry(km.name, ticket, holder.token, km.messages[ticket], countdown_seconds=0)
         assert dispatch == holder.dispatch + 1
         km.fence(ticket)
-        holder.state, holder.dispatch = "granted", dispatch
+        # A stopped run that retried itself (it outlived the signal) ended that attempt: the mark was its own.
+        holder.state, holder.dispatch, holder.stopped_by = "granted", dispatch, ""
 
     @precondition(lambda self: self._holders("running"))
     @rule(pick=PICK)
@@ -383,6 +392,49 @@ class GateModel(RuleBasedStateMachine):
         found = [r for r in self.gate.reap()[1] if r.key in ours]
         assert self._as_expected(found) == self._recover(km, ticket)
         assert [r.message for r in found] == [km.messages[r.ticket] for r in found]
+
+    @precondition(lambda self: self._holders("running"))
+    @rule(pick=PICK, by=st.sampled_from(["", "ops", "other"]), wrong=st.booleans())
+    def stop(self, pick: int, by: str, wrong: bool) -> None:
+        """An operator stops a run, or Celery kills it (``by`` empty): it keeps its slot, not fenced, and is
+        never dispatched again; a stop of another dispatch changes nothing; the first stop is the one named."""
+        km, ticket = self._pick(pick, self._holders("running"))
+        holder = km.holders[ticket]
+        if wrong:
+            assert self.gate.stop(km.name, ticket, holder.dispatch + 1, by=by, how="SIGTERM") is None
+            return
+        stopping = self.gate.stop(km.name, ticket, holder.dispatch, by=by, how="SIGTERM")
+        assert stopping is not None
+        if holder.stopped_by in ("", "Celery") and by:  # the first stop, or an operator's after Celery's kill
+            holder.stopped_by = by
+        elif not holder.stopped_by:
+            holder.stopped_by = "Celery"
+        assert stopping.by == (holder.stopped_by if holder.stopped_by != "Celery" else "")
+        holder.max_lost = holder.lost
+        assert self.gate.holds(Lease(km.name, ticket, holder.token)), "not fenced: its process may still run"
+
+    @precondition(lambda self: [(km, t) for km, t in self._holders("running") if km.holders[t].stopped_by])
+    @rule(pick=PICK)
+    def stopped_run_ends(self, pick: int) -> None:
+        """The worker saw a stopped run's process end: it releases that dispatch, and the run fails (or blocks
+        its key) naming who stopped it, never dispatched again."""
+        km, ticket = self._pick(pick, [(km, t) for km, t in self._holders("running") if km.holders[t].stopped_by])
+        found = self.gate.release(km.name, ticket, dispatch=km.holders[ticket].dispatch)
+        assert [r.stopped is not None for r in found if r.ticket == ticket] == [True]
+        assert self._as_expected(found) == self._recover(km, ticket)
+
+    @precondition(lambda self: self._holders("granted"))
+    @rule(pick=PICK, twice=st.booleans())
+    def run_now(self, pick: int, twice: bool) -> None:
+        """An operator runs a granted ticket now: its message goes out again with the next dispatch, once."""
+        km, ticket = self._pick(pick, self._holders("granted"))
+        holder = km.holders[ticket]
+        grant = self.gate.run_now(km.name, ticket, holder.dispatch)
+        holder.dispatch += 1
+        holder.run_now = holder.dispatch
+        assert grant is not None and (grant.dispatch, grant.message) == (holder.dispatch, km.messages[ticket])
+        if twice:
+            assert self.gate.run_now(km.name, ticket, holder.dispatch - 1) is None, "the dispatch seen moved on"
 
     def _unblock(self, km: ModelKey, ticket: int, again: bool):
         """An operator acts on a failed ticket that blocks its key: runs it ``again`` in place, or withdraws it."""
@@ -505,6 +557,11 @@ class GateModel(RuleBasedStateMachine):
             holders = {t: (h.state, h.dispatch, h.token, h.attempts, h.lost) for t, h in seen.holders.items()}
             expected = {t: (h.state, h.dispatch, h.token, h.attempts, h.lost) for t, h in km.holders.items()}
             assert holders == expected, f"{km.name} holders"
+            marks = {t: (h.stopping is not None, h.run_now) for t, h in seen.holders.items()}
+            expected_marks = {
+                t: (bool(h.stopped_by), h.state == "granted" and h.run_now == h.dispatch) for t, h in km.holders.items()
+            }
+            assert marks == expected_marks, f"{km.name} marks"
             assert (seen.waiting, seen.depth) == (km.waiting, len(km.waiting)), f"{km.name} queue"
             assert (seen.last_ticket, seen.last_token) == (km.last_ticket, km.last_token)
             assert (seen.paused, seen.blocked) == (km.paused, km.blocked)

@@ -47,6 +47,7 @@ for i = #unstarted, 1, -1 do
     break
   end
   redis.call('HDEL', holders_key, unstarted[i])
+  redis.call('HDEL', meta_key, 'now:' .. unstarted[i])  -- granted again from dispatch 1: not run now
   redis.call('LPUSH', queue_key, unstarted[i])  -- the newest first: they end in ticket order
   withdrawn[#withdrawn + 1] = unstarted[i]
   excess = excess - 1
