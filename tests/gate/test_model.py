@@ -2,11 +2,12 @@
 
 Hypothesis drives the real ``Gate`` (submit, submit_many, start, finish, fail and block, retry, lease
 loss and reap, pause, resume, cancel, release, unblock, stop and a stopped run's end, run now, stale
-ends, duplicate and foreign deliveries, operator actions repeated) on a key of limit 1 and one of limit 2, and a plain Python model of each
-key's queue predicts every reply. After each step ``Gate.inspect`` must match the model, and the
-contract must hold on what the gate shows: exclusion (G1); order, a retry keeping its place (G2); no
-double start (G4); one end per submission, never resurrected (G6); a paused or blocked key granting
-nothing new; a fenced attempt ending nothing; operators acting once (G8).
+ends, duplicate and foreign deliveries, operator actions repeated) on a key of limit 1 and one of
+limit 2, and a plain Python model of each key's queue predicts every reply. After each step
+``Gate.inspect`` must match the model, and the contract must hold on what the gate shows: exclusion
+(G1); order, a retry keeping its place (G2); no double start (G4); one end per submission, never
+resurrected (G6); a paused or blocked key granting nothing new; a fenced attempt ending nothing;
+operators acting once (G8).
 """
 
 from __future__ import annotations
