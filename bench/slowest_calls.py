@@ -13,7 +13,7 @@ where they exist, the Django functions that wrap it, on two states:
 1. One paused key with ``--parked`` tasks parked behind it (real ``step`` messages, each with its
    submission record kept as a producer keeps it), its records written by ``write_due`` (records it
    leaves are a stall: the bench exits 1), its tasks run, and at the end its Redis state deleted and
-   restored by ``recovery.rebuild``.
+   restored by ``rebuild.rebuild``.
 2. ``--keys`` keys with one granted ticket and its record each, ``--running`` of them started, ``--due``
    of them made due for ``Gate.reap`` passes, the Django ``reap`` and ``republish_unstarted``.
 
@@ -235,7 +235,7 @@ def deep_key(log: Slowlog, gate: Any, messages: Messages, args: argparse.Namespa
     """State 1 and every call on it."""
     from django_keyed_queue.gate import Lease, Outcome
     from django_keyed_queue.gate.keys import KeyNames
-    from django_keyed_queue.ops import recovery
+    from django_keyed_queue.ops import rebuild, recovery
     from django_keyed_queue.ops.live import live_keys
     from django_keyed_queue.ops.views import health
     from django_keyed_queue.records import submissions
@@ -346,19 +346,19 @@ def deep_key(log: Slowlog, gate: Any, messages: Messages, args: argparse.Namespa
 
     if args.no_rebuild:
         return
-    # Redis lost the key (its records written first): everything of it is deleted, then recovery.rebuild
+    # Redis lost the key (its records written first): everything of it is deleted, then rebuild.rebuild
     # restores it from its rows. It tries every key with unfinished rows: the others are live, left alone.
     call(write_due, submissions.write_due, gate)
     depth = gate.inspect(DEEP, waiting_shown=0).depth
     gate.client.delete(*gate.client.scan_iter(match=f"{names.base}:*"))
     t0 = time.perf_counter()
-    rebuilt = call("rebuild (recovery.rebuild)", recovery.rebuild)
-    print(f"  recovery.rebuild: {rebuilt.summary()} in {time.perf_counter() - t0:.1f} s; "
+    rebuilt = call("rebuild (rebuild.rebuild)", rebuild.rebuild)
+    print(f"  rebuild.rebuild: {rebuilt.summary()} in {time.perf_counter() - t0:.1f} s; "
           f"the deep key had {depth:,} waiting; {rebuilt.restored.get(DEEP, 0):,} of its rows were unfinished",
           flush=True)  # fmt: skip
     log.lua_heap("the rebuild")
     if DEEP not in rebuilt.restored:
-        log.fail("recovery.rebuild did not restore the deep key")
+        log.fail("rebuild.rebuild did not restore the deep key")
 
 
 def many_keys(log: Slowlog, gate: Any, messages: Messages, args: argparse.Namespace) -> None:

@@ -25,7 +25,10 @@ if TYPE_CHECKING:
     from .ops.explain import explain
     from .ops.limits import set_key_limit, set_key_rate
     from .ops.metrics import metrics
-    from .ops.recovery import cancel, pause, reap, rebuild, release, resume, retry
+    from .ops.rebuild import rebuild
+    from .ops.recovery import cancel, pause, reap, release, resume, retry
+    from .ops.run_now import run_now
+    from .ops.stop import stop
     from .ops.views import health
     from .process.state import get_gate
 
@@ -51,8 +54,10 @@ __all__ = [
     "release",
     "resume",
     "retry",
+    "run_now",
     "set_key_limit",
     "set_key_rate",
+    "stop",
 ]
 
 #: Loaded on first use, after Django's apps: they import the models.
@@ -65,7 +70,10 @@ _LAZY = {
     "explain": ".ops.explain",
     "set_key_limit": ".ops.limits",
     "set_key_rate": ".ops.limits",
-    **{name: ".ops.recovery" for name in ("cancel", "pause", "reap", "rebuild", "release", "resume", "retry")},
+    "rebuild": ".ops.rebuild",
+    "run_now": ".ops.run_now",
+    "stop": ".ops.stop",
+    **{name: ".ops.recovery" for name in ("cancel", "pause", "reap", "release", "resume", "retry")},
 }
 
 

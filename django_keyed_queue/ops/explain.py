@@ -27,7 +27,7 @@ from ..records.models import KeyedTask
 from ..records.statuses import TERMINAL_STATUSES, Status
 from ..worker.attempt_errors import lost_process
 from .display import at, did, from_epoch, last_line, rate_said, since, took
-from .recovery import latest_row, registered_task
+from .lookup import latest_row, registered_task
 from .workers import unconsumed
 
 #: How much later than its renewal period a run's heartbeat may come before the run is told as silent:

@@ -23,7 +23,7 @@ from ..process.state import current, get_gate
 from ..records import submissions
 from ..records.statuses import Status
 from . import recovery
-from .recovery import operator_key
+from .lookup import operator_key
 
 #: The operator's actions' audit trail, one logger for all of them.
 logger = logging.getLogger(recovery.__name__)

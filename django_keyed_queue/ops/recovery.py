@@ -14,26 +14,25 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from celery import Celery, current_app, signals, states
+from celery import Celery, signals, states
 from celery.app.task import Context
 from celery.utils import uuid
 from django.db import close_old_connections, models, transaction
 from django.utils import timezone
 
-from ..exceptions import ActionRefused, InvalidArguments, InvalidKey, MessageRefused
-from ..gate import MAX_KEY_LENGTH, Code, Recovery, RecoveryAction
+from ..exceptions import ActionRefused
+from ..gate import Code, Recovery, RecoveryAction
 from ..keyed_task.task import KeyedSerialTask
-from ..messaging.dispatch import REPUBLISH_DELAY_SECONDS, Dispatched, Published, fail_ticket, publish, publish_grants
-from ..messaging.message import JOIN_HEADER, TaskMessage
+from ..messaging.dispatch import REPUBLISH_DELAY_SECONDS, Dispatched, fail_ticket, publish_grants
 from ..messaging.recovered import carry_out, recorded
 from ..process.state import current, get_gate
 from ..producer.submit import submit
 from ..records import submissions
-from ..records.columns import TASK_ID_MAX_LENGTH, shown, unstorable
 from ..records.idempotency import repoint
 from ..records.models import KeyedTask
 from ..records.statuses import Status
 from .display import did
+from .lookup import celery_app, join_id_of, latest_row, operator_key, registered_task, stored_message
 
 logger = logging.getLogger(__name__)
 
@@ -56,15 +55,10 @@ class ReapReport:
         return f"visited {self.visited} due keys: {counts}{failed}"
 
 
-def _celery(app: Celery | None) -> Celery:
-    """The app an action is given, else the current one (the project's, in its processes)."""
-    return app if app is not None else current_app
-
-
 def reap(*, dry_run: bool = False, batch: int = 500, max_batches: int = 100, app: Celery | None = None) -> ReapReport:
     """Write the rows of submissions kept in the gate, and recover every holder whose deadline passed;
     in a dry run, only report what would be recovered."""
-    app = _celery(app)
+    app = celery_app(app)
     report = ReapReport()
     if not dry_run:
         # A key's recovery never waits on the records' database.
@@ -89,7 +83,7 @@ def republish_unstarted(lost_seconds: float, *, app: Celery | None = None) -> Re
     it had received and not started is stranded until kombu's visibility
     timeout, and a message in flight when Redis died is gone.
     """
-    app = _celery(app)
+    app = celery_app(app)
     found = get_gate().republish_unstarted(granted_seconds_ago=lost_seconds)
     report = ReapReport(visited=len({r.key for r in found}), recoveries=found)
     report.unpublished = [recovery for recovery in found if not carry_out(app, recovery)]
@@ -101,92 +95,6 @@ def republish_unstarted(lost_seconds: float, *, app: Celery | None = None) -> Re
         report.summary(),
     )
     return report
-
-
-@dataclass
-class RebuildReport:
-    restored: dict[str, int] = field(default_factory=dict)  # key -> tickets restored
-    skipped: list[str] = field(default_factory=list)  # keys live in Redis, left alone
-    unrecoverable: list[str] = field(default_factory=list)  # task ids with no stored message of their own
-    unpublished: list[str] = field(default_factory=list)  # task ids granted whose publish failed
-
-    def summary(self) -> str:
-        failed = f"; {len(self.unpublished)} granted tasks could not be published" if self.unpublished else ""
-        return (
-            f"restored {sum(self.restored.values())} tasks over {len(self.restored)} keys; "
-            f"skipped {len(self.skipped)} live keys; "
-            f"{len(self.unrecoverable)} tasks without a stored message of their own{failed}"
-        )
-
-
-def rebuild(*, dry_run: bool = False, app: Celery | None = None) -> RebuildReport:
-    """Restore the gate from the records after Redis lost it: every unfinished task runs, in ticket order.
-
-    Keys that still have state in Redis are left alone. A task that was
-    running when Redis was lost runs again (fence its writes with its token).
-    Delayed tasks not yet due are on the broker and join when due.
-    """
-    app = _celery(app)
-    report = RebuildReport()
-    gate = get_gate()
-    if not dry_run:  # a dry run writes nothing: what Redis keeps of a key, it keeps live, and that key is skipped
-        submissions.write_due(gate)  # what this Redis still keeps (after a total loss, nothing)
-    active = KeyedTask.objects.active().filter(ticket__isnull=False).order_by("key", "ticket")
-    by_key: dict[str, list] = {}
-    for row in active.only("pk", "task_id", "task_name", "key", "ticket", "message"):
-        by_key.setdefault(row.key, []).append(row)
-    live = gate.keys_with_state(list(by_key)) if dry_run else set()
-    for key, rows in by_key.items():
-        restorable = [r for r in rows if _restorable(r, app)]
-        kept = {r.pk for r in restorable}
-        report.unrecoverable += [r.task_id for r in rows if r.pk not in kept]
-        waiting = [(r.ticket, r.message.encode()) for r in restorable]
-        if not waiting:
-            continue
-        if dry_run:  # as the real run finds it: a key with state in Redis is refused by the gate
-            if key in live:
-                report.skipped.append(key)
-            else:
-                report.restored[key] = len(waiting)
-            continue
-        last_ticket = KeyedTask.objects.for_key(key).aggregate(models.Max("ticket"))["ticket__max"]
-        rebuilt = gate.rebuild(key, last_ticket=last_ticket, waiting=waiting, limit=_limit(app, rows[0].task_name))
-        if not rebuilt.ok:
-            report.skipped.append(key)
-            continue
-        report.restored[key] = len(waiting)
-        KeyedTask.objects.settle_rows(
-            [r.pk for r in restorable], Status.WAITING, error="rebuilt after the gate's Redis was lost"
-        )
-        task_ids = {r.ticket: r.task_id for r in rows}
-        for grant in rebuilt.granted:
-            task_id = task_ids[grant.ticket]
-            published = publish(app, grant, mark_dispatched=False)
-            if published is Published.BROKER_REFUSED:
-                report.unpublished.append(task_id)
-            elif published is Published.SENT:
-                KeyedTask.objects.settle(task_id, key, grant.ticket, Status.DISPATCHED, dispatched_at=timezone.now())
-    logger.info("keyed queue rebuild %s%s", "(dry run) " if dry_run else "", report.summary())
-    return report
-
-
-def _restorable(row: KeyedTask, app) -> bool:
-    """Whether ``row`` has a stored message of its own to restore (see ``stored_message``)."""
-    try:
-        stored_message(row, app)
-    except ActionRefused as refused:
-        logger.error("keyed queue rebuild: task %s key=%r is not restored: %s", row.task_id, row.key, refused)
-        return False
-    return True
-
-
-def operator_key(key: str) -> str:
-    """An operator's key as a submission's key is checked: 1 to ``MAX_KEY_LENGTH`` characters of text
-    a database can store, else ActionRefused."""
-    problem = "is empty" if key == "" else unstorable(key, MAX_KEY_LENGTH)
-    if problem:
-        raise ActionRefused(f"a key is 1 to {MAX_KEY_LENGTH} characters of text; {shown(key)} {problem}")
-    return key
 
 
 def pause(key: str, *, by: str = "an operator") -> None:
@@ -207,7 +115,7 @@ def resume(key: str, *, by: str = "an operator", app: Celery | None = None) -> D
     granted = gate.resume(key) if gate.is_paused(operator_key(key)) else None
     if granted is None:
         raise ActionRefused(f"key {key!r} is not paused")
-    done = publish_grants(_celery(app), granted)
+    done = publish_grants(celery_app(app), granted)
     current().recorder.flush()
     logger.info("keyed queue key %r resumed by %s: %s", key, by, done)
     return done
@@ -236,7 +144,7 @@ def cancel(task_id: str, *, by: str = "an operator", app: Celery | None = None) 
     if row.ticket is None:
         # Sent with a countdown or eta: it takes its ticket when due, unless refused now.
         due_in = (row.due_at - timezone.now()).total_seconds() if row.due_at else 0.0
-        if not gate.refuse_join(row.key, join_id_of(row, _celery(app)), due_in_seconds=due_in):
+        if not gate.refuse_join(row.key, join_id_of(row, celery_app(app)), due_in_seconds=due_in):
             raise ActionRefused(f"task {task_id} joined its key's queue just now; look again and retry")
     else:
         withdrawn = gate.cancel(row.key, row.ticket)  # the key's own limit, as its submissions set it
@@ -244,7 +152,7 @@ def cancel(task_id: str, *, by: str = "an operator", app: Celery | None = None) 
             raise ActionRefused(f"task {task_id} started meanwhile; release its holder instead")
         if withdrawn.code is not Code.OK:
             raise ActionRefused(f"the gate holds no ticket {row.ticket} of key {row.key!r}: it ended meanwhile")
-        publish_grants(_celery(app), withdrawn.granted)
+        publish_grants(celery_app(app), withdrawn.granted)
         current().recorder.flush()  # the operator sees the next task dispatched on their next look
     KeyedTask.objects.settle_rows([row.pk], Status.CANCELLED, finished_at=timezone.now(), error=f"cancelled by {by}")
     current().totals.count("finished", row.task_name, outcome=Status.CANCELLED)
@@ -261,7 +169,7 @@ def withdraw_revoked(task_ids: Iterable[str], *, app: Celery | None = None) -> l
     ticket here, and does what a worker does for a revoked message: the result says
     ``REVOKED`` and ``task_revoked`` is sent. The task ids withdrawn.
     """
-    app = _celery(app)
+    app = celery_app(app)
     close_old_connections()  # this runs in the worker's main process, between messages
     submissions.write_due(get_gate())  # a task submitted just now is revoked too
     unstarted = KeyedTask.objects.filter(task_id__in=set(task_ids), status__in=(Status.WAITING, Status.DISPATCHED))
@@ -290,7 +198,7 @@ def retry(task_id: str, *, by: str = "an operator", app: Celery | None = None) -
     as a new task. Once: the failed row is marked retried, naming the new task, in the transaction
     that submits it, so a second retry of it, repeated or racing, is refused naming the first's.
     """
-    app = _celery(app)
+    app = celery_app(app)
     row = latest_row(task_id)
     if _blocks_its_key(row):
         # Marked first: the run may start, and write its own progress, as soon as it is published.
@@ -331,40 +239,6 @@ def _refuse_retry(row: KeyedTask) -> None:
         raise ActionRefused(f"task {row.task_id} was retried already: it runs again as task {row.retried_as}")
     if row.status != Status.FAILED:
         raise ActionRefused(f"task {row.task_id} {did(row.status)}: only a failed task can be retried")
-
-
-def stored_message(row: KeyedTask, app) -> TaskMessage:
-    """``row``'s stored message, decoded as the app accepts it, if it is the row's own task; else ActionRefused.
-
-    The database may hold anything: a message of another task (another id, name or key) is never
-    submitted in its place.
-    """
-    if not row.message:
-        raise ActionRefused(
-            f"task {row.task_id} cannot be submitted again: its message (what it ran with) was not kept"
-        )
-    try:
-        message = TaskMessage.decode(row.message.encode(), app.conf.accept_content)
-    except MessageRefused as refused:
-        logger.error("keyed queue task %s key=%r: %s", row.task_id, row.key, refused)
-        raise ActionRefused(str(refused)) from None
-    task = registered_task(app, message.task_name)
-    if not isinstance(task, KeyedSerialTask):
-        raise ActionRefused(f"{message.task_name} is not a keyed task registered in this project")
-    if (message.task_id, message.task_name) != (row.task_id, row.task_name):
-        raise ActionRefused(
-            f"the stored message of task {row.task_id} is not its own: it is {message.task_name}[{message.task_id}]"
-        )
-    try:
-        key = task.key_for(message.args, message.kwargs)
-    except (InvalidKey, InvalidArguments) as exc:
-        raise ActionRefused(f"the stored message of task {row.task_id} makes no key: {exc}") from None
-    if key != row.key:
-        raise ActionRefused(
-            f"the stored message of task {row.task_id} is not its own: its arguments make key {shown(key)}, "
-            f"the task's is {shown(row.key)}"
-        )
-    return message
 
 
 def unknown_task(app, name: str, task_id: str, header: Any) -> None:
@@ -419,7 +293,7 @@ def release(
     ``task_id``: the task the operator saw hold the ticket (None: whichever does); a ticket held by
     another task (the key drained and its tickets started over) is refused.
     """
-    app = _celery(app)
+    app = celery_app(app)
     gate = get_gate()
     state = gate.inspect(operator_key(key), waiting_shown=0)
     if state.blocks(ticket):
@@ -466,43 +340,5 @@ def _unblock(row: KeyedTask, *, retry: bool, app) -> None:
     done = get_gate().unblock(row.key, row.ticket, retry=retry)  # type: ignore[arg-type]  # checked by the caller
     if done.code is not Code.OK:
         raise ActionRefused(f"task {row.task_id} no longer blocks key {row.key!r}: look again")
-    publish_grants(_celery(app), done.granted)
+    publish_grants(celery_app(app), done.granted)
     current().recorder.flush()  # the operator sees the next task dispatched on their next look
-
-
-def join_id_of(row: KeyedTask, app) -> str:
-    """The id a delayed task's message joins its key's queue with (see ``messages.JOIN_HEADER``)."""
-    try:
-        headers = TaskMessage.decode(row.message.encode(), app.conf.accept_content).options.get("headers") or {}
-    except MessageRefused:
-        headers = {}
-    return str(headers.get(JOIN_HEADER) or row.task_id)
-
-
-def latest_row(task_id: str) -> KeyedTask:
-    """The latest submission of ``task_id`` (Celery reuses an id for a replacement, which comes later)."""
-    if unstorable(task_id, TASK_ID_MAX_LENGTH):  # no row can have it; PostgreSQL would refuse the query
-        raise ActionRefused(f"no keyed task has the id {shown(task_id)}")
-    latest = KeyedTask.objects.filter(task_id=task_id).order_by("-id")
-    row = latest.first()
-    if row is None and submissions.write_due(get_gate()):  # submitted so recently that its row is not written
-        row = latest.first()
-    if row is None:
-        raise ActionRefused(f"no keyed task has the id {task_id!r}")
-    return row
-
-
-def registered_task(app, name: str):
-    """The task ``name`` of ``app``, importing the project's task modules if this process has not.
-
-    A ``manage.py`` or web process imports no task module until something
-    needs one; Celery's worker imports them all (``autodiscover_tasks``) at start.
-    """
-    app = _celery(app)
-    if name not in app.tasks:
-        app.loader.import_default_modules()
-    return app.tasks.get(name)
-
-
-def _limit(app, task_name: str) -> int:
-    return getattr(registered_task(app, task_name), "serial_limit", 1)

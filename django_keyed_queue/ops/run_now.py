@@ -31,7 +31,7 @@ from ..process.state import current, get_gate
 from ..records.models import KeyedTask
 from ..records.statuses import Status
 from .display import at, did
-from .recovery import join_id_of, latest_row, registered_task, stored_message
+from .lookup import join_id_of, latest_row, registered_task, stored_message
 
 #: The operator's actions share one audit logger (see the management commands' ``_key``).
 logger = logging.getLogger("django_keyed_queue.ops.recovery")
@@ -59,7 +59,7 @@ def waits_for(row: KeyedTask, snapshot: KeySnapshot | None = None, app: Celery |
     return ""
 
 
-def run_now(task_id: str, *, by: str, app: Celery | None = None) -> str:
+def run_now(task_id: str, *, by: str = "an operator", app: Celery | None = None) -> str:
     """Start ``task_id``, which waits for a time, now; what was done. ActionRefused, with nothing done, if
     it waits for no time."""
     app = app if app is not None else current_app

@@ -26,7 +26,7 @@ from ..process.state import get_gate
 from ..records.columns import shown
 from ..records.models import KeyedTask
 from .display import did, from_epoch, since
-from .recovery import latest_row
+from .lookup import latest_row
 
 #: The operator's actions share one audit logger (see the management commands' ``_key``).
 logger = logging.getLogger("django_keyed_queue.ops.recovery")
@@ -64,7 +64,12 @@ class Stopped:
 
 
 def stop(
-    task_id: str, *, by: str, signal: str = "SIGTERM", dispatch: int | None = None, app: Celery | None = None
+    task_id: str,
+    *,
+    by: str = "an operator",
+    signal: str = "SIGTERM",
+    dispatch: int | None = None,
+    app: Celery | None = None,
 ) -> Stopped:
     """Stop ``task_id``'s running attempt with ``signal``; ActionRefused, with nothing done, if it does not
     run, its worker's pool cannot end a run, or the signal is not one of ``SIGNALS``. ``dispatch``: the

@@ -17,7 +17,7 @@ from ..gate import Holder
 from ..process.state import get_gate
 from ..records.models import KeyedTask
 from ..records.statuses import Status
-from . import recovery, run_now, stop
+from . import lookup, recovery, run_now, stop
 from .display import did, since
 
 ACTIONS = ("retry", "run_now", "cancel", "stop", "release")
@@ -91,7 +91,7 @@ def propose(action: str, task: KeyedTask) -> Proposal:
             ]
         else:
             try:
-                recovery.stored_message(task, current_app)
+                lookup.stored_message(task, current_app)
             except ActionRefused as refused:
                 proposal.refusal = f"{refused}. Submit the task again from your code."
                 return proposal

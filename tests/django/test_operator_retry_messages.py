@@ -8,7 +8,7 @@ from django.db import connection
 
 from django_keyed_queue.exceptions import ActionRefused
 from django_keyed_queue.messaging.message import TaskMessage, gate_message
-from django_keyed_queue.ops import recovery
+from django_keyed_queue.ops import rebuild, recovery
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.testing import write_submission_rows
 from testproject.demo.tasks import charge, step
@@ -89,6 +89,6 @@ def test_a_retry_and_a_rebuild_refuse_a_stored_message_that_is_not_the_tasks_own
     KeyedTask.objects.filter(pk=row.pk).update(status="waiting")  # as if it waited when Redis lost everything
     broker.delete(QUEUE)
     gate_redis.flushdb()
-    report = recovery.rebuild()
+    report = rebuild.rebuild()
     assert report.unrecoverable == [row.task_id] and not report.restored
     assert gate_redis.dbsize() == 0 and broker.llen(QUEUE) == 0

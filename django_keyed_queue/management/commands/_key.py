@@ -10,7 +10,7 @@ import redis
 from django.core.management.base import BaseCommand, CommandError
 
 from django_keyed_queue.exceptions import ActionRefused
-from django_keyed_queue.ops.recovery import operator_key
+from django_keyed_queue.ops.lookup import operator_key
 
 #: Where the operator's actions are logged (at INFO) for the audit trail.
 AUDIT_LOGGER = "django_keyed_queue.ops.recovery"
