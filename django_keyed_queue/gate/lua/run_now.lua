@@ -26,12 +26,6 @@ holder.dispatch = holder.dispatch + 1
 holder.deadline = now_ms() + tonumber(ARGV[3])
 redis.call('HSET', holders_key, ticket, encode_holder(holder))
 redis.call('HDEL', KEYS[4], ticket)  -- the template pushed for the earlier dispatch is not the one to send
--- Marks of tickets that no longer hold a slot go: meta keeps only those that may still be read.
-for _, name in ipairs(redis.call('HKEYS', meta_key)) do
-  local other = string.match(name, '^now:(%d+)$')
-  if other and other ~= ticket and redis.call('HEXISTS', holders_key, other) == 0 then
-    redis.call('HDEL', meta_key, name)
-  end
-end
+forget_marks(meta_key, holders_key, 'now', ticket)
 redis.call('HSET', meta_key, 'now:' .. ticket, holder.dispatch)
 return {0, holder.dispatch, redis.call('HGET', KEYS[3], ticket) or ''}

@@ -31,13 +31,7 @@ local noted = stop_noted(meta_key, ticket, dispatch)
 if noted and (noted.by ~= '' or ARGV[3] == '') then
   return {0, noted.by, noted.since, noted.how}
 end
--- Notes of attempts that ended meanwhile go: a key's meta keeps only those of runs still held.
-for _, name in ipairs(redis.call('HKEYS', meta_key)) do
-  local other = string.match(name, '^stop:(%d+)$')
-  if other and other ~= ticket and redis.call('HEXISTS', holders_key, other) == 0 then
-    redis.call('HDEL', meta_key, name)
-  end
-end
+forget_marks(meta_key, holders_key, 'stop', ticket)
 local since = noted and noted.since or now_ms()
 redis.call('HSET', meta_key, field, string.format('%d|%d|%s|%s', dispatch, since, ARGV[4], ARGV[3]))
 holder.max_lost = holder.lost

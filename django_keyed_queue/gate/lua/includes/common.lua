@@ -110,6 +110,17 @@ local function effective_interval(meta_key, interval)
   return tonumber(redis.call('HGET', meta_key, 'interval_override')) or interval
 end
 
+-- An operator's marks in meta ("<prefix>:<ticket>": stop.lua's, run_now.lua's) of tickets that no longer
+-- hold a slot go, but `ticket`'s: meta keeps only those that may still be read.
+local function forget_marks(meta_key, holders_key, prefix, ticket)
+  for _, name in ipairs(redis.call('HKEYS', meta_key)) do
+    local other = string.match(name, '^' .. prefix .. ':(%d+)$')
+    if other and other ~= ticket and redis.call('HEXISTS', holders_key, other) == 0 then
+      redis.call('HDEL', meta_key, name)
+    end
+  end
+end
+
 -- Who stopped the attempt of `ticket` started by `dispatch` (stop.lua), when and how; nil if nobody did.
 local function stop_noted(meta_key, ticket, dispatch)
   local raw = redis.call('HGET', meta_key, 'stop:' .. ticket)
