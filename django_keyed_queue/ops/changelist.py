@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import functools
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from celery import current_app
 from django.contrib import admin, messages
-from django.contrib.admin.views.main import ORDER_VAR, ChangeList
+from django.contrib.admin.views.main import ORDER_VAR, SEARCH_VAR, ChangeList
 from django.db import connections
-from django.db.models import CharField, F, Func, Q, QuerySet
+from django.db.models import CharField, Exists, F, Func, OuterRef, Q, QuerySet
+from django.http import HttpResponseRedirect
+from django.utils.http import urlencode
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from ..gate import MAX_KEY_LENGTH
 from ..records.columns import TASK_ID_MAX_LENGTH, TASK_NAME_MAX_LENGTH
+from ..records.key_words import KEY_SEPARATORS, has_separator
+from ..records.models import KeyWord
 from .query_string import check_lookups
 
 #: ``?cursor=<id>``: the page of rows older than that id (the "Older" link).
@@ -23,9 +28,12 @@ CURSOR_VAR = "cursor"
 #: ``?before=<id>``: the page of rows just newer than that id (the "Newer" link).
 BEFORE_VAR = "before"
 CURSOR_PARAMS = (CURSOR_VAR, BEFORE_VAR)
+#: Sent by the search box alone (its hidden field, in change_list.html): a search that finds one task
+#: opens its page. A link that carries the search (a filter, a page, the task page's "Close") does not.
+SEARCH_BOX_VAR = "_searched"
 #: Dropped from the query like Django drops its page number: sorting is always by ``-id``, and
 #: facet counts are never shown (Django 4.2, which has no facets, would take ``_facets`` for a lookup).
-_DROPPED = (*CURSOR_PARAMS, ORDER_VAR, "_facets")
+_DROPPED = (*CURSOR_PARAMS, ORDER_VAR, "_facets", SEARCH_BOX_VAR)
 _MAX_ID = 2**63 - 1  # a bigint; a larger value would overflow the database driver
 
 
@@ -59,9 +67,6 @@ def _import_task_modules() -> None:
     current_app.loader.import_default_modules()
 
 
-#: The characters that part a key's words. In a search each stands for any of them, one for one:
-#: "account 6" finds account:6 and account/6. Not % or \: a search takes them as they are.
-KEY_SEPARATORS = " :/-_.|#,;=+@"
 #: A task id's start is searched from this many characters: 4 hex digits narrow a million random ids
 #: to about 15 rows, where fewer would add tasks picked by chance to a key's or a name's rows.
 TASK_ID_PREFIX_MIN = 4
@@ -72,15 +77,31 @@ FEW_MATCHES = 2000
 KEY_READINGS_MAX = 32
 #: Task names are read (one index seek each) up to this many; a project has far fewer.
 TASK_NAMES_MAX = 5000
+#: A word's keys are read up to this many; a word of more keys is matched row by row as the page
+#: walks ``-id`` (its rows are then many, and a page of them is soon found).
+WORD_KEYS_MAX = 500
 
 
 @dataclass(frozen=True)
 class TermLookup:
-    """One thing a search matches: a field's whole value, or its start (``prefix``)."""
+    """One thing a search matches: a field's whole value, or its start (``prefix``); or a later word of
+    the key (``word``): one of ``keys``, the keys that have it, or with ``keys`` None (more than
+    ``WORD_KEYS_MAX``) any key that ``KeyWord`` gives it."""
 
     field: str
     value: str
     prefix: bool = False
+    word: bool = False
+    keys: tuple[str, ...] | None = None
+
+    @property
+    def whole(self) -> bool:
+        """A whole value: read in page order from its field's ``(field, -id)`` index."""
+        return not (self.prefix or self.word)
+
+    @property
+    def unresolved(self) -> bool:
+        return self.word and self.keys is None
 
 
 class TaskSearch:
@@ -90,12 +111,18 @@ class TaskSearch:
     - a key, whole or its first words up to a separator, where each separator in the term stands
       for any of ``KEY_SEPARATORS`` ("account" and "account:" find account:6, "account 6" finds
       account:6 but not account:60); the text as typed, spaces and all, also matches a whole key;
+    - a key by any later word, for a term of one word (no separator): "1001" finds ledger:1001 and
+      tenant:5:ledger:1001, not ledger:10010 or ledger:1001x. A word is the text between two
+      separators, or after the last: the words of ledger:1001:eu are ledger, 1001 and eu;
     - a task name, whole or its last dotted parts ("send_invoice" finds shop.tasks.send_invoice).
 
     Case-sensitive, as keys are in the gate. ``lookups`` keeps only those some row matches, found
     by index seeks. Each is an equality or a prefix, read as one range of an index: on SQLite
     ``>= 'ab' AND < 'ac'`` (its LIKE ignores case, and no index serves it); elsewhere LIKE 'ab%',
-    escaped, which PostgreSQL reads from a ``varchar_pattern_ops`` index.
+    escaped, which PostgreSQL reads from a ``varchar_pattern_ops`` index. A later word is read from
+    ``KeyWord``'s (word, key) index, which the records' writers fill once per key (``key_words``):
+    whole words, not any piece of a key, so that an index holds them on every database and the
+    writes cost a row per key, not per task.
     """
 
     def __init__(self, tasks: QuerySet, typed: str) -> None:
@@ -106,9 +133,11 @@ class TaskSearch:
         # No record holds NUL, and PostgreSQL takes none even to compare (Django's search form refuses it first).
         self.lookups: list[TermLookup] = self._read() if self.term and "\x00" not in typed else []
 
-    def condition(self, column: str = "{}") -> Q:
-        """What a matching row satisfies (no lookup: nothing); ``column`` names each field's column."""
-        return functools.reduce(operator.or_, (self._q(lookup, column) for lookup in self.lookups), Q(pk__in=[]))
+    def condition(self, column: str = "{}", lookups: Sequence[TermLookup] | None = None) -> Q:
+        """What a row matched by ``lookups`` (by default all) satisfies (no lookup: nothing); ``column``
+        names each field's column."""
+        chosen = self.lookups if lookups is None else lookups
+        return functools.reduce(operator.or_, (self._q(lookup, column) for lookup in chosen), Q(pk__in=[]))
 
     def _read(self) -> list[TermLookup]:
         candidates = []
@@ -118,7 +147,10 @@ class TaskSearch:
             candidates.append(TermLookup("key", self.typed))  # a key that itself begins or ends with spaces
         if len(self.term) <= MAX_KEY_LENGTH:
             candidates += self._key_readings()
-        found = self._present(candidates)
+        word = self._later_word() if len(self.term) <= MAX_KEY_LENGTH else []
+        # A word of more than WORD_KEYS_MAX keys has rows; a probe of it would walk the table.
+        found = self._present(candidates + [lookup for lookup in word if not lookup.unresolved])
+        found += [lookup for lookup in word if lookup.unresolved]
         names = self._task_names() if len(self.term) <= TASK_NAME_MAX_LENGTH else []
         return found + [TermLookup("task_name", n) for n in names if n == self.term or n.endswith("." + self.term)]
 
@@ -139,6 +171,19 @@ class TaskSearch:
         return [TermLookup("key", r) for r in readings] + [
             TermLookup("key", r + s, prefix=True) for r in readings for s in KEY_SEPARATORS
         ]
+
+    def _later_word(self) -> list[TermLookup]:
+        """A term of one word: the keys that have it after their first word, from ``KeyWord``'s index.
+        (A key's first words are its readings, ``_key_readings``.)"""
+        if has_separator(self.term):
+            return []
+        words = KeyWord.objects.using(self.tasks.db).filter(word=self.term).order_by()
+        keys = list(words.values_list("key", flat=True)[: WORD_KEYS_MAX + 1])
+        if len(keys) > WORD_KEYS_MAX:
+            return [TermLookup("key", self.term, word=True)]
+        if len(keys) == 1:
+            return [TermLookup("key", keys[0])]
+        return [TermLookup("key", self.term, word=True, keys=tuple(sorted(keys)))] if keys else []
 
     def _present(self, lookups: list[TermLookup]) -> list[TermLookup]:
         """Those of ``lookups`` that some row matches, in one query: an index seek each."""
@@ -169,6 +214,10 @@ class TaskSearch:
 
     def _q(self, lookup: TermLookup, column: str = "{}") -> Q:
         name = column.format(lookup.field)
+        if lookup.keys is not None:
+            return Q((f"{name}__in", lookup.keys))
+        if lookup.word:  # one seek of the (word, key) index per row
+            return Q(Exists(KeyWord.objects.filter(word=lookup.value, key=OuterRef(name))))
         if not lookup.prefix:
             return Q((name, lookup.value))
         if self.db.vendor != "sqlite":
@@ -194,6 +243,28 @@ def _unindexed(field: str) -> Func:
     return Func(F(field), template="(%(expressions)s || '')", output_field=CharField())
 
 
+def _take(parts: list[QuerySet], bound: Q, limit: int, order: str) -> list:
+    """Up to ``limit`` rows of ``parts`` in turn, each in ``order``; of the first, only those within ``bound``."""
+    rows: list = []
+    for at, part in enumerate(parts):
+        rows += part.filter(bound if at == 0 else Q()).order_by(order)[: limit - len(rows)]
+        if len(rows) >= limit:
+            break
+    return rows
+
+
+def open_only_match(request, response):
+    """The page of the one task a search from the search box found, instead of a list of it. The task
+    page's "Close" leads back to the list of that search (Django's preserved filters), which opens no page."""
+    cl = (getattr(response, "context_data", None) or {}).get("cl")
+    task = getattr(cl, "only_match", None)
+    if task is None:
+        return response
+    messages.info(request, gettext("The only task that “%(term)s” finds.") % {"term": cl.query.strip()})
+    back = urlencode({"_changelist_filters": cl.get_query_string()[1:]})
+    return HttpResponseRedirect(f"{cl.url_for_result(task)}?{back}")
+
+
 def read_cursor(query) -> tuple[int | None, int | None, bool]:
     """``(cursor, before, bad)`` from a query string; a bad value reads as no cursor at all."""
     given = [name for name in CURSOR_PARAMS if name in query]
@@ -214,7 +285,9 @@ class CursorChangeList(ChangeList):
     """Keyset pagination over ``-id``: a page is one indexed SELECT of ``list_per_page + 1`` rows.
 
     The search box takes what ``TaskSearch`` says (the admin's ``search_fields`` only need to be
-    non-empty for the box to show; see ``get_queryset``).
+    non-empty for the box to show; see ``get_queryset``). A search that matches keys and other
+    things too lists the keys' rows first: the page reads ``parts`` in turn, each by ``-id``, and a
+    cursor's part is the one its row is in.
 
     Nothing is counted: Django's change list runs ``COUNT(*)`` over the filtered
     rows (and once more over all of them), which reads the whole table or index
@@ -227,6 +300,11 @@ class CursorChangeList(ChangeList):
         self.cursor, self.before, bad = read_cursor(request.GET)
         if bad:
             messages.warning(request, gettext("Ignored a bad page cursor; showing the newest tasks."))
+        self.from_search_box = SEARCH_BOX_VAR in request.GET
+        #: What a page reads in turn (``get_queryset`` sets it): a search's key rows, then its others.
+        self.parts: list[QuerySet] = []
+        #: The one task a search from the search box found (``open_only_match`` opens its page).
+        self.only_match = None
         super().__init__(request, *args, **kwargs)
         # Sorting by another column would break the keyset order; so would facet counts the speed.
         self.sortable_by = ()
@@ -262,6 +340,9 @@ class CursorChangeList(ChangeList):
         # Django's search ORs a case-insensitive match over the search fields: UPPER(key) = UPPER(%s)
         # on PostgreSQL, LIKE on SQLite; no index serves it, so at a million rows it reads the table.
         # Here TaskSearch turns the term into index lookups, and the page reads their rows one of three ways.
+        search = TaskSearch(self.root_queryset, self.query) if self.query.strip() else None
+        if self.params.get(SEARCH_VAR, "").strip() and not (search and search.lookups):
+            self._forget_search()  # found nothing, or refused: the filters' links do not keep it
         query, self.query = self.query, ""
         try:
             # Django 4.2's get_queryset takes only the request.
@@ -269,28 +350,48 @@ class CursorChangeList(ChangeList):
             queryset = super().get_queryset(request, *more)
         finally:
             self.query = query
-        if not query.strip():
+        if search is None:
             return queryset
-        search = TaskSearch(self.root_queryset, query)
         if not search.lookups:
             return queryset.none()
-        if len(search.lookups) == 1 and not search.lookups[0].prefix:
-            return queryset.filter(search.condition())  # one key or name: its (field, -id) index in page order
+        keyed = [lookup for lookup in search.lookups if lookup.field == "key"]
+        others = [lookup for lookup in search.lookups if lookup.field != "key"]
+        if not (keyed and others):
+            return self._matching(queryset, search, search.lookups)
+        self.parts = [self._matching(queryset, search, keyed), self._matching(queryset, search, others, keyed)]
+        return queryset.filter(search.condition())  # the pages read the parts; an action, its chosen rows of this
+
+    def _matching(
+        self, queryset: QuerySet, search: TaskSearch, lookups: Sequence[TermLookup], excluded: Sequence[TermLookup] = ()
+    ) -> QuerySet:
+        """The rows of ``queryset`` that ``lookups`` match and ``excluded`` do not, in page order."""
+        condition = search.condition(lookups=lookups)
+        if excluded:
+            condition &= ~search.condition(lookups=excluded)
+        if len(lookups) == 1 and lookups[0].whole:
+            return queryset.filter(condition)  # one key or name: its (field, -id) index in page order
         # Up to FEW_MATCHES rows: every match's id, from the lookups' indexes, and the page is read by
         # those ids. More: the page walks -id and keeps the matches, which are then dense (unless they
         # are all old: then it reads the rows between, the one case that costs more than a page).
-        matching = self.root_queryset.filter(search.condition()).order_by().values_list("pk", flat=True)
-        ids = list(matching[: FEW_MATCHES + 1])
-        if len(ids) <= FEW_MATCHES:
-            return queryset.filter(pk__in=ids)
-        walked = {f"searched_{lookup.field}": _unindexed(lookup.field) for lookup in search.lookups}
-        return queryset.alias(**walked).filter(search.condition("searched_{}"))
+        if not any(lookup.unresolved for lookup in lookups):
+            ids = list(self.root_queryset.filter(condition).order_by().values_list("pk", flat=True)[: FEW_MATCHES + 1])
+            if len(ids) <= FEW_MATCHES:
+                return queryset.filter(pk__in=ids)
+        walked = {f"searched_{lookup.field}": _unindexed(lookup.field) for lookup in (*lookups, *excluded)}
+        condition = search.condition("searched_{}", lookups)
+        if excluded:
+            condition &= ~search.condition("searched_{}", excluded)
+        return queryset.alias(**walked).filter(condition)
+
+    def _forget_search(self) -> None:
+        self._params.pop(SEARCH_VAR, None)
+        getattr(self, "_filter_params", {}).pop(SEARCH_VAR, None)  # Django 5.0 on
 
     def get_ordering(self, request, queryset):
         return ["-pk"]  # the keyset: every list index ends in -id
 
     def get_results(self, request):
-        rows, self.has_newer, self.has_older = self._page(self.queryset, self.list_per_page)
+        rows, self.has_newer, self.has_older = self._page(self.parts or [self.queryset], self.list_per_page)
         self.result_list = rows
         # What Django's templates read; equal counts hide the search box's "N results" (a count).
         self.result_count = self.full_result_count = len(rows)
@@ -299,18 +400,35 @@ class CursorChangeList(ChangeList):
         self.can_show_all = False
         self.multi_page = False  # keeps Django's numbered pagination (and its paginator) out
         self.paginator = None
+        first_page = self.cursor is None and self.before is None and not self.has_older
+        if self.from_search_box and self.query.strip() and first_page and len(rows) == 1:
+            self.only_match = rows[0]
 
-    def _page(self, queryset, size: int) -> tuple[list, bool, bool]:
-        """The rows of this page, newest first, and whether newer and older rows exist."""
+    @property
+    def ranked(self) -> bool:
+        """Whether the page lists a search's key rows first, then its others."""
+        return len(self.parts) > 1
+
+    def _page(self, parts: list[QuerySet], size: int) -> tuple[list, bool, bool]:
+        """The rows of this page, ``parts`` in turn, each newest first, and whether newer and older rows exist."""
         if self.before is not None:
-            rows = list(queryset.filter(pk__gt=self.before).order_by("pk")[: size + 1])
+            at = self._part_of(parts, self.before)
+            rows = _take(parts[at::-1], Q(pk__gt=self.before), size + 1, "pk")
             newer = len(rows) > size
             if newer or len(rows) == size:
                 return rows[:size][::-1], newer, True
             self.before = None  # the newest rows make a short page: show a full first page instead
-        page = queryset if self.cursor is None else queryset.filter(pk__lt=self.cursor)
-        rows = list(page[: size + 1])
+        at = 0 if self.cursor is None else self._part_of(parts, self.cursor)
+        rows = _take(parts[at:], Q() if self.cursor is None else Q(pk__lt=self.cursor), size + 1, "-pk")
         return rows[:size], self.cursor is not None, len(rows) > size
+
+    @staticmethod
+    def _part_of(parts: list[QuerySet], pk: int) -> int:
+        """The part whose rows hold ``pk``; the last if none does (a row deleted since its link was made)."""
+        for at, part in enumerate(parts[:-1]):
+            if part.filter(pk=pk).exists():
+                return at
+        return len(parts) - 1
 
     @property
     def newest_url(self) -> str:
