@@ -257,9 +257,9 @@ def open_only_match(request, response):
     """The page of the one task a search from the search box found, instead of a list of it. The task
     page's "Close" leads back to the list of that search (Django's preserved filters), which opens no page."""
     cl = (getattr(response, "context_data", None) or {}).get("cl")
-    task = getattr(cl, "only_match", None)
-    if task is None:
+    if not isinstance(cl, CursorChangeList) or cl.only_match is None:
         return response
+    task = cl.only_match
     messages.info(request, gettext("The only task that “%(term)s” finds.") % {"term": cl.query.strip()})
     back = urlencode({"_changelist_filters": cl.get_query_string()[1:]})
     return HttpResponseRedirect(f"{cl.url_for_result(task)}?{back}")

@@ -24,6 +24,7 @@ import re
 import threading
 from collections.abc import Iterable
 from functools import cache, partial
+from typing import cast
 
 from django.db import DatabaseError, connections, transaction
 from django.db.models.constants import OnConflict
@@ -98,6 +99,6 @@ def _insert_sql(alias: str) -> str:
     ops = connections[alias].ops
     meta = KeyWord._meta
     fields = [meta.get_field("word"), meta.get_field("key")]
-    columns = ", ".join(ops.quote_name(f.column) for f in fields)
+    columns = ", ".join(ops.quote_name(cast(str, f.column)) for f in fields)  # a concrete field has a column
     table, suffix = ops.quote_name(meta.db_table), ops.on_conflict_suffix_sql(fields, OnConflict.IGNORE, [], [])
     return f"{ops.insert_statement(OnConflict.IGNORE)} {table} ({columns}) VALUES (%s, %s) {suffix}".strip()

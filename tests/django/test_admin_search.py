@@ -23,8 +23,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from django_keyed_queue.ops import changelist
-from django_keyed_queue.records import key_words
 from django_keyed_queue.records.models import KeyedTask
+from tests.admin_rows import write_key_words
 
 from .changelist_pages import open_page, walk
 
@@ -67,14 +67,8 @@ def seed(count: int = 120) -> list[KeyedTask]:
             )
         )
     KeyedTask.objects.bulk_create(rows)
-    write_words(KEYS)
+    write_key_words(KEYS)
     return list(KeyedTask.objects.order_by("id"))
-
-
-def write_words(keys) -> None:
-    """What the records' writer writes when it meets a key (bulk_create skips it)."""
-    key_words.KNOWN.clear()
-    key_words.remember(KeyedTask.objects.db, keys)
 
 
 # -- the rules, as docs/admin.md states them, written apart from the code --
@@ -264,7 +258,7 @@ def seed_words(count: int, keys=WORD_KEYS, task_ids=lambda i: None) -> list[Keye
         for i in range(count)
     ]  # fmt: skip
     KeyedTask.objects.bulk_create(rows)
-    write_words(keys)
+    write_key_words(keys)
     return list(KeyedTask.objects.order_by("id"))
 
 
