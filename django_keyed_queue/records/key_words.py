@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 #: ("account 6" finds account:6 and account/6). Not % or \: a search takes them as they are.
 KEY_SEPARATORS = " :/-_.|#,;=+@"
 _SEPARATOR = re.compile("[" + re.escape(KEY_SEPARATORS) + "]")
-#: Keys a process remembers as written (about 100 bytes each).
+#: Keys a process remembers as written: about 160 bytes each for a 25-character key, 1.6 MB in all.
 KNOWN_KEYS_MAX = 10_000
 
 
