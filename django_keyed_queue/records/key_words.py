@@ -35,6 +35,8 @@ logger = logging.getLogger(__name__)
 #: ("account 6" finds account:6 and account/6). Not % or \: a search takes them as they are.
 KEY_SEPARATORS = " :/-_.|#,;=+@"
 _SEPARATOR = re.compile("[" + re.escape(KEY_SEPARATORS) + "]")
+#: Rows one INSERT writes at most: 500 parameters, under every SQLite build's limit.
+ROWS_PER_INSERT = 250
 #: Keys a process remembers as written: about 160 bytes each for a 25-character key, 1.6 MB in all.
 KNOWN_KEYS_MAX = 10_000
 
@@ -85,7 +87,9 @@ def remember(alias: str, keys: Iterable[str]) -> None:
     if rows:
         try:
             with transaction.atomic(using=alias), connections[alias].cursor() as cursor:  # a savepoint
-                cursor.executemany(_insert_sql(alias), rows)
+                for start in range(0, len(rows), ROWS_PER_INSERT):  # one statement, not one per row
+                    chunk = rows[start : start + ROWS_PER_INSERT]
+                    cursor.execute(_insert_sql(alias, len(chunk)), [value for row in chunk for value in row])
         except DatabaseError:
             logger.warning("the words of %d keys were not written for the search", len(new), exc_info=True)
             return
@@ -93,7 +97,7 @@ def remember(alias: str, keys: Iterable[str]) -> None:
 
 
 @cache
-def _insert_sql(alias: str) -> str:
+def _insert_sql(alias: str, rows: int) -> str:
     from .models import KeyWord
 
     ops = connections[alias].ops
@@ -101,4 +105,5 @@ def _insert_sql(alias: str) -> str:
     fields = [meta.get_field("word"), meta.get_field("key")]
     columns = ", ".join(ops.quote_name(cast(str, f.column)) for f in fields)  # a concrete field has a column
     table, suffix = ops.quote_name(meta.db_table), ops.on_conflict_suffix_sql(fields, OnConflict.IGNORE, [], [])
-    return f"{ops.insert_statement(OnConflict.IGNORE)} {table} ({columns}) VALUES (%s, %s) {suffix}".strip()
+    values = ", ".join(["(%s, %s)"] * rows)
+    return f"{ops.insert_statement(OnConflict.IGNORE)} {table} ({columns}) VALUES {values} {suffix}".strip()

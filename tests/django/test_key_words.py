@@ -81,6 +81,14 @@ def test_a_key_is_written_once_per_process_once_its_words_commit(django_capture_
     assert words() == {("1", "order:1"), ("2", "order:2"), ("3", "order:3")}
 
 
+def test_many_new_keys_words_are_written_a_statement_per_few_hundred(monkeypatch):
+    monkeypatch.setattr(key_words, "ROWS_PER_INSERT", 2)
+    with CaptureQueriesContext(connection) as captured:
+        KeyedTask.objects.apply(*(made(f"t{n}", f"order:{n}:eu") for n in range(3)), new=True)
+    assert len([q for q in captured.captured_queries if KeyWord._meta.db_table in q["sql"]]) == 3  # 6 rows, 2 each
+    assert words() == {(w, f"order:{n}:eu") for n in range(3) for w in (str(n), "eu")}
+
+
 def test_words_rolled_back_with_their_rows_are_written_again(django_capture_on_commit_callbacks):
     with pytest.raises(RuntimeError), transaction.atomic():
         KeyedTask.objects.apply(made("t1", "order:1"), new=True)
@@ -92,7 +100,8 @@ def test_words_rolled_back_with_their_rows_are_written_again(django_capture_on_c
 
 
 def test_words_the_database_refuses_hold_back_no_record(monkeypatch, caplog, django_capture_on_commit_callbacks):
-    monkeypatch.setattr(key_words, "_insert_sql", lambda alias: "INSERT INTO no_such_table (word, key) VALUES (%s, %s)")
+    refused = "INSERT INTO no_such_table (word, key) VALUES "
+    monkeypatch.setattr(key_words, "_insert_sql", lambda alias, rows: refused + ", ".join(["(%s, %s)"] * rows))
     with caplog.at_level(logging.WARNING), django_capture_on_commit_callbacks(execute=True):
         KeyedTask.objects.apply(made("t1", "order:1"), made("t2", "order:2"), new=True)
     assert KeyedTask.objects.filter(task_id__in=["t1", "t2"]).count() == 2 and not words()
