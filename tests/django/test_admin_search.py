@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from django_keyed_queue.ops import changelist
+from django_keyed_queue.ops import search as search_module
 from django_keyed_queue.records.models import KeyedTask
 from tests.admin_rows import write_key_words
 
@@ -289,12 +290,12 @@ def test_a_word_lists_its_keys_tasks_before_the_tasks_whose_ids_begin_with_it(ad
 
 
 @pytest.mark.parametrize("few_matches", [changelist.FEW_MATCHES, 0], ids=["ids-of-few-matches", "walk-of-many"])
-@pytest.mark.parametrize("word_keys_max", [changelist.WORD_KEYS_MAX, 1], ids=["keys-read", "keys-walked"])
+@pytest.mark.parametrize("word_keys_max", [search_module.WORD_KEYS_MAX, 1], ids=["keys-read", "keys-walked"])
 def test_pages_of_a_ranked_search_list_every_match_once_older_and_newer(
     admin_client, monkeypatch, few_matches, word_keys_max
 ):
     monkeypatch.setattr(changelist, "FEW_MATCHES", few_matches)
-    monkeypatch.setattr(changelist, "WORD_KEYS_MAX", word_keys_max)
+    monkeypatch.setattr(search_module, "WORD_KEYS_MAX", word_keys_max)
     seed_words(35, keys=("x:charge", "y/charge", "charges:1"))  # older than the task name's rows
     rows = seed(200)
     want = expected(rows, "charge")
@@ -394,7 +395,11 @@ TERMS = st.one_of(
 
 @pytest.mark.parametrize(
     ("few_matches", "word_keys_max"),
-    [(changelist.FEW_MATCHES, changelist.WORD_KEYS_MAX), (0, changelist.WORD_KEYS_MAX), (changelist.FEW_MATCHES, 1)],
+    [
+        (changelist.FEW_MATCHES, search_module.WORD_KEYS_MAX),
+        (0, search_module.WORD_KEYS_MAX),
+        (changelist.FEW_MATCHES, 1),
+    ],
     ids=["ids-of-few-matches", "walk-of-many", "words-of-many-keys"],
 )
 @settings(max_examples=150, deadline=None, derandomize=True, database=None,
@@ -404,7 +409,7 @@ def test_any_term_lists_exactly_the_rows_that_match_it_keys_first(
     admin_client, rows, monkeypatch, few_matches, word_keys_max, typed
 ):
     monkeypatch.setattr(changelist, "FEW_MATCHES", few_matches)
-    monkeypatch.setattr(changelist, "WORD_KEYS_MAX", word_keys_max)
+    monkeypatch.setattr(search_module, "WORD_KEYS_MAX", word_keys_max)
     ids, links, _ = open_page(admin_client, f"?q={quote(typed)}")
     want = expected(rows, typed)
     assert all(matches(typed, row) for row in by_pk(rows, ids)), typed
