@@ -11,7 +11,7 @@ and p95 of the whole request (wall clock), its median CPU time in this process
 SELECT alone (with a search, its lookups too), and the query plans (SQLite
 ``EXPLAIN QUERY PLAN``, PostgreSQL ``EXPLAIN (ANALYZE, BUFFERS)``).
 The keys' later words, which the search reads, are written after the bulk load by
-migration 0010's own function, timed, as when a project with these rows upgrades.
+migration 0011's own function, timed, as when a project with these rows upgrades.
 Each database runs in a child process of its own, since Django is configured once.
 """
 
@@ -107,7 +107,7 @@ def word_of_many_keys(rows: int) -> None:
 
 
 def write_key_words() -> dict:
-    """The keys' later words, written by migration 0010's own function: what an upgrade takes."""
+    """The keys' later words, written by migration 0011's own function: what an upgrade takes."""
     import importlib
     from types import SimpleNamespace
 
@@ -116,7 +116,7 @@ def write_key_words() -> dict:
 
     from django_keyed_queue.records.models import KeyWord
 
-    migration = importlib.import_module("django_keyed_queue.migrations.0010_key_words")
+    migration = importlib.import_module("django_keyed_queue.migrations.0011_key_words")
     began = time.perf_counter()
     with transaction.atomic():
         migration.words_of_the_keys_there(apps, SimpleNamespace(connection=connection))

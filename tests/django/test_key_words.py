@@ -116,7 +116,7 @@ def test_the_migration_writes_the_words_of_the_keys_there():
         KeyedTask(task_id=f"t{i}", task_name=step.name, key=keys[i % len(keys)], ticket=i, enqueued_at=now)
         for i in range(100)
     )
-    migration = importlib.import_module("django_keyed_queue.migrations.0010_key_words")
+    migration = importlib.import_module("django_keyed_queue.migrations.0011_key_words")
     schema_editor = SimpleNamespace(connection=connection)
     original, migration.CHUNK = migration.CHUNK, 7  # several chunks
     try:

@@ -26,7 +26,7 @@ def words_of_the_keys_there(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('keyed_queue', '0009_superseded'),
+        ('keyed_queue', '0010_stop_run_now_and_notes'),
     ]
 
     operations = [
