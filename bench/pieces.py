@@ -1,12 +1,15 @@
 """CPU per task of each piece of a keyed task's path, one at a time, in this process (no workers).
 
-    python -m bench.pieces [--tasks 2000] [--database sqlite|sqlite-wal|postgresql]
+    python -m bench.pieces [--tasks 2000] [--database sqlite|sqlite-wal|postgresql] [--key-separator :]
 
 Starts one redis-server (broker and gate) and the records' database in a temp dir, then runs each
 piece ``--tasks`` times on as many keys, in the order a task meets them, and prints the client's
 CPU time (``time.process_time``), the redis-server's CPU time (from /proc, tick-grained: about
 0.003 ms a task at 3,000 tasks) and the wall time, per task. PostgreSQL's own CPU is not in these
 figures. Where the keyed path's cost over plain Celery goes, piece by piece (see docs/benchmarks.md).
+Keys are ``k0``, ``k1``, ...; ``--key-separator :`` makes them ``k:0``, ``k:1``, ..., each with a word
+after its first that the records' writer writes for the admin's search (a new key every task: the
+most those writes cost).
 """
 
 from __future__ import annotations
@@ -28,8 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=2000)
     parser.add_argument("--database", choices=DATABASES, default="sqlite")
+    parser.add_argument("--key-separator", default="", help="between k and the number: '' (default) or ':'")
     args = parser.parse_args(argv)
     n = args.tasks
+    keys = [f"k{args.key_separator}{i}" for i in range(n)]
 
     cluster = Cluster(workers=0, concurrency=1, database=args.database, gate_on_broker=True)
     try:
@@ -47,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         ids = [str(uuid.uuid4()) for _ in range(n)]
         tokens: dict[int, int] = {}
         ends: list[Transition] = []
-        print(f"{n} tasks on {n} keys, records in {args.database}, one redis-server")
+        print(f"{n} tasks on {n} keys ({keys[0]}, {keys[1]}, ...), records in {args.database}, one redis-server")
 
         redis_pid = [server.process.pid for server in cluster.servers]
 
@@ -64,12 +69,12 @@ def main(argv: list[str] | None = None) -> int:
 
         def submit() -> None:
             for i in range(n):
-                record = submissions.encode_record(ids[i], "demo.step", f"args=('k{i}', 1) kwargs={{}}")
-                gate.submit(f"k{i}", MESSAGE, task_id=ids[i], record=record)
+                record = submissions.encode_record(ids[i], "demo.step", f"args=('{keys[i]}', 1) kwargs={{}}")
+                gate.submit(keys[i], MESSAGE, task_id=ids[i], record=record)
 
         def start() -> None:
             for i in range(n):
-                tokens[i] = gate.start(f"k{i}", 1, 1).token
+                tokens[i] = gate.start(keys[i], 1, 1).token
 
         def write_rows() -> None:
             while submissions.write_due(gate, batch=100, max_batches=1):
@@ -78,14 +83,14 @@ def main(argv: list[str] | None = None) -> int:
         def build_end() -> None:
             now = timezone.now()
             for i in range(n):
-                create = {"task_name": "demo.step", "enqueued_at": now, "args": (f"k{i}", 1), "kwargs": {}}
+                create = {"task_name": "demo.step", "enqueued_at": now, "args": (keys[i], 1), "kwargs": {}}
                 fields = {"started_at": now, "heartbeat_at": now, "worker": "w1"}
-                running = Transition(ids[i], f"k{i}", 1, "running", 1, fields, create=create)
-                ends.append(running.merged_with(Transition(ids[i], f"k{i}", 1, "succeeded", 1, {"finished_at": now})))
+                running = Transition(ids[i], keys[i], 1, "running", 1, fields, create=create)
+                ends.append(running.merged_with(Transition(ids[i], keys[i], 1, "succeeded", 1, {"finished_at": now})))
 
         def finish() -> None:
             for i, end in enumerate(ends):
-                gate.finish(f"k{i}", 1, tokens[i], outcome=Outcome(end.outcome_field, end.to_json()))
+                gate.finish(keys[i], 1, tokens[i], outcome=Outcome(end.outcome_field, end.to_json()))
 
         def apply_ends() -> None:
             for j in range(0, n, 50):

@@ -1,5 +1,5 @@
 """Django loads an app's models from ``<app>.models``: they live in ``records``."""
 
-from .records.models import IdempotencyKey, KeyedTask, LiveKey
+from .records.models import IdempotencyKey, KeyedTask, KeyWord, LiveKey
 
-__all__ = ["IdempotencyKey", "KeyedTask", "LiveKey"]
+__all__ = ["IdempotencyKey", "KeyedTask", "KeyWord", "LiveKey"]

@@ -31,7 +31,7 @@ from ..records.columns import TASK_ID_MAX_LENGTH, unstorable
 from ..records.models import IdempotencyKey, KeyedTask, LiveKey
 from ..records.statuses import ACTIVE_STATUSES, Status
 from . import limits, recovery, task_actions
-from .changelist import CursorChangeList, TaskNameFilter
+from .changelist import CursorChangeList, TaskNameFilter, open_only_match
 from .display import at, epoch_ms, took
 from .explain import explain_row
 from .live import live_keys
@@ -109,7 +109,8 @@ class KeyedTaskAdmin(_PagesOfOurs):
     search_fields = ("=key", "=task_id")
     search_help_text = _(
         "A task id or its first 4+ characters; a key or its first words, any separator for another (“account 6” "
-        "finds account:6, “account” every account:… key); a task name or its last part (send_invoice). Case-sensitive."
+        "finds account:6, “account” every account:… key); one word of a key (“1001” finds ledger:1001); a task name "
+        "or its last part (send_invoice). Case-sensitive. A search that finds one task opens it."
     )
     fields = DETAIL_FIELDS
     readonly_fields = DETAIL_FIELDS
@@ -345,7 +346,7 @@ class KeyedTaskAdmin(_PagesOfOurs):
             return self._refused(request, f"run the action {action!r}")
         extra = {"live_keys_url": reverse("admin:keyed_queue_keys"), **(extra_context or {})}
         try:
-            return super().changelist_view(request, extra)
+            return open_only_match(request, super().changelist_view(request, extra))
         except BadQueryValue as bad:  # a filter's value no database can compare (the change list checks)
             return bad_request(bad)
 

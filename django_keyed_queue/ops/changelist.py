@@ -3,29 +3,31 @@
 from __future__ import annotations
 
 import functools
-import operator
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 from celery import current_app
 from django.contrib import admin, messages
-from django.contrib.admin.views.main import ORDER_VAR, ChangeList
-from django.db import connections
+from django.contrib.admin.views.main import ORDER_VAR, SEARCH_VAR, ChangeList
 from django.db.models import CharField, F, Func, Q, QuerySet
+from django.http import HttpResponseRedirect
+from django.utils.http import urlencode
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from ..gate import MAX_KEY_LENGTH
-from ..records.columns import TASK_ID_MAX_LENGTH, TASK_NAME_MAX_LENGTH
 from .query_string import check_lookups
+from .search import TaskSearch, TermLookup
 
 #: ``?cursor=<id>``: the page of rows older than that id (the "Older" link).
 CURSOR_VAR = "cursor"
 #: ``?before=<id>``: the page of rows just newer than that id (the "Newer" link).
 BEFORE_VAR = "before"
 CURSOR_PARAMS = (CURSOR_VAR, BEFORE_VAR)
+#: Sent by the search box alone (its hidden field, in change_list.html): a search that finds one task
+#: opens its page. A link that carries the search (a filter, a page, the task page's "Close") does not.
+SEARCH_BOX_VAR = "_searched"
 #: Dropped from the query like Django drops its page number: sorting is always by ``-id``, and
 #: facet counts are never shown (Django 4.2, which has no facets, would take ``_facets`` for a lookup).
-_DROPPED = (*CURSOR_PARAMS, ORDER_VAR, "_facets")
+_DROPPED = (*CURSOR_PARAMS, ORDER_VAR, "_facets", SEARCH_BOX_VAR)
 _MAX_ID = 2**63 - 1  # a bigint; a larger value would overflow the database driver
 
 
@@ -59,139 +61,36 @@ def _import_task_modules() -> None:
     current_app.loader.import_default_modules()
 
 
-#: The characters that part a key's words. In a search each stands for any of them, one for one:
-#: "account 6" finds account:6 and account/6. Not % or \: a search takes them as they are.
-KEY_SEPARATORS = " :/-_.|#,;=+@"
-#: A task id's start is searched from this many characters: 4 hex digits narrow a million random ids
-#: to about 15 rows, where fewer would add tasks picked by chance to a key's or a name's rows.
-TASK_ID_PREFIX_MIN = 4
 #: A search matching at most this many rows pages over their ids, read from its indexes; one matching
 #: more walks the list's own order (-id), where its rows are dense enough to fill a page soon.
 FEW_MATCHES = 2000
-#: A term's separators are read only as the keys that exist spell them, and at most this many ways.
-KEY_READINGS_MAX = 32
-#: Task names are read (one index seek each) up to this many; a project has far fewer.
-TASK_NAMES_MAX = 5000
-
-
-@dataclass(frozen=True)
-class TermLookup:
-    """One thing a search matches: a field's whole value, or its start (``prefix``)."""
-
-    field: str
-    value: str
-    prefix: bool = False
-
-
-class TaskSearch:
-    """What the search box finds for one term: the rows of every kind it matches (a union).
-
-    - a task id, whole or its first ``TASK_ID_PREFIX_MIN`` or more characters;
-    - a key, whole or its first words up to a separator, where each separator in the term stands
-      for any of ``KEY_SEPARATORS`` ("account" and "account:" find account:6, "account 6" finds
-      account:6 but not account:60); the text as typed, spaces and all, also matches a whole key;
-    - a task name, whole or its last dotted parts ("send_invoice" finds shop.tasks.send_invoice).
-
-    Case-sensitive, as keys are in the gate. ``lookups`` keeps only those some row matches, found
-    by index seeks. Each is an equality or a prefix, read as one range of an index: on SQLite
-    ``>= 'ab' AND < 'ac'`` (its LIKE ignores case, and no index serves it); elsewhere LIKE 'ab%',
-    escaped, which PostgreSQL reads from a ``varchar_pattern_ops`` index.
-    """
-
-    def __init__(self, tasks: QuerySet, typed: str) -> None:
-        self.tasks = tasks.order_by()  # lookups of a set: no ORDER BY for the database to honour
-        self.db = connections[tasks.db]
-        self.typed = typed
-        self.term = typed.strip()
-        # No record holds NUL, and PostgreSQL takes none even to compare (Django's search form refuses it first).
-        self.lookups: list[TermLookup] = self._read() if self.term and "\x00" not in typed else []
-
-    def condition(self, column: str = "{}") -> Q:
-        """What a matching row satisfies (no lookup: nothing); ``column`` names each field's column."""
-        return functools.reduce(operator.or_, (self._q(lookup, column) for lookup in self.lookups), Q(pk__in=[]))
-
-    def _read(self) -> list[TermLookup]:
-        candidates = []
-        if len(self.term) <= TASK_ID_MAX_LENGTH:
-            candidates.append(TermLookup("task_id", self.term, prefix=len(self.term) >= TASK_ID_PREFIX_MIN))
-        if self.typed != self.term and len(self.typed) <= MAX_KEY_LENGTH:
-            candidates.append(TermLookup("key", self.typed))  # a key that itself begins or ends with spaces
-        if len(self.term) <= MAX_KEY_LENGTH:
-            candidates += self._key_readings()
-        found = self._present(candidates)
-        names = self._task_names() if len(self.term) <= TASK_NAME_MAX_LENGTH else []
-        return found + [TermLookup("task_name", n) for n in names if n == self.term or n.endswith("." + self.term)]
-
-    def _key_readings(self) -> list[TermLookup]:
-        """The term with each separator read as any separator, where a key begins so: one query per
-        separator typed. Each reading is a whole key, or the start of one up to a separator."""
-        readings = [""]
-        for char in self.term:
-            if char in KEY_SEPARATORS:
-                spelt = self._present([TermLookup("key", r + s, prefix=True) for r in readings for s in KEY_SEPARATORS])
-                readings = [lookup.value for lookup in spelt][:KEY_READINGS_MAX]
-                if not readings:
-                    return []
-            else:
-                readings = [r + char for r in readings]
-        if self.term[-1] in KEY_SEPARATORS:  # "account:": the keys that go on after account and a separator
-            return [TermLookup("key", r, prefix=True) for r in readings]
-        return [TermLookup("key", r) for r in readings] + [
-            TermLookup("key", r + s, prefix=True) for r in readings for s in KEY_SEPARATORS
-        ]
-
-    def _present(self, lookups: list[TermLookup]) -> list[TermLookup]:
-        """Those of ``lookups`` that some row matches, in one query: an index seek each."""
-        if not lookups:
-            return []
-        probes = [self.tasks.filter(self._q(lookup)).values("pk")[:1].query.sql_with_params() for lookup in lookups]
-        with self.db.cursor() as cursor:
-            cursor.execute(
-                "SELECT " + ", ".join(f"EXISTS({sql})" for sql, _ in probes),
-                [param for _, params in probes for param in params],
-            )
-            found = cursor.fetchone()
-        return [lookup for lookup, exists in zip(lookups, found, strict=True) if exists]
-
-    def _task_names(self) -> list[str]:
-        """Every task name that has records, in one query that seeks each in the task name index
-        (a loose index scan; DISTINCT would read the whole index)."""
-        meta, quote = self.tasks.model._meta, self.db.ops.quote_name
-        table, name = quote(meta.db_table), quote(meta.get_field("task_name").column)
-        sql = (
-            f"WITH RECURSIVE names(name) AS (SELECT MIN({name}) FROM {table} UNION ALL"
-            f" SELECT (SELECT MIN({name}) FROM {table} WHERE {name} > names.name) FROM names"
-            " WHERE names.name IS NOT NULL) SELECT name FROM names WHERE name IS NOT NULL LIMIT %s"
-        )
-        with self.db.cursor() as cursor:
-            cursor.execute(sql, [TASK_NAMES_MAX])
-            return [row[0] for row in cursor.fetchall()]
-
-    def _q(self, lookup: TermLookup, column: str = "{}") -> Q:
-        name = column.format(lookup.field)
-        if not lookup.prefix:
-            return Q((name, lookup.value))
-        if self.db.vendor != "sqlite":
-            return Q((f"{name}__startswith", lookup.value))
-        above = _above_every_text_beginning(lookup.value)
-        return Q((f"{name}__gte", lookup.value)) & (Q((f"{name}__lt", above)) if above else Q())
-
-
-def _above_every_text_beginning(prefix: str) -> str | None:
-    """The least text above every text that begins with ``prefix`` (in code point order, which is
-    SQLite's for UTF-8); None if there is none (the prefix is all U+10FFFF)."""
-    stem = prefix.rstrip("\U0010ffff")
-    if not stem:
-        return None
-    code = ord(stem[-1]) + 1
-    if 0xD800 <= code <= 0xDFFF:
-        code = 0xE000  # surrogates are not text: the next character is U+E000
-    return stem[:-1] + chr(code)
 
 
 def _unindexed(field: str) -> Func:
     """The column as an expression no index matches, so the database walks ``-id`` and tests it."""
     return Func(F(field), template="(%(expressions)s || '')", output_field=CharField())
+
+
+def _take(parts: list[QuerySet], bound: Q, limit: int, order: str) -> list:
+    """Up to ``limit`` rows of ``parts`` in turn, each in ``order``; of the first, only those within ``bound``."""
+    rows: list = []
+    for at, part in enumerate(parts):
+        rows += part.filter(bound if at == 0 else Q()).order_by(order)[: limit - len(rows)]
+        if len(rows) >= limit:
+            break
+    return rows
+
+
+def open_only_match(request, response):
+    """The page of the one task a search from the search box found, instead of a list of it. The task
+    page's "Close" leads back to the list of that search (Django's preserved filters), which opens no page."""
+    cl = (getattr(response, "context_data", None) or {}).get("cl")
+    if not isinstance(cl, CursorChangeList) or cl.only_match is None:
+        return response
+    task = cl.only_match
+    messages.info(request, gettext("The only task that “%(term)s” finds.") % {"term": cl.query.strip()})
+    back = urlencode({"_changelist_filters": cl.get_query_string()[1:]})
+    return HttpResponseRedirect(f"{cl.url_for_result(task)}?{back}")
 
 
 def read_cursor(query) -> tuple[int | None, int | None, bool]:
@@ -214,7 +113,9 @@ class CursorChangeList(ChangeList):
     """Keyset pagination over ``-id``: a page is one indexed SELECT of ``list_per_page + 1`` rows.
 
     The search box takes what ``TaskSearch`` says (the admin's ``search_fields`` only need to be
-    non-empty for the box to show; see ``get_queryset``).
+    non-empty for the box to show; see ``get_queryset``). A search that matches keys and other
+    things too lists the keys' rows first: the page reads ``parts`` in turn, each by ``-id``, and a
+    cursor's part is the one its row is in.
 
     Nothing is counted: Django's change list runs ``COUNT(*)`` over the filtered
     rows (and once more over all of them), which reads the whole table or index
@@ -227,6 +128,11 @@ class CursorChangeList(ChangeList):
         self.cursor, self.before, bad = read_cursor(request.GET)
         if bad:
             messages.warning(request, gettext("Ignored a bad page cursor; showing the newest tasks."))
+        self.from_search_box = SEARCH_BOX_VAR in request.GET
+        #: What a page reads in turn (``get_queryset`` sets it): a search's key rows, then its others.
+        self.parts: list[QuerySet] = []
+        #: The one task a search from the search box found (``open_only_match`` opens its page).
+        self.only_match = None
         super().__init__(request, *args, **kwargs)
         # Sorting by another column would break the keyset order; so would facet counts the speed.
         self.sortable_by = ()
@@ -262,6 +168,9 @@ class CursorChangeList(ChangeList):
         # Django's search ORs a case-insensitive match over the search fields: UPPER(key) = UPPER(%s)
         # on PostgreSQL, LIKE on SQLite; no index serves it, so at a million rows it reads the table.
         # Here TaskSearch turns the term into index lookups, and the page reads their rows one of three ways.
+        search = TaskSearch(self.root_queryset, self.query) if self.query.strip() else None
+        if self.params.get(SEARCH_VAR, "").strip() and not (search and search.lookups):
+            self._forget_search()  # found nothing, or refused: the filters' links do not keep it
         query, self.query = self.query, ""
         try:
             # Django 4.2's get_queryset takes only the request.
@@ -269,28 +178,48 @@ class CursorChangeList(ChangeList):
             queryset = super().get_queryset(request, *more)
         finally:
             self.query = query
-        if not query.strip():
+        if search is None:
             return queryset
-        search = TaskSearch(self.root_queryset, query)
         if not search.lookups:
             return queryset.none()
-        if len(search.lookups) == 1 and not search.lookups[0].prefix:
-            return queryset.filter(search.condition())  # one key or name: its (field, -id) index in page order
+        keyed = [lookup for lookup in search.lookups if lookup.field == "key"]
+        others = [lookup for lookup in search.lookups if lookup.field != "key"]
+        if not (keyed and others):
+            return self._matching(queryset, search, search.lookups)
+        self.parts = [self._matching(queryset, search, keyed), self._matching(queryset, search, others, keyed)]
+        return queryset.filter(search.condition())  # the pages read the parts; an action, its chosen rows of this
+
+    def _matching(
+        self, queryset: QuerySet, search: TaskSearch, lookups: Sequence[TermLookup], excluded: Sequence[TermLookup] = ()
+    ) -> QuerySet:
+        """The rows of ``queryset`` that ``lookups`` match and ``excluded`` do not, in page order."""
+        condition = search.condition(lookups=lookups)
+        if excluded:
+            condition &= ~search.condition(lookups=excluded)
+        if len(lookups) == 1 and lookups[0].whole:
+            return queryset.filter(condition)  # one key or name: its (field, -id) index in page order
         # Up to FEW_MATCHES rows: every match's id, from the lookups' indexes, and the page is read by
         # those ids. More: the page walks -id and keeps the matches, which are then dense (unless they
         # are all old: then it reads the rows between, the one case that costs more than a page).
-        matching = self.root_queryset.filter(search.condition()).order_by().values_list("pk", flat=True)
-        ids = list(matching[: FEW_MATCHES + 1])
-        if len(ids) <= FEW_MATCHES:
-            return queryset.filter(pk__in=ids)
-        walked = {f"searched_{lookup.field}": _unindexed(lookup.field) for lookup in search.lookups}
-        return queryset.alias(**walked).filter(search.condition("searched_{}"))
+        if not any(lookup.unresolved for lookup in lookups):
+            ids = list(self.root_queryset.filter(condition).order_by().values_list("pk", flat=True)[: FEW_MATCHES + 1])
+            if len(ids) <= FEW_MATCHES:
+                return queryset.filter(pk__in=ids)
+        walked = {f"searched_{lookup.field}": _unindexed(lookup.field) for lookup in (*lookups, *excluded)}
+        condition = search.condition("searched_{}", lookups)
+        if excluded:
+            condition &= ~search.condition("searched_{}", excluded)
+        return queryset.alias(**walked).filter(condition)
+
+    def _forget_search(self) -> None:
+        self._params.pop(SEARCH_VAR, None)
+        getattr(self, "_filter_params", {}).pop(SEARCH_VAR, None)  # Django 5.0 on
 
     def get_ordering(self, request, queryset):
         return ["-pk"]  # the keyset: every list index ends in -id
 
     def get_results(self, request):
-        rows, self.has_newer, self.has_older = self._page(self.queryset, self.list_per_page)
+        rows, self.has_newer, self.has_older = self._page(self.parts or [self.queryset], self.list_per_page)
         self.result_list = rows
         # What Django's templates read; equal counts hide the search box's "N results" (a count).
         self.result_count = self.full_result_count = len(rows)
@@ -299,18 +228,35 @@ class CursorChangeList(ChangeList):
         self.can_show_all = False
         self.multi_page = False  # keeps Django's numbered pagination (and its paginator) out
         self.paginator = None
+        first_page = self.cursor is None and self.before is None and not self.has_older
+        if self.from_search_box and self.query.strip() and first_page and len(rows) == 1:
+            self.only_match = rows[0]
 
-    def _page(self, queryset, size: int) -> tuple[list, bool, bool]:
-        """The rows of this page, newest first, and whether newer and older rows exist."""
+    @property
+    def ranked(self) -> bool:
+        """Whether the page lists a search's key rows first, then its others."""
+        return len(self.parts) > 1
+
+    def _page(self, parts: list[QuerySet], size: int) -> tuple[list, bool, bool]:
+        """The rows of this page, ``parts`` in turn, each newest first, and whether newer and older rows exist."""
         if self.before is not None:
-            rows = list(queryset.filter(pk__gt=self.before).order_by("pk")[: size + 1])
+            at = self._part_of(parts, self.before)
+            rows = _take(parts[at::-1], Q(pk__gt=self.before), size + 1, "pk")
             newer = len(rows) > size
             if newer or len(rows) == size:
                 return rows[:size][::-1], newer, True
             self.before = None  # the newest rows make a short page: show a full first page instead
-        page = queryset if self.cursor is None else queryset.filter(pk__lt=self.cursor)
-        rows = list(page[: size + 1])
+        at = 0 if self.cursor is None else self._part_of(parts, self.cursor)
+        rows = _take(parts[at:], Q() if self.cursor is None else Q(pk__lt=self.cursor), size + 1, "-pk")
         return rows[:size], self.cursor is not None, len(rows) > size
+
+    @staticmethod
+    def _part_of(parts: list[QuerySet], pk: int) -> int:
+        """The part whose rows hold ``pk``; the last if none does (a row deleted since its link was made)."""
+        for at, part in enumerate(parts[:-1]):
+            if part.filter(pk=pk).exists():
+                return at
+        return len(parts) - 1
 
     @property
     def newest_url(self) -> str:

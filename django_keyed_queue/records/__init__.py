@@ -3,5 +3,6 @@
 Redis decides; these record. ``models`` holds the tables, ``manager`` every
 write to them (through the project's database routers), ``recorder`` the
 buffer of a process's transitions, ``idempotency`` the keys that stop
-duplicate submissions. Nothing here publishes, runs or decides anything.
+duplicate submissions, ``key_words`` the keys' words the admin's search reads.
+Nothing here publishes, runs or decides anything.
 """

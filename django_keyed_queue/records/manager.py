@@ -9,6 +9,9 @@ Rows are written in three ways, each a method here:
   ``submissions``, or a worker that got there first);
 - ``settle``: recovery's word, which overrides any status but a terminal one.
 
+The first two also write, in the same transaction, the later words of a key they have not met
+before, for the admin's search (``key_words``).
+
 The database is ``router.db_for_write(KeyedTask)``: with ``KeyedQueueRouter`` in
 ``DATABASE_ROUTERS``, ``KEYED_QUEUE_DATABASE`` (see ``router``).
 """
@@ -29,6 +32,7 @@ from django.db.models.constants import OnConflict
 from django.db.models.functions import Concat
 from django.utils import timezone
 
+from . import key_words
 from .columns import shown, storable_text
 from .statuses import ACTIVE_STATUSES, STATUS_RANK, TERMINAL_STATUSES, Status
 from .transitions import FIELDS, Transition
@@ -152,6 +156,7 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
             with transaction.atomic(using=db.alias) if db.in_atomic_block else nullcontext():
                 with db.cursor() as cursor:
                     cursor.execute(sql, params)
+                key_words.remember(db.alias, [row["key"]])
         except IntegrityError:
             ticket = row.get("ticket")
             made_by_worker = self.using(db.alias).filter(task_id=row["task_id"], key=row["key"], ticket=ticket)
@@ -180,21 +185,25 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
             if all(t.create is None for t in ordered):
                 cursor.executemany(update, [_update_params(self.model, t, db) for t in ordered])
                 return waiting
-            if _all_at_once(db, cursor, self.model, ordered, new=new):
-                return waiting
-            insert = _insert_sql(self.model, db.alias, ignore_conflicts=True)
-            for t in ordered:
-                params = _update_params(self.model, t, db)
-                if not (new and t.create is not None):
-                    cursor.execute(update, params)
-                    if cursor.rowcount or t.create is None:
-                        continue
-                    if create_after is not None and (t.missing_since is None or now - t.missing_since < create_after):
-                        waiting.append(t)
-                        continue
-                cursor.execute(insert, _insert_params(self.model, db, t.row_to_create()))
-                if not cursor.rowcount:  # another writer's row came first: apply this to it
-                    cursor.execute(update, params)
+            if not _all_at_once(db, cursor, self.model, ordered, new=new):
+                insert = _insert_sql(self.model, db.alias, ignore_conflicts=True)
+                for t in ordered:
+                    params = _update_params(self.model, t, db)
+                    if not (new and t.create is not None):
+                        cursor.execute(update, params)
+                        if cursor.rowcount or t.create is None:
+                            continue
+                        if create_after is not None and (
+                            t.missing_since is None or now - t.missing_since < create_after
+                        ):
+                            waiting.append(t)
+                            continue
+                    cursor.execute(insert, _insert_params(self.model, db, t.row_to_create()))
+                    if not cursor.rowcount:  # another writer's row came first: apply this to it
+                        cursor.execute(update, params)
+            # Words after rows, in every writer: two writers never wait for each other in turn.
+            waited = {id(t) for t in waiting}
+            key_words.remember(db.alias, [t.key for t in ordered if t.create is not None and id(t) not in waited])
         return waiting
 
     def apply_setting_aside(

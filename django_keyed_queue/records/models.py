@@ -104,6 +104,23 @@ class LiveKey(KeyedTask):
         default_permissions = ()
 
 
+class KeyWord(models.Model):
+    """A word of a key after its first, for the admin's search (``key_words``): ``("1001", "ledger:1001")``.
+    Written by the records' writers when they first meet a key; its unique index is what the search reads."""
+
+    word = models.CharField(_("word"), max_length=MAX_KEY_LENGTH)
+    key = models.CharField(_("key"), max_length=MAX_KEY_LENGTH)
+
+    class Meta:
+        verbose_name = _("key word")
+        verbose_name_plural = _("key words")
+        default_permissions = ()
+        constraints = [models.UniqueConstraint(fields=["word", "key"], name="keyed_key_word_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.word} in {self.key}"
+
+
 class IdempotencyKey(models.Model):
     """A submission that a duplicate within the window resolves to instead of running again."""
 

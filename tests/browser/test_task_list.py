@@ -82,3 +82,28 @@ def test_opening_a_task_from_the_list(logged_in, screenshot):
     content = page.locator("#content").inner_text()
     assert task.task_id in content and task.key in content and task.task_name in content
     screenshot("1-task-page")
+
+
+def search(page, term: str) -> None:
+    page.fill("#searchbar", term)
+    with page.expect_navigation():
+        page.press("#searchbar", "Enter")
+
+
+def test_searching_a_number_of_a_key_then_a_task_the_search_opens(logged_in, screenshot):
+    page = logged_in
+    rows = list(reversed(seed_tasks(250)))
+    page.goto(LIST)
+    search(page, "3")  # the number in account:3, as a customer's ticket has it
+    on_key = [r.task_id for r in rows if r.key == "account:3"]
+    assert shown_task_ids(page) == on_key and set(column(page, "key")) == {"account:3"}
+    screenshot("1-a-number-of-a-key")
+
+    task = rows[40]
+    search(page, task.task_id[:8])  # one task: its page, not a list of one
+    assert f"/keyedtask/{task.pk}/change/" in page.url
+    assert page.get_by_text(f"The only task that “{task.task_id[:8]}” finds.").is_visible()
+    screenshot("2-the-one-task-it-finds")
+    follow(page, page.get_by_role("link", name="Close"))
+    assert shown_task_ids(page) == [task.task_id] and page.input_value("#searchbar") == task.task_id[:8]
+    screenshot("3-back-to-the-list-of-it")

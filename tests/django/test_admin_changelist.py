@@ -186,3 +186,58 @@ def test_the_task_name_filter_lists_the_names_that_have_records(admin_client):
     page = admin_client.get(reverse("admin:keyed_queue_keyedtask_changelist")).content.decode()
     assert "?task_name=testproject.demo.tasks.step" in html.unescape(page)
     assert "?task_name=testproject.demo.tasks.write_file" not in html.unescape(page), "registered, never submitted"
+
+
+# -- a search that finds one task, or none --
+
+
+def filter_links(response) -> list[str]:
+    """The sidebar's links (the filters' choices), each a query string."""
+    sidebar = str(response.content, "utf-8").partition('id="changelist-filter"')[2]
+    return [html.unescape(link) for link in re.findall(r'href="(\?[^"]*)"', sidebar)]
+
+
+def test_a_search_from_the_box_that_finds_one_task_opens_its_page_and_close_leads_back(admin_client):
+    task = seed_tasks(30)[12]
+    list_page = admin_client.get(url())
+    assert re.search(r'<input type="hidden" name="_searched" value="1" form="changelist-search">', list_page.text)
+
+    opened = admin_client.get(url(f"?q={task.task_id[:8]}&_searched=1"), follow=True)
+    assert opened.redirect_chain[0][1] == 302
+    assert opened.request["PATH_INFO"] == reverse("admin:keyed_queue_keyedtask_change", args=[task.pk])
+    page = opened.content.decode()
+    assert task.task_id in page and f"The only task that “{task.task_id[:8]}” finds." in page
+    close = html.unescape(re.search(r'<a href="([^"]*)" class="closelink"', page).group(1))
+    assert close == url(f"?q={task.task_id[:8]}"), "the list of that search, which opens no page"
+    ids, links, _ = open_page(admin_client, close.removeprefix(url()))
+    assert ids == [task.pk] and links == {}
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "?q=account:3&_searched=1",  # six tasks
+        "?q={id}",  # one task, from a link that keeps the search (a filter's, the task page's "Close")
+        "?q={id}&_searched=1&cursor={after}",  # a page of the search
+        "?q=no-such-key&_searched=1",
+    ],
+)
+def test_a_search_opens_no_page_unless_it_came_from_the_box_and_found_one_task(admin_client, query):
+    rows = seed_tasks(30)
+    response = admin_client.get(url(query.format(id=rows[12].task_id, after=rows[12].pk + 1)))
+    assert response.status_code == 200
+    kept = filter_links(response) + [response.context["cl"].newest_url]
+    assert kept and not [link for link in kept if "_searched" in link], "the links never open a page"
+
+
+def test_the_filters_links_drop_a_search_that_found_nothing_and_keep_one_that_found(admin_client):
+    seed_tasks(30)
+    nothing = admin_client.get(url("?q=no-such-key&status__exact=failed"))
+    links = filter_links(nothing)
+    assert links and not [link for link in links if "q=" in link]
+    assert [link for link in links if "task_name=" in link and "status__exact=failed" in link], "the filter is kept"
+    assert 'value="no-such-key"' in nothing.content.decode(), "the box still shows what was typed"
+    refused = filter_links(admin_client.get(url("?q=account%003")))  # NUL: Django's search form refuses it
+    assert refused and not [link for link in refused if "q=" in link]
+    found = filter_links(admin_client.get(url("?q=account:3&status__exact=failed")))
+    assert found and all("q=account%3A3" in link for link in found)

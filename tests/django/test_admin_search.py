@@ -1,6 +1,7 @@
 """The task list's search box: a task id or its start, a key or its first words with any separator, a
-task name or its last parts; the rows of every kind a term matches, read through index lookups, on
-the cursor pages; on SQLite and on PostgreSQL (``KEYED_QUEUE_TESTS_DATABASE=postgresql``)."""
+key by any one word of it, a task name or its last parts; the rows of every kind a term matches (the
+keys' first), read through index lookups, on the cursor pages; on SQLite and on PostgreSQL
+(``KEYED_QUEUE_TESTS_DATABASE=postgresql``)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from django_keyed_queue.ops import changelist
+from django_keyed_queue.ops import search as search_module
 from django_keyed_queue.records.models import KeyedTask
+from tests.admin_rows import write_key_words
 
 from .changelist_pages import open_page, walk
 
@@ -65,6 +68,7 @@ def seed(count: int = 120) -> list[KeyedTask]:
             )
         )
     KeyedTask.objects.bulk_create(rows)
+    write_key_words(KEYS)
     return list(KeyedTask.objects.order_by("id"))
 
 
@@ -80,6 +84,17 @@ def key_matches(term: str, key: str) -> bool:
     return alike and (len(key) == n or term[-1] in SEPARATORS or key[n] in SEPARATORS)
 
 
+def a_later_word(term: str, key: str) -> bool:
+    """A term of one word is one of the key's words after its first (text between separators)."""
+    words = re.split("[" + re.escape(SEPARATORS) + "]", key)
+    return not any(c in SEPARATORS for c in term) and term in words[1:]
+
+
+def key_match(typed: str, row: KeyedTask) -> bool:
+    term = typed.strip()
+    return row.key == typed or key_matches(term, row.key) or a_later_word(term, row.key)
+
+
 def matches(typed: str, row: KeyedTask) -> bool:
     term = typed.strip()
     if not term or "\x00" in typed:
@@ -87,16 +102,17 @@ def matches(typed: str, row: KeyedTask) -> bool:
     return (
         row.task_id == term
         or (len(term) >= 4 and row.task_id.startswith(term))
-        or row.key == typed
-        or key_matches(term, row.key)
+        or key_match(typed, row)
         or row.task_name == term
         or row.task_name.endswith("." + term)
     )
 
 
 def expected(rows: list[KeyedTask], typed: str, keep=lambda row: True) -> list[int]:
-    """The ids a search of ``typed`` should list, newest first."""
-    return [row.pk for row in reversed(rows) if matches(typed, row) and keep(row)]
+    """The ids a search of ``typed`` should list: those its key matches first, each part newest first."""
+    found = [row for row in reversed(rows) if matches(typed, row) and keep(row)]
+    by_key = [row.pk for row in found if typed.strip() and "\x00" not in typed and key_match(typed, row)]
+    return by_key + [row.pk for row in found if row.pk not in by_key]
 
 
 # -- the admin, driven through Django's test client --
@@ -160,8 +176,8 @@ def test_a_key_with_any_separator_or_its_first_words(admin_client, rows):
 
 
 def test_a_task_name_whole_or_its_last_dotted_parts(admin_client, rows):
-    def names(typed: str) -> set[str]:
-        return {r.task_name for r in by_pk(rows, search(admin_client, typed))}
+    def names(typed: str) -> set[str]:  # of the rows found by name ("invoice" is also a word of a key)
+        return {r.task_name for r in by_pk(rows, search(admin_client, typed)) if not key_match(typed, r)}
 
     assert names("send_invoice") == {"shop.tasks.send_invoice", "billing.send_invoice"}
     assert names("tasks.send_invoice") == names("shop.tasks.send_invoice") == {"shop.tasks.send_invoice"}
@@ -173,11 +189,11 @@ def test_a_term_of_several_kinds_lists_the_rows_of_each(admin_client, rows):
     shown = by_pk(rows, search(admin_client, "send"))
     assert {r.task_name for r in shown} >= {"send"} and "send-0001" in {r.task_id for r in shown}
     assert [r.pk for r in shown] == expected(rows, "send")
-    # "tenant:3" is a key and a task id (of a row whose key is another).
+    # "tenant:3" is a key and a task id (of a row whose key is another): the key's tasks first.
     ids = search(admin_client, "tenant:3")
     assert ids == expected(rows, "tenant:3")
-    assert {r.key for r in by_pk(rows, ids) if r.task_id == "tenant:3"} == {"account:60"}
-    assert {r.key for r in by_pk(rows, ids) if r.task_id != "tenant:3"} == {"tenant:3"}
+    assert [r.key for r in by_pk(rows, ids)][-1] == "account:60"  # the task whose id it is, last
+    assert {r.key for r in by_pk(rows, ids)[:-1]} == {"tenant:3"}
 
 
 def test_the_search_is_case_sensitive(admin_client, rows):
@@ -223,8 +239,71 @@ def test_the_search_box_says_what_it_takes(admin_client):
     page = admin_client.get(reverse("admin:keyed_queue_keyedtask_changelist")).content.decode()
     help_text = str(admin.site._registry[KeyedTask].search_help_text)
     assert help_text and html.escape(help_text) in page
-    for part in ("task id", "4+", "key", "account 6", "task name", "send_invoice", "Case-sensitive"):
+    for part in ("task id", "4+", "key", "account 6", "1001", "task name", "send_invoice", "Case-sensitive", "opens"):
         assert part in help_text
+
+
+# -- a key by any one of its words --
+
+#: Keys whose words are numbers, as on a customer's ticket, and keys that only look alike.
+WORD_KEYS = ("ledger:1001", "ledger:10010", "ledger:1001x", "tenant:5:ledger:1001", "1001", "1001:refund",
+             "webhook:88", "webhook:880", "webhook-88/retry", "x88")  # fmt: skip
+
+
+def seed_words(count: int, keys=WORD_KEYS, task_ids=lambda i: None) -> list[KeyedTask]:
+    """``count`` records, oldest first, cycling through ``keys``, written as ``seed`` writes them."""
+    start = timezone.now() - timedelta(days=1)
+    rows = [
+        KeyedTask(task_id=task_ids(i) or f"w-{i}", task_name=NAMES[3], key=keys[i % len(keys)], ticket=i + 1,
+                  status="succeeded", enqueued_at=start + timedelta(seconds=i))
+        for i in range(count)
+    ]  # fmt: skip
+    KeyedTask.objects.bulk_create(rows)
+    write_key_words(keys)
+    return list(KeyedTask.objects.order_by("id"))
+
+
+def test_a_word_finds_the_keys_that_have_it_whole_anywhere(admin_client):
+    rows = seed_words(30)
+
+    def keys(typed: str) -> set[str]:
+        return {r.key for r in by_pk(rows, search(admin_client, typed))}
+
+    assert keys("1001") == {"ledger:1001", "tenant:5:ledger:1001", "1001", "1001:refund"}
+    assert keys("88") == {"webhook:88", "webhook-88/retry"}  # not webhook:880, not x88
+    assert keys("880") == {"webhook:880"} and keys("1001x") == {"ledger:1001x"}
+    assert keys("5") == {"tenant:5:ledger:1001"} and keys("retry") == {"webhook-88/retry"}
+    assert keys("ledger") == {"ledger:1001", "ledger:10010", "ledger:1001x", "tenant:5:ledger:1001"}
+    assert keys("100") == keys("001") == keys("8") == set()  # a piece of a word is not a word
+    assert keys("5:ledger") == set()  # several words are read from a key's start
+
+
+def test_a_word_lists_its_keys_tasks_before_the_tasks_whose_ids_begin_with_it(admin_client):
+    # The newest rows have task ids that begin with 1001: the key's older tasks still come first.
+    rows = seed_words(40, keys=("ledger:1001", "ledger:2"), task_ids=lambda i: f"1001{i:04}-id" if i >= 30 else None)
+    shown = by_pk(rows, search(admin_client, "1001"))
+    on_key = [r for r in reversed(rows) if r.key == "ledger:1001"]
+    by_id = [r for r in reversed(rows) if r.task_id.startswith("1001") and r.key != "ledger:1001"]
+    assert shown == on_key + by_id and by_id[0].pk > on_key[0].pk  # the newest row of all, listed after
+    page = open_page(admin_client, "?q=1001")[2].content.decode()
+    assert "those of matching keys first" in page
+
+
+@pytest.mark.parametrize("few_matches", [changelist.FEW_MATCHES, 0], ids=["ids-of-few-matches", "walk-of-many"])
+@pytest.mark.parametrize("word_keys_max", [search_module.WORD_KEYS_MAX, 1], ids=["keys-read", "keys-walked"])
+def test_pages_of_a_ranked_search_list_every_match_once_older_and_newer(
+    admin_client, monkeypatch, few_matches, word_keys_max
+):
+    monkeypatch.setattr(changelist, "FEW_MATCHES", few_matches)
+    monkeypatch.setattr(search_module, "WORD_KEYS_MAX", word_keys_max)
+    seed_words(35, keys=("x:charge", "y/charge", "charges:1"))  # older than the task name's rows
+    rows = seed(200)
+    want = expected(rows, "charge")
+    keyed = [pk for pk in want if by_pk(rows, [pk])[0].key in ("x:charge", "y/charge")]
+    assert len(keyed) > 2 * PER_PAGE and len(want) - len(keyed) > 2 * PER_PAGE and want[: len(keyed)] == keyed
+    ids, forward, backward = every_page(admin_client, "?q=charge")
+    assert ids == want
+    assert backward == forward
 
 
 # -- pages and plans --
@@ -269,7 +348,9 @@ def plan(sql: str) -> str:
         return "\n".join(row[-1] for row in cursor.fetchall())
 
 
-@pytest.mark.parametrize("typed", ["account", "account 6", "refund", "send_invoice", "abcd", "nothing-at-all"])
+@pytest.mark.parametrize(
+    "typed", ["account", "account 6", "refund", "send_invoice", "abcd", "nothing-at-all", "6", "invoice", "tenant:3"]
+)
 def test_a_search_looks_its_term_up_by_index_ranges_not_by_reading_the_table(admin_client, rows, typed):
     statements = search_sql(admin_client, typed)
     page = [s for s in statements if f"LIMIT {PER_PAGE + 1}" in s]
@@ -289,7 +370,8 @@ def test_a_search_looks_its_term_up_by_index_ranges_not_by_reading_the_table(adm
 # -- any term --
 
 #: Pieces of what the rows hold, cut and with their separators swapped, and text that is none of it.
-PIECES = st.sampled_from([*KEYS, *NAMES, *ODD_TASK_IDS, "account", "send_invoice", "tasks.send_invoice", "lead"])
+WORDS = ("6", "60", "9", "3", "42", "1", "b", "c", "invoice", "lead", "account", "send_invoice", "tasks.send_invoice")
+PIECES = st.sampled_from([*KEYS, *NAMES, *ODD_TASK_IDS, *WORDS])
 SWAPPED = st.builds(
     lambda piece, cut, sep: re.sub(r"[ :/\-_.|#,;=+@]", sep, piece)[:cut],
     PIECES,
@@ -305,15 +387,29 @@ TERMS = st.one_of(
     st.builds(lambda piece, pad: pad + piece + pad, PIECES, st.sampled_from([" ", "  ", "\t"])),
     st.integers(150, 300).map(lambda n: "a" * n),
     st.just("x" * 10_000),
+    st.integers(0, 100).map(str),  # a number, maybe a key's word or a task id's start
+    st.text(alphabet=SEPARATORS + "\t", min_size=1, max_size=5),  # separators only
+    st.builds(lambda n: "9" * n, st.integers(150, 250)),  # one word longer than any key
 )
 
 
-@pytest.mark.parametrize("few_matches", [changelist.FEW_MATCHES, 0], ids=["ids-of-few-matches", "walk-of-many"])
+@pytest.mark.parametrize(
+    ("few_matches", "word_keys_max"),
+    [
+        (changelist.FEW_MATCHES, search_module.WORD_KEYS_MAX),
+        (0, search_module.WORD_KEYS_MAX),
+        (changelist.FEW_MATCHES, 1),
+    ],
+    ids=["ids-of-few-matches", "walk-of-many", "words-of-many-keys"],
+)
 @settings(max_examples=150, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])  # fmt: skip
 @given(typed=TERMS)
-def test_any_term_lists_exactly_the_newest_rows_that_match_it(admin_client, rows, monkeypatch, few_matches, typed):
+def test_any_term_lists_exactly_the_rows_that_match_it_keys_first(
+    admin_client, rows, monkeypatch, few_matches, word_keys_max, typed
+):
     monkeypatch.setattr(changelist, "FEW_MATCHES", few_matches)
+    monkeypatch.setattr(search_module, "WORD_KEYS_MAX", word_keys_max)
     ids, links, _ = open_page(admin_client, f"?q={quote(typed)}")
     want = expected(rows, typed)
     assert all(matches(typed, row) for row in by_pk(rows, ids)), typed
