@@ -394,16 +394,16 @@ class KeyedTaskAdmin(_PagesOfOurs):
         if problem:
             return bad_request(problem)
         try:
-            states, more = live_keys(key=key)
+            page = live_keys(search=key)
         except redis.RedisError as exc:
             self.message_user(request, f"the keyed queue's Redis did not answer: {exc}", messages.ERROR)
-            states, more = [], False
+            page = None
         context = {
             **self.admin_site.each_context(request),
             "title": _("Live keys"),
             "opts": self.model._meta,
-            "states": states,
-            "more": more,
+            "page": page,
+            "states": page.states if page else [],
             "key": key or "",
             "can": {action: self._allowed(request, action) for action in PERMISSIONS},
             "changelist_url": reverse("admin:keyed_queue_keyedtask_changelist"),

@@ -16,11 +16,12 @@ The database is ``router.db_for_write(KeyedTask)``: with ``KeyedQueueRouter`` in
 from __future__ import annotations
 
 import logging
+import operator
 import time
 from collections.abc import Iterable
 from contextlib import nullcontext
 from datetime import datetime
-from functools import cache
+from functools import cache, reduce
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from django.db import DataError, IntegrityError, connections, models, router, transaction
@@ -40,6 +41,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+
+#: Pairs one query of ``waiting_since`` looks up: SQLite parses a long OR as a tree as deep, and refuses
+#: one deeper than 1000.
+PAIRS_PER_QUERY = 200
 
 #: What a database raises for one row's values (NUL in text, a value over its column's length, a
 #: constraint): that row is refused, and the database still serves the others.
@@ -79,6 +84,22 @@ class KeyedTaskQuerySet(models.QuerySet["KeyedTask"]):
                 if holder.task_id is not None:
                     held |= models.Q(key=snapshot.key, ticket=ticket, task_id=holder.task_id)
         return {(t.key, t.ticket): t for t in self.filter(held).defer("message", "arguments").order_by("id")}  # type: ignore[misc]  # a holder's row has its ticket
+
+    def waiting_since(self, tickets: Iterable[tuple[str, int]]) -> dict[tuple[str, int], datetime]:
+        """When each of ``tickets`` ((key, ticket) pairs) began to wait for its key, as its row says: its due
+        time if it was delayed, else its submission. A key's tickets start over once it drains, so of the rows
+        of one pair the latest unfinished one speaks, else the latest. A query per ``PAIRS_PER_QUERY`` pairs."""
+        pairs = list(dict.fromkeys(tickets))
+        found: dict[tuple[str, int], tuple[bool, int, datetime]] = {}
+        for start in range(0, len(pairs), PAIRS_PER_QUERY):
+            chunk = pairs[start : start + PAIRS_PER_QUERY]
+            wanted = reduce(operator.or_, (models.Q(key=k, ticket=t) for k, t in chunk))
+            rows = self.filter(wanted).order_by().values_list("key", "ticket", "status", "id", "enqueued_at", "due_at")
+            for key, ticket, status, pk, enqueued_at, due_at in rows:
+                rank = (status in ACTIVE_STATUSES, pk, due_at or enqueued_at)
+                if (key, ticket) not in found or rank[:2] > found[key, ticket][:2]:
+                    found[key, ticket] = rank
+        return {pair: since for pair, (_, _, since) in found.items()}
 
     def replacement(self, task_id: str, *, max_hops: int) -> Replacement:
         """The end of the chain of replacements the rows record from ``task_id``: its latest row's
