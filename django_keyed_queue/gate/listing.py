@@ -92,13 +92,10 @@ class ListingCalls(GateBase):
 
     def holding_nothing(self, keys: Sequence[str]) -> set[str]:
         """Which of ``keys`` hold nothing in the gate: no holder, no ticket waiting, and no record kept for
-        the database (a submission's, a finished run's), which would soon change their rows. One round trip."""
+        the database (a submission's, a finished run's), which would soon change their rows. One round trip,
+        an ``EXISTS`` a key (Redis keeps no empty hash or list)."""
         pipe = self.client.pipeline(transaction=False)
         for key in keys:
             names = KeyNames(key)
-            pipe.hlen(names.holders)
-            pipe.llen(names.queue)
-            pipe.hlen(names.outcomes)
-            pipe.hlen(names.unwritten)
-        replies = pipe.execute()
-        return {key for i, key in enumerate(keys) if not any(replies[4 * i : 4 * i + 4])}
+            pipe.exists(names.holders, names.queue, names.outcomes, names.unwritten)
+        return {key for key, found in zip(keys, pipe.execute(), strict=True) if not found}

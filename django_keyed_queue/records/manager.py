@@ -96,9 +96,9 @@ class KeyedTaskQuerySet(models.QuerySet["KeyedTask"]):
             wanted = reduce(operator.or_, (models.Q(key=k, ticket=t) for k, t in chunk))
             rows = self.filter(wanted).order_by().values_list("key", "ticket", "status", "id", "enqueued_at", "due_at")
             for key, ticket, status, pk, enqueued_at, due_at in rows:
-                rank = (status in ACTIVE_STATUSES, pk, due_at or enqueued_at)
-                if (key, ticket) not in found or rank[:2] > found[key, ticket][:2]:
-                    found[key, ticket] = rank
+                pair, rank = (key, cast(int, ticket)), (status in ACTIVE_STATUSES, pk, due_at or enqueued_at)
+                if pair not in found or rank[:2] > found[pair][:2]:
+                    found[pair] = rank
         return {pair: since for pair, (_, _, since) in found.items()}
 
     def replacement(self, task_id: str, *, max_hops: int) -> Replacement:
