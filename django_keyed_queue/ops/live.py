@@ -23,11 +23,11 @@ from ..records import submissions
 from ..records.models import KeyedTask
 from .display import at, from_epoch, since, took
 from .key_fragment import KeyFragment
-from .unheld import UnheldKey, unheld_keys
+from .unheld import UnheldKey, oldest_unfinished, unheld
 
 #: How many keys of the deadline index a page reads and checks, the earliest-due (the overdue) first:
-#: its bound on Redis' work, whatever the number of keys.
-KEYS_READ = 1000
+#: its bound on Redis' work, whatever the number of keys (six commands a key with work).
+KEYS_READ = 300
 #: About how many names of the gate's lists a search of the Key box examines at most.
 SEARCH_BUDGET = 20_000
 #: How many keys with unfinished rows and nothing in the gate the page lists apart.
@@ -162,10 +162,12 @@ def live_keys(*, limit: int = 100, search: str | None = None, read: int = KEYS_R
     or rate, the most urgent first (``KeyState.urgency``); with ``search``, those the Key box's text finds
     (``KeyFragment``). Apart, the keys whose rows say unfinished while the gate holds nothing of them.
 
-    Bounded whatever the number of keys and rows: at most ``read`` keys of the deadline index (the earliest-due
-    first; a search examines about ``SEARCH_BUDGET`` names and checks at most ``read`` of its matches),
-    ``limit`` of each operator's list, each checked in one pipelined read of six commands a key; a few more
-    round trips for the waits and the shown keys' holders; a bounded number of indexed queries.
+    Candidates come from the gate first: ``read`` keys of the deadline index, the earliest-due first (a
+    search instead examines about ``SEARCH_BUDGET`` names and takes ``read`` of its matches), and ``limit``
+    of each operator's list; then the keys of the oldest unfinished rows (``unheld.oldest_unfinished``),
+    which tell the longest waits where the rows are right, and which the gate sorts into live and unheld.
+    Bounded whatever the number of keys and rows: six commands a candidate with work (one a key of the
+    rows'), a few round trips more; about ten indexed queries.
     """
     gate = get_gate()
     fragment = KeyFragment(search) if search is not None else None
@@ -184,7 +186,14 @@ def live_keys(*, limit: int = 100, search: str | None = None, read: int = KEYS_R
         candidates = matched.keys[:read]
         page = LiveKeys(search=search, searched_all=matched.complete, matched=len(matched.keys))
         page.checked = len(candidates)
-    snapshots = {s.key: s for s in gate.inspect_many(candidates, waiting_shown=1, task_ids=False) if _shown(s)}
+    snapshots = _with_work(gate, candidates)
+    from_rows, page.more_unheld = oldest_unfinished(
+        passed=list(snapshots),
+        matches=fragment.matches if fragment else None,
+        also=fragment.exact_key if fragment else None,
+    )
+    held_nothing = gate.holding_nothing(list(from_rows)) if from_rows else set()
+    snapshots.update(_with_work(gate, [k for k in from_rows if k not in held_nothing and k not in snapshots]))
     waits = _waits(gate, list(snapshots.values()))
     states = sorted((_state(s, waits.get(s.key)) for s in snapshots.values()), key=KeyState.urgency)
     page.more = max(len(states) - limit, 0)
@@ -193,14 +202,15 @@ def live_keys(*, limit: int = 100, search: str | None = None, read: int = KEYS_R
         submissions.write(gate, [s.key for s in shown])  # their rows, for the holders' links
     tasks = KeyedTask.objects.holding(shown)
     page.states = [_state(s, waits.get(s.key), tasks) for s in shown]
-    page.unheld, page.more_unheld = unheld_keys(
-        gate,
-        limit=UNHELD_SHOWN,
-        live=[s.key for s in page.states],
-        matches=fragment.matches if fragment else None,
-        also=fragment.exact_key if fragment else None,
-    )
+    lost = {key: at for key, at in from_rows.items() if key in held_nothing}
+    page.unheld = unheld(lost, limit=UNHELD_SHOWN)
+    page.more_unheld = page.more_unheld or len(lost) > UNHELD_SHOWN
     return page
+
+
+def _with_work(gate: Gate, keys: list[str]) -> dict[str, KeySnapshot]:
+    """Snapshots of those of ``keys`` the page lists (``_shown``), by key; one pipelined read."""
+    return {s.key: s for s in gate.inspect_many(keys, waiting_shown=1, task_ids=False) if _shown(s)}
 
 
 def _matching(gate: Gate, fragment: KeyFragment) -> MatchedKeys:

@@ -45,12 +45,12 @@ def running_with_two_waiting(key: str) -> list[KeyedTask]:
 
 def unheld_rows(count: int, *, prefix: str = "bench", hours_ago: float = 2) -> list[str]:
     """``count`` keys with one row each that says waiting, older than any live task, and nothing in Redis
-    (as a bench leaves them, or a Redis that lost them)."""
+    (as a bench leaves them, or a Redis that lost them); the first is the oldest."""
     long_ago = timezone.now() - timedelta(hours=hours_ago)
     keys = [f"{prefix}:{n}" for n in range(count)]
     KeyedTask.objects.bulk_create(
         KeyedTask(task_id=str(uuid.uuid4()), task_name=STEP, key=key, ticket=1, status="waiting",
-                  enqueued_at=long_ago - timedelta(seconds=n))
+                  enqueued_at=long_ago + timedelta(seconds=n))
         for n, key in enumerate(keys)
     )  # fmt: skip
     return keys
@@ -73,7 +73,7 @@ def test_a_key_with_work_in_redis_comes_first_whatever_the_rows_of_other_keys_sa
     assert "running" in row and '<td class="depth">' in row and ">2</a>" in row
     assert 'class="oldest-wait">—' not in row, "two tasks wait: the oldest one's wait is shown"
     apart = shown(page, "unheld-keys")
-    assert len(apart) == 20 and apart == stale[::-1][:20], "the oldest first, bounded"
+    assert apart == stale[:20], "the oldest first, bounded"
     assert "manage.py keyed_queue_rebuild --dry-run" in page and "keyed_queue_purge</code> deletes expired" in page
     assert "there may be more" in page
 
@@ -92,6 +92,18 @@ def test_a_stuck_key_shows_how_long_its_tasks_have_waited(gate_redis, broker, as
         current().reset_gate()
     assert (state.key, state.stuck, state.depth) == ("stalled", True, 2)
     assert 299 < state.waited_seconds < 330, "its oldest waiting task's, from its row"
+
+
+def test_a_key_waiting_longest_is_found_through_its_rows_past_the_keys_read_from_the_index(gate_redis, broker):
+    for n in range(20):
+        running_with_two_waiting(f"busy:{n}")
+    tasks = running_with_two_waiting("waits-longest")
+    KeyedTask.objects.filter(pk=tasks[1].pk).update(enqueued_at=timezone.now() - timedelta(hours=1))
+    set_index_scores(gate_redis, DEADLINES, {"waits-longest": 10**14})  # the last the reaper looks at
+
+    page = live_keys(read=5, limit=3)
+
+    assert page.states[0].key == "waits-longest" and page.unread == 16 and page.more > 0
 
 
 def test_the_oldest_wait_is_the_gate_s_while_it_keeps_the_submission(gate_redis, broker):
@@ -127,7 +139,7 @@ def test_rows_that_say_unfinished_for_keys_redis_holds_nothing_of_are_apart(gate
     page = as_user("olga").get(reverse(PAGE)).content.decode()
 
     assert shown(page) == [] and "No key holds a task or has tasks waiting in Redis" in page
-    assert shown(page, "unheld-keys") == lost[::-1]
+    assert shown(page, "unheld-keys") == lost
     assert f'href="{reverse("admin:keyed_queue_keyedtask_changelist")}?key=lost%3A0"' in page
     assert "1 (1 waiting)" in page and finished[0].key not in shown(page, "unheld-keys")
 
@@ -162,7 +174,7 @@ def test_a_key_box_that_matches_nothing_says_so_and_shows_the_rows_apart(gate_re
 
     assert shown(page) == [] and "No live key matches “1001”." in page
     assert "No key holds" not in page, "other keys do have work"
-    assert shown(page, "unheld-keys") == ["old:1001:1", "old:1001:0"]
+    assert shown(page, "unheld-keys") == ["old:1001:0", "old:1001:1"]
 
 
 def commands_run(client) -> int:
