@@ -30,7 +30,7 @@ from ..records import idempotency
 from ..records.columns import TASK_ID_MAX_LENGTH, unstorable
 from ..records.models import IdempotencyKey, KeyedTask, LiveKey
 from ..records.statuses import ACTIVE_STATUSES, Status
-from . import limits, recovery, task_actions
+from . import limits, recovery, task_actions, unheld
 from .changelist import CursorChangeList, TaskNameFilter
 from .display import at, epoch_ms, took
 from .explain import explain_row
@@ -409,6 +409,7 @@ class KeyedTaskAdmin(_PagesOfOurs):
             "changelist_url": reverse("admin:keyed_queue_keyedtask_changelist"),
             "now_ms": epoch_ms(timezone.now()),
             "refresh_seconds": LIVE_REFRESH_SECONDS,
+            "rows_read": unheld.ROWS_READ,
         }
         return TemplateResponse(request, "admin/keyed_queue/keys.html", context)
 

@@ -26,7 +26,7 @@ from .key_fragment import KeyFragment
 from .unheld import UnheldKey, oldest_unfinished, unheld
 
 #: How many keys of the deadline index a page reads and checks, the earliest-due (the overdue) first:
-#: its bound on Redis' work, whatever the number of keys (six commands a key with work).
+#: its bound on Redis' work, whatever the number of keys (six commands a key checked).
 KEYS_READ = 300
 #: About how many names of the gate's lists a search of the Key box examines at most.
 SEARCH_BUDGET = 20_000
@@ -150,26 +150,26 @@ class LiveKeys:
     search: str | None = None
     searched_all: bool = True  # a search examined every name of the gate's lists
     matched: int = 0  # keys a search found in the gate's lists (with work or not)
-    checked: int = 0  # of those, how many were checked (at most ``KEYS_READ``)
+    checked: int = 0  # keys checked in the gate (a search's: at most ``KEYS_READ`` of its matches)
 
     @property
     def unread(self) -> int:
         return max(self.indexed - self.read, 0)
 
 
-def live_keys(*, limit: int = 100, search: str | None = None, read: int = KEYS_READ) -> LiveKeys:
+def live_keys(*, limit: int = 100, search: str | None = None, read: int | None = None) -> LiveKeys:
     """The keys with work in the gate (a holder, tickets waiting), paused, blocked or given an operator's limit
     or rate, the most urgent first (``KeyState.urgency``); with ``search``, those the Key box's text finds
     (``KeyFragment``). Apart, the keys whose rows say unfinished while the gate holds nothing of them.
 
-    Candidates come from the gate first: ``read`` keys of the deadline index, the earliest-due first (a
+    Candidates come from the gate first: ``read`` (``KEYS_READ``) keys of the deadline index, the earliest-due first (a
     search instead examines about ``SEARCH_BUDGET`` names and takes ``read`` of its matches), and ``limit``
     of each operator's list; then the keys of the oldest unfinished rows (``unheld.oldest_unfinished``),
     which tell the longest waits where the rows are right, and which the gate sorts into live and unheld.
-    Bounded whatever the number of keys and rows: six commands a candidate with work (one a key of the
-    rows'), a few round trips more; about ten indexed queries.
+    Bounded whatever the number of keys and rows: six commands a key checked (one a key of the rows'), a
+    few round trips more; seven queries, each through an index.
     """
-    gate = get_gate()
+    gate, read = get_gate(), read or KEYS_READ
     fragment = KeyFragment(search) if search is not None else None
     if fragment is None:
         # The operator sees the latest submissions also while no worker runs; a request writes a bounded batch.
@@ -180,20 +180,20 @@ def live_keys(*, limit: int = 100, search: str | None = None, read: int = KEYS_R
         overdue = gate.overdue_keys(stuck_after_seconds(), limit=limit)
         candidates = list(dict.fromkeys([*overdue, *blocked, *paused, *overridden, *indexed.keys]))
         cut = any(len(listed) == limit for listed in (paused, blocked, overridden, overdue))
-        page = LiveKeys(read=len(indexed.keys), indexed=indexed.total, lists_cut=cut)
+        page = LiveKeys(read=len({*overdue, *indexed.keys}), indexed=indexed.total, lists_cut=cut)
     else:
         matched = _matching(gate, fragment)
         candidates = matched.keys[:read]
         page = LiveKeys(search=search, searched_all=matched.complete, matched=len(matched.keys))
-        page.checked = len(candidates)
+    page.checked = len(candidates)
     snapshots = _with_work(gate, candidates)
-    from_rows, page.more_unheld = oldest_unfinished(
+    rows = oldest_unfinished(
         passed=list(snapshots),
         matches=fragment.matches if fragment else None,
         also=fragment.exact_key if fragment else None,
     )
-    held_nothing = gate.holding_nothing(list(from_rows)) if from_rows else set()
-    snapshots.update(_with_work(gate, [k for k in from_rows if k not in held_nothing and k not in snapshots]))
+    held_nothing = gate.holding_nothing(list(rows.oldest)) if rows.oldest else set()
+    snapshots.update(_with_work(gate, [k for k in rows.oldest if k not in held_nothing and k not in snapshots]))
     waits = _waits(gate, list(snapshots.values()))
     states = sorted((_state(s, waits.get(s.key)) for s in snapshots.values()), key=KeyState.urgency)
     page.more = max(len(states) - limit, 0)
@@ -202,9 +202,8 @@ def live_keys(*, limit: int = 100, search: str | None = None, read: int = KEYS_R
         submissions.write(gate, [s.key for s in shown])  # their rows, for the holders' links
     tasks = KeyedTask.objects.holding(shown)
     page.states = [_state(s, waits.get(s.key), tasks) for s in shown]
-    lost = {key: at for key, at in from_rows.items() if key in held_nothing}
-    page.unheld = unheld(lost, limit=UNHELD_SHOWN)
-    page.more_unheld = page.more_unheld or len(lost) > UNHELD_SHOWN
+    page.unheld = unheld(rows, held_nothing, limit=UNHELD_SHOWN)
+    page.more_unheld = rows.full or len(held_nothing) > UNHELD_SHOWN
     return page
 
 

@@ -135,10 +135,12 @@ def _waiting_since_sql(model: type[models.Model], alias: str, pairs: int) -> str
     table = qn(model._meta.db_table)
     wanted = ", ".join(["(%s, CAST(%s AS BIGINT))"] * pairs)
     columns = ", ".join(f"t.{qn(c)}" for c in ("id", "key", "ticket", "status", "enqueued_at", "due_at"))
+    # CROSS JOIN: SQLite then loops over the list and seeks each key in its index (with JOIN it read the
+    # whole table, 1.9 s at a million rows); PostgreSQL plans it as any join.
     return (
         f"WITH wanted (wanted_key, wanted_ticket) AS (VALUES {wanted})"
-        f" SELECT {columns} FROM {table} t JOIN wanted ON t.{qn('key')} = wanted.wanted_key"
-        f" AND t.{qn('ticket')} = wanted.wanted_ticket"
+        f" SELECT {columns} FROM wanted CROSS JOIN {table} t"
+        f" WHERE t.{qn('key')} = wanted.wanted_key AND t.{qn('ticket')} = wanted.wanted_ticket"
     )
 
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from redis.cluster import RedisCluster
 
 from django_keyed_queue.gate.keys import KeyNames
-from django_keyed_queue.ops import unheld
+from django_keyed_queue.ops import live, unheld
 from django_keyed_queue.ops.live import live_keys
 from django_keyed_queue.process.state import current, get_gate
 from django_keyed_queue.records.models import KeyedTask
@@ -75,7 +75,7 @@ def test_a_key_with_work_in_redis_comes_first_whatever_the_rows_of_other_keys_sa
     apart = shown(page, "unheld-keys")
     assert apart == stale[:20], "the oldest first, bounded"
     assert "manage.py keyed_queue_rebuild --dry-run" in page and "keyed_queue_purge</code> deletes expired" in page
-    assert "there may be more" in page
+    assert "There may be more such keys." in page
 
 
 def test_a_stuck_key_shows_how_long_its_tasks_have_waited(gate_redis, broker, as_user, settings):
@@ -142,6 +142,19 @@ def test_rows_that_say_unfinished_for_keys_redis_holds_nothing_of_are_apart(gate
     assert shown(page, "unheld-keys") == lost
     assert f'href="{reverse("admin:keyed_queue_keyedtask_changelist")}?key=lost%3A0"' in page
     assert "1 (1 waiting)" in page and finished[0].key not in shown(page, "unheld-keys")
+
+
+def test_a_page_that_checked_part_of_the_index_says_so_rather_than_that_no_key_has_work(
+    gate_redis, broker, as_user, monkeypatch
+):
+    monkeypatch.setattr(live, "KEYS_READ", 5)
+    set_index_scores(gate_redis, DEADLINES, {f"drained:{n}": 10**14 + n for n in range(10)})  # none overdue
+
+    page = as_user("olga").get(reverse(PAGE)).content.decode()
+
+    assert "None of the 5 keys checked holds a task or has tasks waiting in Redis." in page
+    assert "Redis indexes 10 keys that had a holder lately; the page checked the 5" in page
+    assert "No key holds" not in page
 
 
 @pytest.mark.parametrize(
