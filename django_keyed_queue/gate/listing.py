@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from .base import GateBase, text
 from .keys import BLOCKED_KEYS, OVERRIDDEN_KEYS, PAUSED_KEYS, KeyNames
 
-#: How many names one ZSCAN or SSCAN step of a search asks Redis to examine.
+#: How many names one ZSCAN or SSCAN step of a search asks Redis to examine: with MATCH, about 0.75 ms of
+#: Redis' time (20,000 took 15 ms, a pause for every other client).
 SCAN_STEP = 1000
 
 # Redis' glob takes these as patterns; a backslash makes each literal.

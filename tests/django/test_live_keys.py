@@ -152,8 +152,10 @@ def test_a_page_that_checked_part_of_the_index_says_so_rather_than_that_no_key_h
 
     page = as_user("olga").get(reverse(PAGE)).content.decode()
 
-    assert "None of the 5 keys checked holds a task or has tasks waiting in Redis." in page
-    assert "Redis indexes 10 keys that had a holder lately; the page checked the 5" in page
+    # On a cluster, the earliest of each shard: fewer than 5 where some shards hold none of the 10.
+    checked = re.search(r"None of the (\d+) keys checked holds a task or has tasks waiting in Redis\.", page)
+    assert checked and 1 < int(checked[1]) <= 5
+    assert f"Redis indexes 10 keys that had a holder lately; the page checked the {checked[1]}" in page
     assert "No key holds" not in page
 
 
