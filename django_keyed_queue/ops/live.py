@@ -163,9 +163,9 @@ def live_keys(*, limit: int = 100, search: str | None = None, read: int | None =
     or rate, the most urgent first (``KeyState.urgency``); with ``search``, those the Key box's text finds
     (``KeyFragment``). Apart, the keys whose rows say unfinished while the gate holds nothing of them.
 
-    Candidates come from the gate first: ``read`` (``KEYS_READ``) keys of the deadline index, the earliest-due first (a
-    search instead examines about ``SEARCH_BUDGET`` names and takes ``read`` of its matches), and ``limit``
-    of each operator's list; then the keys of the oldest unfinished rows (``unheld.oldest_unfinished``),
+    Candidates come from the gate first: ``read`` (``KEYS_READ``) keys of the deadline index, the earliest-due
+    first (a search instead examines about ``SEARCH_BUDGET`` names and takes ``read`` of its matches), and
+    ``limit`` of each operator's list; then the keys of the oldest unfinished rows (``oldest_unfinished``),
     which tell the longest waits where the rows are right, and which the gate sorts into live and unheld.
     Bounded whatever the number of keys and rows: six commands a key checked (one a key of the rows'), a
     few round trips more; seven queries, each through an index.
@@ -239,7 +239,7 @@ def _waits(gate: Gate, snapshots: list[KeySnapshot]) -> dict[str, datetime]:
     oldest = {s.key: t for s in snapshots if (t := _unstarted(s)) is not None}
     pairs = list(oldest.items())
     kept = gate.kept_since(pairs)
-    waits = {key: from_epoch(kept[key, t] / 1000) for key, t in pairs if (key, t) in kept}
+    waits = {key: _moment(kept[key, t], per_second=1000) for key, t in pairs if (key, t) in kept}
     rows = KeyedTask.objects.waiting_since([p for p in pairs if p[0] not in waits])
     waits.update({key: rows[key, t] for key, t in pairs if key not in waits and (key, t) in rows})
     if unknown := [p for p in pairs if p[0] not in waits]:
@@ -256,7 +256,16 @@ def _submitted(raw: bytes | None) -> datetime | None:
     except MessageRefused:
         return None
     stamp = (message.options.get("headers") or {}).get(ENQUEUED_HEADER) if message else None
-    return from_epoch(stamp) if isinstance(stamp, int | float) and not isinstance(stamp, bool) else None
+    return _moment(stamp) if isinstance(stamp, int | float) and not isinstance(stamp, bool) else None
+
+
+def _moment(since_epoch: float, *, per_second: int = 1) -> datetime | None:
+    """A time Redis keeps (since the epoch, ``per_second`` to a second), None if no datetime holds it: anyone
+    may have written it."""
+    try:
+        return from_epoch(since_epoch / per_second)
+    except (OverflowError, ValueError, OSError):
+        return None
 
 
 def _state(
