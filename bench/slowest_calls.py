@@ -286,7 +286,7 @@ def deep_key(log: Slowlog, gate: Any, messages: Messages, args: argparse.Namespa
         call("is_paused", gate.is_paused, DEEP)
     for _ in range(5):
         call("live keys page (live_keys)", live_keys, limit=100)
-        call("live keys page, the deep key (live_keys)", live_keys, key=DEEP)
+        call("live keys page, the deep key (live_keys)", live_keys, search=DEEP)
         call("health view", health, request)
 
     # The last parked tickets: LREM looks from the head, they are at the tail.

@@ -12,6 +12,7 @@ unwritten.py       records kept until the database has them
 reaping.py         the deadline index, the reaper, releases, rebuilds
 totals.py          the deployment's totals the metrics read
 inspection.py      snapshots, and the holder record's one parser in Python
+listing.py         which keys have work: the deadline index read earliest first, searched
 base.py            the client, the durations, the indexes, the one script runner
 calls.py           one builder per script, in step with its Lua header
 =================  =========================================================================
@@ -20,6 +21,7 @@ calls.py           one builder per script, in step with its Lua header
 from __future__ import annotations
 
 from .inspection import InspectCalls
+from .listing import ListingCalls
 from .operator import OperatorCalls
 from .reaping import ReaperCalls
 from .tickets import TicketCalls
@@ -28,7 +30,7 @@ from .transport import NotSent, ReplicasBehind
 from .unwritten import UnwrittenCalls
 
 
-class Gate(TicketCalls, OperatorCalls, UnwrittenCalls, ReaperCalls, InspectCalls, TotalsCalls):
+class Gate(TicketCalls, OperatorCalls, UnwrittenCalls, ReaperCalls, ListingCalls, InspectCalls, TotalsCalls):
     """Per-key FIFO of tickets in Redis; at most ``limit`` tickets of a key hold a slot.
 
     Every method is one script call (one round trip) unless it says otherwise.

@@ -42,14 +42,17 @@ class InspectCalls(GateBase):
             return None
         return int(position)
 
-    def inspect_many(self, keys: Sequence[str], *, waiting_shown: int | None = None) -> list[KeySnapshot]:
+    def inspect_many(
+        self, keys: Sequence[str], *, waiting_shown: int | None = None, task_ids: bool = True
+    ) -> list[KeySnapshot]:
         """Snapshots of many keys, one ``KeySnapshot`` per key in order, in one pipelined round trip.
 
         ``waiting`` lists the oldest ``waiting_shown`` waiting tickets (all with None);
         ``depth`` counts them all. ``holders`` maps each ticket holding a slot (at most the
         key's limit) to its ``Holder``: its state, ``running`` or ``granted``, its dispatch,
         token, attempts and lost leases, the seconds left before its deadline, and the task id of
-        its stored message (one more round trip, for the keys that have holders).
+        its stored message (one more round trip, for the keys that have holders; none without
+        ``task_ids``: :meth:`with_task_ids` reads them later, for the snapshots kept).
         """
         # LRANGE's end is inclusive and -1 is the last element: (1, 0) is the empty range.
         shown = (0, -1) if waiting_shown is None else (0, waiting_shown - 1) if waiting_shown else (1, 0)
@@ -91,9 +94,9 @@ class InspectCalls(GateBase):
                     interval_override_ms=_int_or_none(meta.get(b"interval_override")),
                 )
             )
-        return self._named_holders(snapshots)
+        return self.with_task_ids(snapshots) if task_ids else snapshots
 
-    def _named_holders(self, snapshots: list[KeySnapshot]) -> list[KeySnapshot]:
+    def with_task_ids(self, snapshots: list[KeySnapshot]) -> list[KeySnapshot]:
         """``snapshots`` with each holder's task id read from its stored message (one pipelined round trip)."""
         held = [s for s in snapshots if s.holders]
         if not held:
@@ -109,6 +112,14 @@ class InspectCalls(GateBase):
             }
             named[snapshot.key] = replace(snapshot, holders=holders)
         return [named.get(s.key, s) for s in snapshots]
+
+    def stored_messages(self, tickets: Sequence[tuple[str, int]]) -> list[bytes | None]:
+        """The message stored with each of ``tickets`` ((key, ticket) pairs), None where there is none; one
+        round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        for key, ticket in tickets:
+            pipe.hget(KeyNames(key).messages, str(ticket))
+        return pipe.execute() if tickets else []
 
     def keys_with_state(self, keys: Sequence[str]) -> set[str]:
         """Which of ``keys`` have state in Redis, as ``rebuild`` refuses them (one pipelined round trip)."""

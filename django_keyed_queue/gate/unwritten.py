@@ -71,6 +71,21 @@ class UnwrittenCalls(GateBase):
                 )
         return UnwrittenRecords(found, frozenset(more))
 
+    def kept_since(self, tickets: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """When the gate took each of ``tickets`` ((key, ticket) pairs; server ms), of those whose submission's
+        record it still keeps (until their rows are written). One round trip; reads only."""
+        if not tickets:
+            return {}
+        pipe = self.client.pipeline(transaction=False)
+        for key, ticket in tickets:
+            pipe.hget(KeyNames(key).unwritten, str(ticket))
+        found = {}
+        for pair, kept in zip(tickets, pipe.execute(), strict=True):
+            parts = kept.split(b"|", 2) if kept else []  # as submit.lua keeps it; anything else is passed by
+            if len(parts) == 3 and parts[1].isdigit():
+                found[pair] = int(parts[1])
+        return found
+
     def replacement(self, key: str, task_id: str, *, ticket: int | None = None, max_hops: int) -> tuple[str, int]:
         """The task that replaced ``task_id`` of ``key`` while it waited (coalescing), the one that replaced that
         one, and so on, as far as the superseded records kept here until their rows are written tell, at most

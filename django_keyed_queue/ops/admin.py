@@ -30,7 +30,7 @@ from ..records import idempotency
 from ..records.columns import TASK_ID_MAX_LENGTH, unstorable
 from ..records.models import IdempotencyKey, KeyedTask, LiveKey
 from ..records.statuses import ACTIVE_STATUSES, Status
-from . import limits, recovery, task_actions
+from . import limits, recovery, task_actions, unheld
 from .changelist import CursorChangeList, TaskNameFilter, open_only_match
 from .display import at, epoch_ms, took
 from .explain import explain_row
@@ -414,21 +414,22 @@ class KeyedTaskAdmin(_PagesOfOurs):
         if problem:
             return bad_request(problem)
         try:
-            states, more = live_keys(key=key)
+            page = live_keys(search=key)
         except redis.RedisError as exc:
             self.message_user(request, f"the keyed queue's Redis did not answer: {exc}", messages.ERROR)
-            states, more = [], False
+            page = None
         context = {
             **self.admin_site.each_context(request),
             "title": _("Live keys"),
             "opts": self.model._meta,
-            "states": states,
-            "more": more,
+            "page": page,
+            "states": page.states if page else [],
             "key": key or "",
             "can": {action: self._allowed(request, action) for action in PERMISSIONS},
             "changelist_url": reverse("admin:keyed_queue_keyedtask_changelist"),
             "now_ms": epoch_ms(timezone.now()),
             "refresh_seconds": LIVE_REFRESH_SECONDS,
+            "rows_read": unheld.ROWS_READ,
         }
         return TemplateResponse(request, "admin/keyed_queue/keys.html", context)
 

@@ -1,6 +1,8 @@
-"""What each key is doing now: the gate's state in Redis joined with the records.
+"""What each key is doing now: the gate's state in Redis first, joined with the records.
 
-The live keys page in the admin shows this; the most blocked keys come first.
+The live keys page in the admin shows this: the keys with work in the gate (a holder, tickets
+waiting), paused, blocked or given an operator's limit, the most urgent first; then, apart, the
+keys whose rows say unfinished while the gate holds nothing of them (``unheld``).
 """
 
 from __future__ import annotations
@@ -8,16 +10,29 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from django.db.models import Count, F, Min, Q
+from celery import current_app
 from django.utils import timezone
 
 from ..conf import settings
+from ..exceptions import MessageRefused
 from ..gate import Gate, HolderState, KeySnapshot
+from ..gate.listing import MatchedKeys
+from ..messaging.message import ENQUEUED_HEADER, TaskMessage
 from ..process.state import get_gate
 from ..records import submissions
 from ..records.models import KeyedTask
-from ..records.statuses import Status
 from .display import at, from_epoch, since, took
+from .key_fragment import KeyFragment
+from .unheld import UnheldKey, oldest_unfinished, unheld
+
+#: How many keys of the deadline index a page reads and checks, the earliest-due (the overdue) first:
+#: its bound on Redis' work, whatever the number of keys (six commands a key checked).
+KEYS_READ = 300
+#: About how many names of the gate's lists a search of the Key box examines at most: Redis spends about
+#: 0.75 ms a thousand (ZSCAN with MATCH), in steps of a thousand, so about 75 ms for a whole search.
+SEARCH_BUDGET = 100_000
+#: How many keys with unfinished rows and nothing in the gate the page lists apart.
+UNHELD_SHOWN = 20
 
 
 @dataclass
@@ -64,8 +79,12 @@ def is_stuck(snapshot: KeySnapshot) -> bool:
     deadline) passed more than two reaper periods ago, the key is paused with tasks waiting, or
     a failed task blocks it (``on_failure="block"``) until an operator retries or cancels it.
     """
-    overdue = any(h.state != "blocked" and h.deadline_in < -stuck_after_seconds() for h in snapshot.holders.values())
-    return overdue or (snapshot.paused and snapshot.depth > 0) or snapshot.blocked is not None
+    return overdue_too_long(snapshot) or (snapshot.paused and snapshot.depth > 0) or snapshot.blocked is not None
+
+
+def overdue_too_long(snapshot: KeySnapshot) -> bool:
+    """A holder of the key is past its deadline by more than ``stuck_after_seconds``."""
+    return any(h.state != "blocked" and h.deadline_in < -stuck_after_seconds() for h in snapshot.holders.values())
 
 
 def stuck_keys(gate: Gate, *, limit: int = 1000) -> set[str]:
@@ -84,7 +103,7 @@ class KeyState:
     key: str
     paused: bool
     depth: int  # tickets waiting in the gate's queue
-    oldest_wait: datetime | None  # when the longest-waiting task of the key was submitted
+    oldest_wait: datetime | None  # since when its longest-waiting task not started yet waits (see ``_waits``)
     holders: list[HolderRow] = field(default_factory=list)
     stuck: bool = False  # see ``is_stuck``
     blocked_by: HolderRow | None = None  # the failed task that blocks the key (``on_failure="block"``)
@@ -92,6 +111,8 @@ class KeyState:
     paused_since: datetime | None = None
     limit_override: int | None = None  # an operator's limit for the key (``set_key_limit``)
     interval_override_ms: int | None = None  # an operator's least ms between two starts (``set_key_rate``)
+    overdue_stuck: bool = False  # a holder is past its deadline by more than ``stuck_after_seconds``
+    waits: bool = False  # a task of the key waits: in its queue, or granted and never started
 
     @property
     def waited_for(self) -> str | None:
@@ -109,69 +130,164 @@ class KeyState:
     def waited_seconds(self) -> float:
         return (timezone.now() - self.oldest_wait).total_seconds() if self.oldest_wait else 0.0
 
-    def blocked_order(self) -> tuple:
-        return (not self.stuck, -self.waited_seconds, -self.depth, self.key)
+    def urgency(self) -> tuple:
+        """Most urgent first: a holder stuck past its deadline, a failed task blocking the key, a pause;
+        then the longest wait, the deepest queue."""
+        group = 0 if self.overdue_stuck else 1 if self.blocked_by else 2 if self.paused else 3
+        return (group, -self.waited_seconds, -self.depth, self.key)
 
 
-def live_keys(*, limit: int = 100, key: str | None = None) -> tuple[list[KeyState], bool]:
-    """The keys with unfinished tasks, paused, blocked or given an operator's limit or rate, most blocked
-    first; and whether more were left out.
+@dataclass
+class LiveKeys:
+    """The live keys page: the keys with work in the gate, and apart those whose rows alone say so."""
 
-    Two database queries and a few Redis round trips whatever the number of keys shown, each
-    bounded: at most ``limit`` paused and ``limit`` blocked keys, and a key's waiting tasks are
-    counted, not read.
+    states: list[KeyState] = field(default_factory=list)
+    more: int = 0  # keys with work found but not shown
+    read: int = 0  # keys of the deadline index read, the earliest-due first (none for a search)
+    indexed: int = 0  # keys the deadline index holds (with work, or drained since the reaper last looked)
+    lists_cut: bool = False  # a list of paused, blocked, overridden or overdue keys was read up to its limit
+    unheld: list[UnheldKey] = field(default_factory=list)
+    more_unheld: bool = False
+    search: str | None = None
+    searched_all: bool = True  # a search examined every name of the gate's lists
+    matched: int = 0  # keys a search found in the gate's lists (with work or not)
+    checked: int = 0  # keys checked in the gate (a search's: at most ``KEYS_READ`` of its matches)
+
+    @property
+    def unread(self) -> int:
+        return max(self.indexed - self.read, 0)
+
+
+def live_keys(*, limit: int = 100, search: str | None = None, read: int | None = None) -> LiveKeys:
+    """The keys with work in the gate (a holder, tickets waiting), paused, blocked or given an operator's limit
+    or rate, the most urgent first (``KeyState.urgency``); with ``search``, those the Key box's text finds
+    (``KeyFragment``). Apart, the keys whose rows say unfinished while the gate holds nothing of them.
+
+    Candidates come from the gate first: ``read`` (``KEYS_READ``) keys of the deadline index, the earliest-due
+    first (a search instead examines about ``SEARCH_BUDGET`` names and takes ``read`` of its matches), and
+    ``limit`` of each operator's list; then the keys of the oldest unfinished rows (``oldest_unfinished``),
+    which tell the longest waits where the rows are right, and which the gate sorts into live and unheld.
+    Bounded whatever the number of keys and rows: six commands a key checked (one a key of the rows'), a
+    few round trips more; seven queries, each through an index.
     """
-    gate = get_gate()
-    # The operator sees the latest submissions also while no worker runs; a request writes a bounded batch.
-    if key is None:
+    gate, read = get_gate(), read or KEYS_READ
+    fragment = KeyFragment(search) if search is not None else None
+    if fragment is None:
+        # The operator sees the latest submissions also while no worker runs; a request writes a bounded batch.
         submissions.write_page(gate)
-    else:
-        submissions.write_key(gate, key)
-    active = KeyedTask.objects.active()
-    if key is not None:
-        active = active.filter(key=key)
-    per_key = (
-        active.values("key")
-        .annotate(oldest=Min("enqueued_at", filter=Q(status=Status.WAITING)), n=Count("id"))
-        .order_by(F("oldest").asc(nulls_last=True), "-n", "key")
-    )
-    found = {row["key"]: row["oldest"] for row in per_key[: limit + 1]}
-    more = len(found) > limit
-    if key is None:
+        indexed = gate.indexed_keys(limit=read)
         paused, blocked = gate.paused_keys(limit=limit), gate.blocked_keys(limit=limit)
         overridden = gate.overridden_keys(limit=limit)
-        more = more or len(paused) == limit or len(blocked) == limit or len(overridden) == limit
+        overdue = gate.overdue_keys(stuck_after_seconds(), limit=limit)
+        candidates = list(dict.fromkeys([*overdue, *blocked, *paused, *overridden, *indexed.keys]))
+        cut = any(len(listed) == limit for listed in (paused, blocked, overridden, overdue))
+        page = LiveKeys(read=len({*overdue, *indexed.keys}), indexed=indexed.total, lists_cut=cut)
     else:
-        paused = [key] if gate.is_paused(key) else []
-        blocked = overridden = [key]  # shown if the gate says it is blocked, or has an operator's limit
-    keys = list(dict.fromkeys([*list(found)[:limit], *paused, *blocked, *overridden]))
-    snapshots = gate.inspect_many(keys, waiting_shown=0)
-    tasks = KeyedTask.objects.holding(snapshots)
-    states = []
-    for snapshot in snapshots:
-        k = snapshot.key
-        holders = [
-            HolderRow(ticket, h.state, h.deadline_in, h.attempts, tasks.get((k, ticket)), h.dispatch, h.task_id)
-            for ticket, h in sorted(snapshot.holders.items())
-        ]
-        blocked_by = next((h for h in holders if h.ticket == snapshot.blocked), None)
-        has_override = snapshot.limit_override is not None or snapshot.interval_override_ms is not None
-        if not (holders or snapshot.paused or k in found or has_override):
-            continue  # a key searched for that has nothing now
-        states.append(
-            KeyState(
-                k,
-                snapshot.paused,
-                snapshot.depth,
-                found.get(k),
-                holders,
-                is_stuck(snapshot),
-                blocked_by,
-                snapshot.paused_by,
-                from_epoch(snapshot.paused_since),
-                snapshot.limit_override,
-                snapshot.interval_override_ms,
-            )  # fmt: skip
-        )
-    states.sort(key=KeyState.blocked_order)
-    return states, more
+        matched = _matching(gate, fragment)
+        candidates = matched.keys[:read]
+        page = LiveKeys(search=search, searched_all=matched.complete, matched=len(matched.keys))
+    page.checked = len(candidates)
+    snapshots = _with_work(gate, candidates)
+    rows = oldest_unfinished(
+        passed=list(snapshots),
+        matches=fragment.matches if fragment else None,
+        also=fragment.exact_key if fragment else None,
+    )
+    held_nothing = gate.holding_nothing(list(rows.oldest)) if rows.oldest else set()
+    snapshots.update(_with_work(gate, [k for k in rows.oldest if k not in held_nothing and k not in snapshots]))
+    waits = _waits(gate, list(snapshots.values()))
+    states = sorted((_state(s, waits.get(s.key)) for s in snapshots.values()), key=KeyState.urgency)
+    page.more = max(len(states) - limit, 0)
+    shown = gate.with_task_ids([snapshots[state.key] for state in states[:limit]])
+    if fragment is not None and shown:
+        submissions.write(gate, [s.key for s in shown])  # their rows, for the holders' links
+    tasks = KeyedTask.objects.holding(shown)
+    page.states = [_state(s, waits.get(s.key), tasks) for s in shown]
+    page.unheld = unheld(rows, held_nothing, limit=UNHELD_SHOWN)
+    page.more_unheld = rows.full or len(held_nothing) > UNHELD_SHOWN
+    return page
+
+
+def _with_work(gate: Gate, keys: list[str]) -> dict[str, KeySnapshot]:
+    """Snapshots of those of ``keys`` the page lists (``_shown``), by key; one pipelined read."""
+    return {s.key: s for s in gate.inspect_many(keys, waiting_shown=1, task_ids=False) if _shown(s)}
+
+
+def _matching(gate: Gate, fragment: KeyFragment) -> MatchedKeys:
+    """The keys of the gate's lists the fragment finds (its exact key first, also if unlisted)."""
+    found = gate.keys_matching(fragment.glob, budget=SEARCH_BUDGET) if fragment.glob else MatchedKeys([], True)
+    keys = [k for k in found.keys if fragment.matches(k)]
+    exact = fragment.exact_key
+    return MatchedKeys(list(dict.fromkeys([exact, *keys] if exact else keys)), found.complete)
+
+
+def _shown(snapshot: KeySnapshot) -> bool:
+    """Whether the page lists the key: it has work in the gate, is paused, or has an operator's limit or rate."""
+    overridden = snapshot.limit_override is not None or snapshot.interval_override_ms is not None
+    return bool(snapshot.holders or snapshot.depth or snapshot.paused or overridden)
+
+
+def _unstarted(snapshot: KeySnapshot) -> int | None:
+    """The key's oldest ticket waiting to start: a holder granted and never started, or its queue's head."""
+    tickets = [t for t, h in snapshot.holders.items() if h.state == "granted" and h.attempts == 0]
+    return min([*tickets, *snapshot.waiting[:1]], default=None)
+
+
+def _waits(gate: Gate, snapshots: list[KeySnapshot]) -> dict[str, datetime]:
+    """Since when each key's oldest ticket waiting to start waits: as the gate keeps it with the ticket until
+    its row is written, else as its row says, else as its stored message says (its submission's stamp)."""
+    oldest = {s.key: t for s in snapshots if (t := _unstarted(s)) is not None}
+    pairs = list(oldest.items())
+    kept = gate.kept_since(pairs)
+    waits = {key: _moment(kept[key, t], per_second=1000) for key, t in pairs if (key, t) in kept}
+    rows = KeyedTask.objects.waiting_since([p for p in pairs if p[0] not in waits])
+    waits.update({key: rows[key, t] for key, t in pairs if key not in waits and (key, t) in rows})
+    if unknown := [p for p in pairs if p[0] not in waits]:
+        for (key, _), raw in zip(unknown, gate.stored_messages(unknown), strict=True):
+            if (stamp := _submitted(raw)) is not None:
+                waits[key] = stamp
+    return {key: at for key, at in waits.items() if at is not None}
+
+
+def _submitted(raw: bytes | None) -> datetime | None:
+    """When a stored message's producer submitted it (its stamp), if it says and the app can decode it."""
+    try:
+        message = TaskMessage.decode(raw, current_app.conf.accept_content) if raw else None
+    except MessageRefused:
+        return None
+    stamp = (message.options.get("headers") or {}).get(ENQUEUED_HEADER) if message else None
+    return _moment(stamp) if isinstance(stamp, int | float) and not isinstance(stamp, bool) else None
+
+
+def _moment(since_epoch: float, *, per_second: int = 1) -> datetime | None:
+    """A time Redis keeps (since the epoch, ``per_second`` to a second), None if no datetime holds it: anyone
+    may have written it."""
+    try:
+        return from_epoch(since_epoch / per_second)
+    except (OverflowError, ValueError, OSError):
+        return None
+
+
+def _state(
+    snapshot: KeySnapshot, oldest_wait: datetime | None, tasks: dict[tuple[str, int], KeyedTask] | None = None
+) -> KeyState:
+    k = snapshot.key
+    holders = [
+        HolderRow(ticket, h.state, h.deadline_in, h.attempts, (tasks or {}).get((k, ticket)), h.dispatch, h.task_id)
+        for ticket, h in sorted(snapshot.holders.items())
+    ]
+    return KeyState(
+        k,
+        snapshot.paused,
+        snapshot.depth,
+        oldest_wait,
+        holders,
+        is_stuck(snapshot),
+        next((h for h in holders if h.ticket == snapshot.blocked), None),
+        snapshot.paused_by,
+        from_epoch(snapshot.paused_since),
+        snapshot.limit_override,
+        snapshot.interval_override_ms,
+        overdue_too_long(snapshot),
+        _unstarted(snapshot) is not None,
+    )  # fmt: skip

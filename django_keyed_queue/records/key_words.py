@@ -44,6 +44,11 @@ ROWS_PER_INSERT = 250
 KNOWN_KEYS_MAX = 10_000
 
 
+def words(text: str) -> list[str]:
+    """The words of ``text``, between its separators (``KEY_SEPARATORS``), in order."""
+    return [word for word in _SEPARATOR.split(text) if word]
+
+
 def later_words(key: str) -> list[str]:
     """The words of ``key`` after its start (the text up to its first separator), each once: ``ledger:1001``
     has ``1001``, `` lead:1`` (a space first) has ``lead`` and ``1``, ``report`` has none."""

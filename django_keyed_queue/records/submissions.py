@@ -92,7 +92,7 @@ def write(gate: Gate, keys: Sequence[str], claims: Sequence[tuple[str, int]] = (
         for unwritten in found:
             try:
                 rows.append(transition(unwritten))
-            except (ValueError, TypeError):
+            except (ValueError, TypeError, OverflowError):  # a time past a float's range is no time either
                 logger.error(
                     "keyed queue key=%r keeps a submission record that is not one: %r", unwritten.key, unwritten
                 )

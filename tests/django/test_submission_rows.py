@@ -82,12 +82,14 @@ def test_a_record_that_is_not_one_is_logged_and_dropped_and_the_others_are_writt
     gate_redis.hset(KeyNames("k").unwritten, 99, b"w|1700000000000|" + b'{"task_id": 7}')
     gate_redis.hset(KeyNames("j").unwritten, 1, b"w|1700000000000|not json")
     gate_redis.hset(KeyNames("j").unwritten, 2, b"no separators at all")
+    record = b'{"task_id": "t", "task_name": "n", "arguments": ""}'
+    gate_redis.hset(KeyNames("j").unwritten, 3, b"w|" + b"9" * 400 + b"|" + record)  # past a float's range
     gate_redis.zadd(UNWRITTEN.shard_of("j"), {"j": 0})
 
     with caplog.at_level(logging.ERROR, logger=submissions.__name__):
         assert write_submission_rows() == 1
     assert [r.task_id for r in KeyedTask.objects.all()] == [result.id]
-    assert caplog.text.count("keeps a submission record that is not one") == 3
+    assert caplog.text.count("keeps a submission record that is not one") == 4
     assert gate_redis.exists(KeyNames("k").unwritten, KeyNames("j").unwritten) == 0
     assert not index_scores(gate_redis, UNWRITTEN)
 

@@ -87,7 +87,7 @@ def test_no_action_is_offered_on_the_old_record_and_its_release_is_refused(resta
 def test_the_live_page_release_and_the_admin_log_name_the_new_holder(restarted, as_user):
     old, new, _ = restarted
     staff_client = as_user("rob", "release_keyedtask")
-    [state], _ = live_keys(key=KEY)
+    [state] = live_keys(search=KEY).states
     [holder] = state.holders
     assert (holder.task.task_id, holder.task_id, holder.task.worker) == (new, new, "celery@w1")
 
