@@ -15,9 +15,10 @@ from django.utils import timezone
 
 from ..conf import settings
 from ..exceptions import MessageRefused
-from ..gate import Gate, HolderState, KeySnapshot
+from ..gate import Gate, HolderState, KeySnapshot, Stopping
 from ..gate.listing import MatchedKeys
 from ..messaging.message import ENQUEUED_HEADER, TaskMessage
+from ..messaging.recovered import stopped_text
 from ..process.state import get_gate
 from ..records import submissions
 from ..records.models import KeyedTask
@@ -46,6 +47,11 @@ class HolderRow:
     task: KeyedTask | None  # None if the record is missing
     dispatch: int = 1  # what the release button releases: a second click of it finds the ticket moved on
     task_id: str | None = None  # the task whose message holds the slot (its record may not be written yet)
+    stopping: Stopping | None = None  # who is stopping its run (it keeps the key until the run has ended)
+
+    @property
+    def stopping_said(self) -> str | None:
+        return stopped_text(self.stopping) if self.stopping is not None else None
 
     @property
     def overdue(self) -> bool:
@@ -273,7 +279,16 @@ def _state(
 ) -> KeyState:
     k = snapshot.key
     holders = [
-        HolderRow(ticket, h.state, h.deadline_in, h.attempts, (tasks or {}).get((k, ticket)), h.dispatch, h.task_id)
+        HolderRow(
+            ticket,
+            h.state,
+            h.deadline_in,
+            h.attempts,
+            (tasks or {}).get((k, ticket)),
+            h.dispatch,
+            h.task_id,
+            h.stopping,
+        )  # fmt: skip
         for ticket, h in sorted(snapshot.holders.items())
     ]
     return KeyState(

@@ -145,3 +145,15 @@ def test_the_stop_command_says_what_it_sent_and_refuses_a_task_that_does_not_run
         call_command("keyed_queue_stop", "nope")
     with pytest.raises(CommandError, match="no keyed task has the id"):
         call_command("keyed_queue_stop", "a\x00b")
+
+
+def test_the_live_keys_page_offers_stop_and_says_a_run_is_being_ended(gate_redis, broker, as_user):
+    task = running_task(key="live:1")
+    keys = reverse("admin:keyed_queue_keys")
+    client = as_user("sam", "view_keyedtask", "stop_keyedtask")
+    page = client.get(keys).content.decode()
+    assert f'{act_url(task, "stop")}?next=' in page and "Stop #1…" in page
+    stop.stop(task.task_id, by="sam", signal="SIGKILL")
+    assert "being ended: stopped by sam (SIGKILL)" in client.get(keys).content.decode()
+    viewer = as_user("vic", "view_keyedtask").get(keys).content.decode()
+    assert "Stop #1…" not in viewer, "offered only to who may stop"
