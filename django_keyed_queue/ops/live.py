@@ -22,6 +22,7 @@ from ..messaging.recovered import stopped_text
 from ..process.state import get_gate
 from ..records import submissions
 from ..records.models import KeyedTask
+from . import run_now
 from .display import at, from_epoch, since, took
 from .key_fragment import KeyFragment
 from .unheld import UnheldKey, oldest_unfinished, unheld
@@ -48,6 +49,7 @@ class HolderRow:
     dispatch: int = 1  # what the release button releases: a second click of it finds the ticket moved on
     task_id: str | None = None  # the task whose message holds the slot (its record may not be written yet)
     stopping: Stopping | None = None  # who is stopping its run (it keeps the key until the run has ended)
+    waits_for: str = ""  # the time a granted task waits for (its debounce, its key's rate): Run now applies
 
     @property
     def stopping_said(self) -> str | None:
@@ -278,19 +280,13 @@ def _state(
     snapshot: KeySnapshot, oldest_wait: datetime | None, tasks: dict[tuple[str, int], KeyedTask] | None = None
 ) -> KeyState:
     k = snapshot.key
-    holders = [
-        HolderRow(
-            ticket,
-            h.state,
-            h.deadline_in,
-            h.attempts,
-            (tasks or {}).get((k, ticket)),
-            h.dispatch,
-            h.task_id,
-            h.stopping,
-        )  # fmt: skip
-        for ticket, h in sorted(snapshot.holders.items())
-    ]
+    holders = []
+    for ticket, h in sorted(snapshot.holders.items()):
+        task = (tasks or {}).get((k, ticket))
+        waits = run_now.waits_for(task, snapshot) if task is not None and h.state == "granted" else ""
+        holders.append(
+            HolderRow(ticket, h.state, h.deadline_in, h.attempts, task, h.dispatch, h.task_id, h.stopping, waits)
+        )
     return KeyState(
         k,
         snapshot.paused,

@@ -49,10 +49,11 @@ def waits_for(row: KeyedTask, snapshot: KeySnapshot | None = None, app: Celery |
     holder = snapshot.held_by(row.ticket, row.task_id)
     if holder is None or holder.state != "granted" or holder.run_now:
         return ""
-    eta = _sent_eta(row, app)
+    registered = registered_task(app, row.task_name)
+    # Its message decoded only for a debounced task: a list of them reads no message column otherwise.
+    eta = _sent_eta(row, app) if getattr(registered, "serial_debounce_ms", 0) else None
     if eta is not None and eta > now:
         return f"its debounce (it starts at {at(eta)})"
-    registered = registered_task(app, row.task_name)
     interval_ms = snapshot.interval_override_ms or getattr(registered, "serial_interval_ms", 0)
     if interval_ms and snapshot.since_last_start is not None and snapshot.since_last_start < interval_ms / 1000:
         return "its key's rate"

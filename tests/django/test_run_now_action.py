@@ -128,3 +128,21 @@ def test_a_released_debounced_task_is_not_published_again_before_its_eta(gate_re
     recovery.release("d", task.ticket, dispatch=1, by="dee")
     holder = get_gate().inspect("d").holders[task.ticket]
     assert holder.dispatch == 2 and holder.deadline_in > 500, "the reaper waits out its eta first"
+
+
+def test_the_live_keys_page_offers_run_now_for_a_task_waiting_for_its_keys_rate(gate_redis, broker, as_user):
+    first, second = (step.apply_async(("r", n), queue=QUEUE) for n in (1, 2))
+    gate = get_gate()
+    gate.set_overrides("r", interval_ms=HOUR_MS)
+    started = gate.start("r", 1, 1, task_id=first.id)
+    gate.finish("r", 1, started.token)
+    write_submission_rows()
+    waiting = KeyedTask.objects.get(task_id=second.id)
+    keys = reverse("admin:keyed_queue_keys")
+    assert "Run now #2…" not in as_user("vic", "view_keyedtask").get(keys).content.decode(), "only to who may"
+    dee = as_user("dee", "view_keyedtask", "run_now_keyedtask")
+    page = dee.get(keys).content.decode()
+    assert f'{act_url(waiting, "run_now")}?next=' in page and "Run now #2…" in page
+    assert "It waits for its key&#x27;s rate" in page
+    run_now(second.id)
+    assert "Run now #2…" not in dee.get(keys).content.decode(), "run now once: not offered again"
