@@ -7,7 +7,6 @@ asked (``KEYED_QUEUE_DOCS_SCREENSHOTS=1``, see docs/operations.md).
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 
 import pytest
@@ -18,37 +17,13 @@ from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.testing import write_submission_rows
 from testproject.demo.tasks import charge, step
-from tests.browser.screenshots import DOCS_DIR, save_for_docs
+from tests.browser.on_call import Operator
 
 pytestmark = pytest.mark.django_db(transaction=True)
 #: No worker reads this queue: what the operator dispatches stays put for the test to see.
 QUEUE = "keyed-queue-browser-unconsumed"
-MOST_CLICKS = 4
 #: The steps pictured in docs/operations.md.
 DOCS_SHOTS = frozenset({"waiting-task", "stuck-release-confirm"})
-
-
-class Operator:
-    """The browser, from the admin's home page, counting the clicks that load a page."""
-
-    def __init__(self, page, screenshot) -> None:
-        self.page, self.screenshot, self.clicks = page, screenshot, 0
-        page.set_viewport_size({"width": 1280, "height": 800})
-        page.goto("/admin/")
-
-    def click(self, locator) -> None:
-        with self.page.expect_navigation():
-            locator.click()
-        self.clicks += 1
-        assert self.clicks <= MOST_CLICKS, f"more than {MOST_CLICKS} clicks"
-
-    def shoot(self, name: str) -> None:
-        self.screenshot(name)
-        if os.environ.get("KEYED_QUEUE_DOCS_SCREENSHOTS") == "1" and name in DOCS_SHOTS:
-            save_for_docs(self.page, DOCS_DIR / f"incident-{name}.png", 800)
-
-    def text(self, selector: str) -> str:
-        return self.page.locator(selector).inner_text()
 
 
 def submit(key: str, n: int) -> KeyedTask:
@@ -70,7 +45,7 @@ def test_account_6_never_syncs_its_key_is_paused(gate_redis, logged_in, screensh
     recovery.pause("account:6", by="olga (manage.py keyed_queue_pause)")
     waiting = [submit("account:6", n) for n in (1, 2)]
     submit("account:7", 1)
-    on_call = Operator(logged_in, screenshot)
+    on_call = Operator(logged_in, screenshot, DOCS_SHOTS)
 
     on_call.click(on_call.page.get_by_role("link", name="Keyed tasks"))
     on_call.click(on_call.page.get_by_role("link", name=waiting[1].task_id[:8], exact=True))
@@ -97,7 +72,7 @@ def test_an_invoice_failed_retry_it_from_its_page(gate_redis, logged_in, screens
     get_gate().finish(failed.key, failed.ticket, started.token)
     error = "Traceback (most recent call last):\n  ...\nshop.payments.CardDeclined: card declined"
     KeyedTask.objects.filter(pk=failed.pk).update(status="failed", error=error, finished_at=timezone.now())
-    on_call = Operator(logged_in, screenshot)
+    on_call = Operator(logged_in, screenshot, DOCS_SHOTS)
 
     on_call.click(on_call.page.get_by_role("link", name="Keyed tasks"))
     on_call.click(on_call.page.get_by_role("link", name=failed.task_id[:8], exact=True))
@@ -116,7 +91,7 @@ def test_the_monthly_report_key_is_stuck_behind_a_long_run_release_it(gate_redis
     holder, behind = submit("report:monthly", 1), submit("report:monthly", 2)
     token = running(holder, for_seconds=42 * 60)
     submit("account:9", 1)
-    on_call = Operator(logged_in, screenshot)
+    on_call = Operator(logged_in, screenshot, DOCS_SHOTS)
 
     on_call.click(on_call.page.get_by_role("link", name="Live keys"))
     row = on_call.page.locator('#live-keys tr[data-key="report:monthly"]')
@@ -138,7 +113,7 @@ def test_the_monthly_report_key_is_stuck_behind_a_long_run_release_it(gate_redis
 def test_a_waiting_tasks_page_names_what_it_waits_for(gate_redis, logged_in, screenshot):
     holder, ahead, waiting = (submit("account:3", n) for n in (1, 2, 3))
     running(holder, for_seconds=95)
-    on_call = Operator(logged_in, screenshot)
+    on_call = Operator(logged_in, screenshot, DOCS_SHOTS)
 
     on_call.click(on_call.page.get_by_role("link", name="Keyed tasks"))
     on_call.click(on_call.page.get_by_role("link", name=waiting.task_id[:8], exact=True))

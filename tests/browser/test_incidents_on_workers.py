@@ -1,0 +1,97 @@
+"""Incidents fixed from the admin's home page in at most four clicks, on a real prefork worker, each
+found from the number on a customer's ticket: a hung sync stopped (its key's next task runs only after
+it), a debounced invoice and a ledger task waiting for its key's rate run now, once.
+
+The worker consumes a queue of its own and reaps the browser tier's gate (the server's) only while
+these tests run.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from django_keyed_queue import set_key_rate
+from django_keyed_queue.process.state import get_gate
+from django_keyed_queue.records.models import KeyedTask
+from django_keyed_queue.testing import write_submission_rows
+from testproject.demo.tasks import slow_debounced_step, step
+from testproject.servers import Worker
+from tests.browser.on_call import Operator
+from tests.browser.server import DATA_DIR, GATE_URL
+from tests.waiting import wait_until
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.workers]
+QUEUE = "keyed-queue-browser-workers"
+#: The steps pictured in docs/operations.md.
+DOCS_SHOTS = frozenset({"hung-stop-confirm", "ledger-live-keys-run-now"})
+
+
+@pytest.fixture(scope="module")
+def worker(admin_server):
+    """One real prefork worker on the server's gate, consuming this module's queue."""
+    started = Worker("browser", DATA_DIR / "logs", queues=QUEUE, extra_env={"TESTPROJECT_GATE_REDIS_URL": GATE_URL})
+    started.start()
+    yield started
+    started.kill()
+
+
+def status_of(task_id: str, *statuses: str) -> KeyedTask | None:
+    write_submission_rows()
+    return KeyedTask.objects.filter(task_id=task_id, status__in=statuses).first()
+
+
+def test_a_hung_account_sync_is_stopped_and_the_next_runs_after_it(worker, gate_redis, logged_in, screenshot):
+    hung = step.apply_async(("account:7734", 1, 600), queue=QUEUE)
+    after = step.apply_async(("account:7734", 2), queue=QUEUE)
+    running = wait_until(lambda: status_of(hung.id, "running"), timeout=30, message="the sync to start")
+    on_call = Operator(logged_in, screenshot, DOCS_SHOTS)
+
+    on_call.click(on_call.page.get_by_role("link", name="Live keys"))
+    on_call.search("#key-field", "7734")
+    row = on_call.page.locator('#live-keys tr[data-key="account:7734"]')
+    assert "running" in row.locator(".holder").inner_text()
+    on_call.click(row.get_by_role("link", name="Stop #1…"))
+    on_call.shoot("hung-stop-confirm")
+    assert "never beside it" in on_call.text("#what-it-does")
+    on_call.click(on_call.page.get_by_role("button", name="Yes, stop"))
+    assert f"SIGTERM sent to worker {running.worker}" in on_call.text(".messagelist")
+
+    stopped = wait_until(lambda: status_of(hung.id, "failed"), timeout=30, message="the stopped run's end")
+    assert stopped.error.startswith("stopped by operator (SIGTERM); its process ") and stopped.attempts == 1
+    done = wait_until(lambda: status_of(after.id, "succeeded"), timeout=30, message="the next task")
+    assert done.started_at >= stopped.finished_at, "the next task started after the stopped run had ended"
+
+
+def test_a_debounced_invoice_found_by_its_number_runs_now(worker, gate_redis, logged_in, screenshot):
+    invoice = slow_debounced_step.apply_async(("invoice:88", 1), queue=QUEUE)
+    wait_until(lambda: status_of(invoice.id, "dispatched"), timeout=30, message="the invoice's grant")
+    on_call = Operator(logged_in, screenshot, DOCS_SHOTS)
+
+    on_call.click(on_call.page.get_by_role("link", name="Keyed tasks"))
+    on_call.search("#searchbar", "88")  # one task found: its page opens
+    assert "it is debounced" in on_call.text("#why")
+    on_call.click(on_call.page.get_by_role("link", name="Run now…"))
+    assert "starts now instead of waiting for its debounce" in on_call.text("#what-it-does")
+    on_call.click(on_call.page.get_by_role("button", name="Yes, run now"))
+    assert "Run now by operator" in on_call.text(".messagelist")
+
+    wait_until(lambda: status_of(invoice.id, "succeeded"), timeout=30, message="the invoice to run now")
+
+
+def test_a_ledger_task_waiting_for_its_keys_rate_runs_now(worker, gate_redis, logged_in, screenshot):
+    set_key_rate("ledger:1001", "2/h")
+    first = step.apply_async(("ledger:1001", 1), queue=QUEUE)
+    second = step.apply_async(("ledger:1001", 2), queue=QUEUE)
+    wait_until(lambda: status_of(first.id, "succeeded"), timeout=30, message="the first to run")
+    wait_until(lambda: get_gate().inspect("ledger:1001").holders, timeout=30, message="the second's grant")
+    on_call = Operator(logged_in, screenshot, DOCS_SHOTS)
+
+    on_call.click(on_call.page.get_by_role("link", name="Live keys"))
+    on_call.search("#key-field", "1001")
+    row = on_call.page.locator('#live-keys tr[data-key="ledger:1001"]')
+    on_call.shoot("ledger-live-keys-run-now")
+    on_call.click(row.get_by_role("link", name="Run now #2…"))
+    assert "instead of waiting for its key's rate" in on_call.text("#what-it-does")
+    on_call.click(on_call.page.get_by_role("button", name="Yes, run now"))
+
+    wait_until(lambda: status_of(second.id, "succeeded"), timeout=30, message="the second to run now")
