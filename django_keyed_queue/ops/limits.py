@@ -23,6 +23,7 @@ from ..process.state import current, get_gate
 from ..records import submissions
 from ..records.statuses import Status
 from . import recovery
+from .display import rate_said
 from .lookup import operator_key
 
 #: The operator's actions' audit trail, one logger for all of them.
@@ -86,7 +87,7 @@ def _set(
             )
     said = [f"limit {limit or DEFAULT_SAID}"] if limit is not UNCHANGED else []
     if interval_ms is not UNCHANGED:
-        said.append(f"rate {f'one start every {interval_ms} ms' if interval_ms else DEFAULT_SAID}")
+        said.append(f"rate {rate_said(interval_ms) if interval_ms else DEFAULT_SAID}")
     logger.info("keyed queue key %r: %s, set by %s; %s; %d taken back", key, ", ".join(said), by, done,
                 len(overridden.withdrawn))  # fmt: skip
     return done, len(overridden.withdrawn)

@@ -23,7 +23,7 @@ from ..process.state import get_gate
 from ..records import submissions
 from ..records.models import KeyedTask
 from . import run_now
-from .display import at, from_epoch, since, took
+from .display import at, from_epoch, rate_said, since, took
 from .key_fragment import KeyFragment
 from .unheld import UnheldKey, oldest_unfinished, unheld
 
@@ -125,6 +125,10 @@ class KeyState:
     @property
     def waited_for(self) -> str | None:
         return since(self.oldest_wait)
+
+    @property
+    def rate_override_said(self) -> str:
+        return rate_said(self.interval_override_ms) if self.interval_override_ms else ""
 
     @property
     def paused_for(self) -> str | None:

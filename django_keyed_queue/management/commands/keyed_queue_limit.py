@@ -1,5 +1,6 @@
 from django.core.management.base import CommandError
 
+from django_keyed_queue.ops.display import rate_said
 from django_keyed_queue.ops.limits import DEFAULT, set_typed
 from django_keyed_queue.process.state import get_gate
 
@@ -27,6 +28,6 @@ class Command(KeyCommand):
         said = set_typed(key, self._limit or "", self._rate or "", by=operator("keyed_queue_limit"))
         state = get_gate().inspect(key, waiting_shown=0)
         limit = state.limit_override or f"{DEFAULT} (its tasks')"
-        rate = f"one start every {state.interval_override_ms} ms" if state.interval_override_ms else f"{DEFAULT}"
+        rate = rate_said(state.interval_override_ms) if state.interval_override_ms else f"{DEFAULT}"
         done = f"key {key!r}: " + (f"{said} -> " if said else "")
         return f"{done}limit {limit}, rate {rate}"
