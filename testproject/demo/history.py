@@ -44,3 +44,18 @@ def read() -> list[dict]:
 
 def clear() -> None:
     client().delete(HISTORY)
+
+
+#: Keys whose ``ledger_entry`` fails while they are in this set (a test's switch).
+FAILING = "testproject:failing"
+
+
+def tell_to_fail(key: str, fail: bool = True) -> None:
+    if fail:
+        client().sadd(FAILING, key)
+    else:
+        client().srem(FAILING, key)
+
+
+def told_to_fail(key: str) -> bool:
+    return bool(client().sismember(FAILING, key))

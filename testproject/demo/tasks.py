@@ -93,6 +93,15 @@ def returning_step(key: str, n: int, duration: float = 0.0, linger: float = 0.0)
     return logged_step(key, n, duration)
 
 
+@keyed_serial_task(key="{key}", on_failure="block")
+def ledger_entry(key: str, n: int) -> int:
+    """A ledger's entry: it fails while a test tells its key to (``history.tell_to_fail``), and a failure
+    blocks its key until an operator retries or cancels it."""
+    if history.told_to_fail(key):
+        raise RuntimeError(f"the ledger {key} refused entry {n}")
+    return logged_step(key, n, 0.0)
+
+
 @keyed_serial_task(key="{key}")
 def failing_step(key: str, n: int) -> None:
     history.log("start", key, n)

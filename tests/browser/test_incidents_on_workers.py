@@ -1,6 +1,7 @@
-"""Incidents fixed from the admin's home page in at most four clicks, on a real prefork worker, each
+"""Incidents fixed from the admin's home page in at most four clicks, on real prefork workers, each
 found from the number on a customer's ticket: a hung sync stopped (its key's next task runs only after
-it), a debounced invoice and a ledger task waiting for its key's rate run now, once.
+it), a debounced invoice and a ledger task waiting for its key's rate run now, once, a ledger blocked
+by a failed entry retried, and a task whose worker died released to run on another.
 
 The worker consumes a queue of its own and reaps the browser tier's gate (the server's) only while
 these tests run.
@@ -14,7 +15,8 @@ from django_keyed_queue import set_key_rate
 from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.testing import write_submission_rows
-from testproject.demo.tasks import slow_debounced_step, step
+from testproject.demo import history
+from testproject.demo.tasks import ledger_entry, lingering_step, slow_debounced_step, step
 from testproject.servers import Worker
 from tests.browser.on_call import Operator
 from tests.browser.server import DATA_DIR, GATE_URL
@@ -95,3 +97,52 @@ def test_a_ledger_task_waiting_for_its_keys_rate_runs_now(worker, gate_redis, lo
     on_call.click(on_call.page.get_by_role("button", name="Yes, run now"))
 
     wait_until(lambda: status_of(second.id, "succeeded"), timeout=30, message="the second to run now")
+
+
+def test_a_ledger_blocked_by_a_failed_entry_is_retried_from_its_number(worker, gate_redis, logged_in, screenshot):
+    history.tell_to_fail("ledger:5120")
+    failed = ledger_entry.apply_async(("ledger:5120", 1), queue=QUEUE)
+    behind = ledger_entry.apply_async(("ledger:5120", 2), queue=QUEUE)
+    wait_until(lambda: get_gate().inspect("ledger:5120").blocked, timeout=30, message="the key blocked")
+    history.tell_to_fail("ledger:5120", False)  # the ledger's cause was fixed: the entry can go through now
+    on_call = Operator(logged_in, screenshot, DOCS_SHOTS)
+
+    on_call.click(on_call.page.get_by_role("link", name="Live keys"))
+    on_call.search("#key-field", "5120")
+    row = on_call.page.locator('#live-keys tr[data-key="ledger:5120"]')
+    assert "blocked by failed task #1" in row.inner_text()
+    on_call.click(row.get_by_role("link", name="Retry…"))
+    assert "runs again first, as itself" in on_call.text("#what-it-does")
+    on_call.click(on_call.page.get_by_role("button", name="Yes, retry"))
+
+    for task in (failed, behind):
+        wait_until(lambda task=task: status_of(task.id, "succeeded"), timeout=30, message="the ledger to move on")
+    assert [e["n"] for e in history.read() if e["key"] == "ledger:5120" and e["event"] == "end"] == [1, 2]
+
+
+def test_a_task_whose_worker_died_is_released_and_runs_on_another(worker, gate_redis, logged_in, screenshot):
+    other_queue = f"{QUEUE}-doomed"
+    doomed = Worker("doomed", DATA_DIR / "logs", queues=other_queue, extra_env={"TESTPROJECT_GATE_REDIS_URL": GATE_URL})
+    replacement = Worker("replacement", DATA_DIR / "logs", queues=other_queue,
+                         extra_env={"TESTPROJECT_GATE_REDIS_URL": GATE_URL})  # fmt: skip
+    try:
+        doomed.start()
+        order = lingering_step.apply_async(("order:4471", 1, 600), queue=other_queue)  # hangs on its first attempt
+        wait_until(lambda: status_of(order.id, "running"), timeout=30, message="the order's run")
+        doomed.kill()  # the whole worker, SIGKILL: its lease runs on, and nothing says the run ended
+        replacement.start()
+        on_call = Operator(logged_in, screenshot, DOCS_SHOTS)
+
+        on_call.click(on_call.page.get_by_role("link", name="Live keys"))
+        on_call.search("#key-field", "4471")
+        row = on_call.page.locator('#live-keys tr[data-key="order:4471"]')
+        assert "running on doomed@" in row.locator(".holder").inner_text()
+        on_call.click(row.get_by_role("link", name="Release #1…"))
+        on_call.click(on_call.page.get_by_role("button", name="Yes, release"))
+        assert "Released by operator (redispatch)" in on_call.text(".messagelist")
+
+        ran = wait_until(lambda: status_of(order.id, "succeeded"), timeout=30, message="the order on another worker")
+        assert ran.attempts == 2 and ran.worker.startswith("replacement@")
+    finally:
+        doomed.kill()
+        replacement.kill()
