@@ -7,36 +7,31 @@ allowed by its own permission, and is written to the admin's log.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import redis
 from django.contrib import admin, messages
-from django.contrib.admin.models import CHANGE, LogEntry
-from django.contrib.contenttypes.models import ContentType
-from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect
+from django.http import HttpResponseBadRequest, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
-from django.utils.http import url_has_allowed_host_and_scheme, urlencode
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import gettext_lazy as _
 from django.views.decorators.http import require_POST
 
-from ..exceptions import ActionRefused
 from ..process.state import get_gate
 from ..records import idempotency
-from ..records.columns import TASK_ID_MAX_LENGTH, unstorable
 from ..records.models import IdempotencyKey, KeyedTask, LiveKey
 from ..records.statuses import ACTIVE_STATUSES, Status
-from . import limits, recovery, task_actions, unheld
+from . import task_actions
+from .admin_keys import LiveKeysPages
 from .changelist import CursorChangeList, TaskNameFilter, open_only_match
 from .display import at, epoch_ms, took
 from .explain import explain_row
-from .live import live_keys
-from .permissions import may_view_tasks
-from .query_string import BadQueryValue, bad_query_value, bad_request
+from .permissions import may_view_tasks, who_acts
+from .query_string import BadQueryValue, bad_request, whole_number
 from .timeline import key_timeline
 
 if TYPE_CHECKING:
@@ -51,19 +46,6 @@ ALLOWED_LOOKUPS = frozenset(
     f"{field}{suffix}" for field in ("key", "task_id", "task_name", "status") for suffix in ("", "__exact", "__in")
 )
 
-#: action -> the permission (codename on KeyedTask) it needs.
-PERMISSIONS = {
-    "cancel": "cancel_keyedtask",
-    "retry": "retry_keyedtask",
-    "release": "release_keyedtask",
-    "pause": "pause_key",
-    "resume": "resume_key",
-    "limit": "change_key_limits",
-    "stop": "stop_keyedtask",
-    "run_now": "run_now_keyedtask",
-}
-
-
 #: The task page's fields, in order.
 DETAIL_FIELDS = (
     *("task_id", "task_name", "key", "ticket", "status", "attempts", "worker", "arguments"),
@@ -73,9 +55,6 @@ DETAIL_FIELDS = (
 
 #: What a page shows for a time or a span that has none yet.
 NOTHING = "—"
-
-#: How often the live keys page reloads itself while its "Refresh" toggle is on.
-LIVE_REFRESH_SECONDS = 5
 
 #: A span that still grows, which the page's script ticks (``since_script.html``).
 TICKING = '<span class="kq-since" data-since="{}">{}</span>'
@@ -103,7 +82,7 @@ class _PagesOfOurs(admin.ModelAdmin):
 
 
 @admin.register(KeyedTask)
-class KeyedTaskAdmin(_PagesOfOurs):
+class KeyedTaskAdmin(LiveKeysPages, _PagesOfOurs):
     list_display = ("short_id", "task_name", "key", "ticket", "status", "attempts", "enqueued_at_s", "waited", "ran")
     list_filter = ("status", TaskNameFilter)
     search_fields = ("=key", "=task_id")
@@ -202,9 +181,6 @@ class KeyedTaskAdmin(_PagesOfOurs):
 
     # -- permissions: one per action (ModelAdmin looks up has_<name>_permission) --
 
-    def _allowed(self, request: HttpRequest, action: str) -> bool:
-        return request.user.has_perm(f"{KeyedTask._meta.app_label}.{PERMISSIONS[action]}")
-
     def has_cancel_permission(self, request) -> bool:
         return self._allowed(request, "cancel")
 
@@ -268,7 +244,7 @@ class KeyedTaskAdmin(_PagesOfOurs):
         picked: dict[str, str] | None = None,
     ) -> None:
         """Do ``action``, log it, and tell the operator what happened, with a link to the task that runs now."""
-        by = _who(request)
+        by = who_acts(request)
         with self._refusals(request):
             text, runs = task_actions.perform(action, task, by, seen, picked)
             if runs is None or runs == task.task_id:
@@ -281,40 +257,6 @@ class KeyedTaskAdmin(_PagesOfOurs):
                 )
                 said = format_html("{} {}", text, _task_link(runs))
             self.message_user(request, format_html("{}[{}]: {}", task.task_name, task.task_id, said), messages.SUCCESS)
-
-    def _on_key(
-        self, request, action: str, key: str, ticket: int | None = None, dispatch: int | None = None, task_id: str = ""
-    ) -> None:
-        by = _who(request)
-        level = messages.SUCCESS
-        with self._refusals(request):
-            if action == "pause":
-                recovery.pause(key, by=by)
-                text = f"Key {key!r} paused by {by}"
-            elif action == "resume":
-                dispatched = recovery.resume(key, by=by)
-                text = f"Key {key!r} resumed by {by}; {dispatched}"
-                level = messages.WARNING if dispatched.broker_refused or dispatched.message_refused else level
-            elif action == "limit":
-                typed = (request.POST.get(name, "").strip() for name in ("limit", "rate"))
-                text = f"Key {key!r}: {limits.set_typed(key, *typed, by=by) or 'nothing changed'}, set by {by}"
-            else:
-                assert ticket is not None
-                recovery.release(key, ticket, dispatch=dispatch, task_id=task_id or None, by=by)
-                whose = f" (task {task_id})" if task_id else ""
-                text = f"Ticket {ticket}{whose} of key {key!r} released by {by}"
-            _log_key(request, key, text)
-            self.message_user(request, text, level)
-
-    @contextmanager
-    def _refusals(self, request) -> Iterator[None]:
-        """An action that does not apply, or cannot reach Redis, is told to the operator, not raised."""
-        try:
-            yield
-        except ActionRefused as refused:
-            self.message_user(request, str(refused), messages.WARNING)
-        except redis.RedisError as exc:
-            self.message_user(request, f"the keyed queue's Redis did not answer: {exc}", messages.ERROR)
 
     # -- the task page, with its key's timeline --
 
@@ -350,13 +292,6 @@ class KeyedTaskAdmin(_PagesOfOurs):
         except BadQueryValue as bad:  # a filter's value no database can compare (the change list checks)
             return bad_request(bad)
 
-    def _refused(self, request, what: str) -> HttpResponse:
-        """403, saying what the user may not do (Django's own 403 page says nothing)."""
-        may_view = self.has_view_permission(request)
-        text = f"You may {'view keyed tasks but not ' if may_view else 'not '}{what}."
-        context = {**self.admin_site.each_context(request), "title": _("Not allowed"), "text": text}
-        return TemplateResponse(request, "admin/keyed_queue/refused.html", context, status=403)
-
     def task_action_view(self, request, object_id, action):
         """An action on one task: GET shows what it will do, POST does it (``task_actions``)."""
         task = self.get_object(request, object_id)
@@ -390,12 +325,14 @@ class KeyedTaskAdmin(_PagesOfOurs):
             }
             return TemplateResponse(request, "admin/keyed_queue/keyedtask/confirm_action.html", context)
         # What the operator confirmed: a release frees only the dispatch they were shown.
-        seen = {name: int(request.POST[name]) for name in ("ticket", "dispatch") if _number(request.POST.get(name, ""))}
+        seen = {
+            name: int(request.POST[name]) for name in ("ticket", "dispatch") if whole_number(request.POST.get(name, ""))
+        }
         picked = {"signal": request.POST["signal"]} if "signal" in request.POST else None
         self._act_on_task(request, task, action, seen, picked)
         return HttpResponseRedirect(back or page)
 
-    # -- the live keys page, reached from the task list --
+    # -- the pages' own URLs: the live keys page (``admin_keys``) and an action on one task --
 
     def get_urls(self):
         view = self.admin_site.admin_view
@@ -405,57 +342,6 @@ class KeyedTaskAdmin(_PagesOfOurs):
             path("<path:object_id>/act/<str:action>/", view(self.task_action_view), name="keyed_queue_task_act"),
             *super().get_urls(),
         ]
-
-    def keys_view(self, request):
-        if not self.has_view_permission(request):
-            return self._refused(request, "view keyed tasks")
-        key = request.GET.get("key") or None
-        problem = key and bad_query_value("key", key)
-        if problem:
-            return bad_request(problem)
-        try:
-            page = live_keys(search=key)
-        except redis.RedisError as exc:
-            self.message_user(request, f"the keyed queue's Redis did not answer: {exc}", messages.ERROR)
-            page = None
-        context = {
-            **self.admin_site.each_context(request),
-            "title": _("Live keys"),
-            "opts": self.model._meta,
-            "page": page,
-            "states": page.states if page else [],
-            "key": key or "",
-            "can": {action: self._allowed(request, action) for action in PERMISSIONS},
-            "changelist_url": reverse("admin:keyed_queue_keyedtask_changelist"),
-            "now_ms": epoch_ms(timezone.now()),
-            "refresh_seconds": LIVE_REFRESH_SECONDS,
-            "rows_read": unheld.ROWS_READ,
-        }
-        return TemplateResponse(request, "admin/keyed_queue/keys.html", context)
-
-    def key_action_view(self, request):
-        action, key, ticket, dispatch = (request.POST.get(name, "") for name in ("action", "key", "ticket", "dispatch"))
-        if (
-            action not in ("pause", "resume", "release", "limit")
-            or not key
-            or (action == "release" and not _number(ticket))
-        ):
-            return HttpResponseBadRequest("an action (pause, resume, release, limit), a key and, to release, a ticket")
-        if dispatch and not _number(dispatch):
-            return HttpResponseBadRequest("a dispatch is a number")
-        task_id = request.POST.get("task_id", "")
-        if problem := task_id and unstorable(task_id, TASK_ID_MAX_LENGTH):
-            return HttpResponseBadRequest(f"a task id {problem}", content_type="text/plain; charset=utf-8")
-        if not self._allowed(request, action):
-            return self._refused(request, f"{action} keys")
-        ticket_number, dispatch_number = (
-            (int(ticket), int(dispatch) if dispatch else None) if action == "release" else (None, None)
-        )
-        self._on_key(request, action, key, ticket_number, dispatch_number, task_id)
-        shown = request.POST.get("shown_key", "")  # the page's own filter, kept after the action
-        return HttpResponseRedirect(
-            reverse("admin:keyed_queue_keys") + (f"?{urlencode({'key': shown})}" if shown else "")
-        )
 
 
 @admin.register(LiveKey)
@@ -503,28 +389,5 @@ class IdempotencyKeyAdmin(_PagesOfOurs):
         return False  # what a submission resolves to, written by the submission: its page is "View", with no Save
 
 
-def _number(text: str) -> bool:
-    """A whole number a BIGINT holds: ASCII digits only ("²".isdigit() is True, and int("²") raises)."""
-    return text.isascii() and text.isdigit() and len(text) <= 18
-
-
 def _keys(queryset) -> list[str]:
     return sorted(set(queryset.values_list("key", flat=True)))
-
-
-def _who(request: HttpRequest) -> str:
-    return request.user.get_username() or "an operator"
-
-
-def _log_key(request: HttpRequest, key: str, text: str) -> None:
-    """An action on a key, not on one task: logged against the keyed task model, with the key."""
-    assert request.user.is_authenticated  # the admin's views let only staff in
-    LogEntry.objects.create(
-        user_id=request.user.pk,
-        content_type=ContentType.objects.get_for_model(KeyedTask),
-        object_id=None,
-        object_repr=f"key {key}"[:200],
-        action_flag=CHANGE,
-        change_message=text,
-    )
-    logger.info("%s", text)

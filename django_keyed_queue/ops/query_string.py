@@ -46,3 +46,8 @@ def check_lookups(lookups: dict) -> None:
 def bad_request(problem: str | BadQueryValue) -> HttpResponseBadRequest:
     """400, saying what was refused, as plain text (the value is the request's own: never HTML)."""
     return HttpResponseBadRequest(f"Bad query string: {problem}.\n", content_type="text/plain; charset=utf-8")
+
+
+def whole_number(text: str) -> bool:
+    """A whole number a BIGINT holds: ASCII digits only ("²".isdigit() is True, and int("²") raises)."""
+    return text.isascii() and text.isdigit() and len(text) <= 18

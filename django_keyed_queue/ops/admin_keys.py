@@ -1,0 +1,150 @@
+"""The live keys page and its actions on a key (pause, resume, release, limit and rate), as views of the
+task list's admin (``KeyedTaskAdmin``), which its URLs name."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import redis
+from django.contrib import admin, messages
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.contenttypes.models import ContentType
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.http import urlencode
+from django.utils.translation import gettext_lazy as _
+
+from ..exceptions import ActionRefused
+from ..records.columns import TASK_ID_MAX_LENGTH, unstorable
+from ..records.models import KeyedTask
+from . import limits, recovery, unheld
+from .display import epoch_ms
+from .live import live_keys
+from .permissions import PERMISSIONS, who_acts
+from .query_string import bad_query_value, bad_request, whole_number
+
+logger = logging.getLogger("django_keyed_queue.ops.admin")
+
+#: How often the live keys page reloads itself while its "Refresh" toggle is on.
+LIVE_REFRESH_SECONDS = 5
+
+
+class OperatorPages(admin.ModelAdmin):
+    """What the task pages and the live keys page share: each action's permission, and its refusals."""
+
+    def _allowed(self, request: HttpRequest, action: str) -> bool:
+        return request.user.has_perm(f"{KeyedTask._meta.app_label}.{PERMISSIONS[action]}")
+
+    @contextmanager
+    def _refusals(self, request) -> Iterator[None]:
+        """An action that does not apply, or cannot reach Redis, is told to the operator, not raised."""
+        try:
+            yield
+        except ActionRefused as refused:
+            self.message_user(request, str(refused), messages.WARNING)
+        except redis.RedisError as exc:
+            self.message_user(request, f"the keyed queue's Redis did not answer: {exc}", messages.ERROR)
+
+    def _refused(self, request, what: str) -> HttpResponse:
+        """403, saying what the user may not do (Django's own 403 page says nothing)."""
+        may_view = self.has_view_permission(request)
+        text = f"You may {'view keyed tasks but not ' if may_view else 'not '}{what}."
+        context = {**self.admin_site.each_context(request), "title": _("Not allowed"), "text": text}
+        return TemplateResponse(request, "admin/keyed_queue/refused.html", context, status=403)
+
+
+class LiveKeysPages(OperatorPages):
+    """The live keys page's views; mixed into the task list's admin, whose permissions and refusals they use."""
+
+    def keys_view(self, request):
+        if not self.has_view_permission(request):
+            return self._refused(request, "view keyed tasks")
+        key = request.GET.get("key") or None
+        problem = key and bad_query_value("key", key)
+        if problem:
+            return bad_request(problem)
+        try:
+            page = live_keys(search=key)
+        except redis.RedisError as exc:
+            self.message_user(request, f"the keyed queue's Redis did not answer: {exc}", messages.ERROR)
+            page = None
+        context = {
+            **self.admin_site.each_context(request),
+            "title": _("Live keys"),
+            "opts": self.model._meta,
+            "page": page,
+            "states": page.states if page else [],
+            "key": key or "",
+            "can": {action: self._allowed(request, action) for action in PERMISSIONS},
+            "changelist_url": reverse("admin:keyed_queue_keyedtask_changelist"),
+            "now_ms": epoch_ms(timezone.now()),
+            "refresh_seconds": LIVE_REFRESH_SECONDS,
+            "rows_read": unheld.ROWS_READ,
+        }
+        return TemplateResponse(request, "admin/keyed_queue/keys.html", context)
+
+    def key_action_view(self, request):
+        action, key, ticket, dispatch = (request.POST.get(name, "") for name in ("action", "key", "ticket", "dispatch"))
+        if (
+            action not in ("pause", "resume", "release", "limit")
+            or not key
+            or (action == "release" and not whole_number(ticket))
+        ):
+            return HttpResponseBadRequest("an action (pause, resume, release, limit), a key and, to release, a ticket")
+        if dispatch and not whole_number(dispatch):
+            return HttpResponseBadRequest("a dispatch is a number")
+        task_id = request.POST.get("task_id", "")
+        if problem := task_id and unstorable(task_id, TASK_ID_MAX_LENGTH):
+            return HttpResponseBadRequest(f"a task id {problem}", content_type="text/plain; charset=utf-8")
+        if not self._allowed(request, action):
+            return self._refused(request, f"{action} keys")
+        ticket_number, dispatch_number = (
+            (int(ticket), int(dispatch) if dispatch else None) if action == "release" else (None, None)
+        )
+        self._on_key(request, action, key, ticket_number, dispatch_number, task_id)
+        shown = request.POST.get("shown_key", "")  # the page's own filter, kept after the action
+        return HttpResponseRedirect(
+            reverse("admin:keyed_queue_keys") + (f"?{urlencode({'key': shown})}" if shown else "")
+        )
+
+    def _on_key(
+        self, request, action: str, key: str, ticket: int | None = None, dispatch: int | None = None, task_id: str = ""
+    ) -> None:
+        by = who_acts(request)
+        level = messages.SUCCESS
+        with self._refusals(request):
+            if action == "pause":
+                recovery.pause(key, by=by)
+                text = f"Key {key!r} paused by {by}"
+            elif action == "resume":
+                dispatched = recovery.resume(key, by=by)
+                text = f"Key {key!r} resumed by {by}; {dispatched}"
+                level = messages.WARNING if dispatched.broker_refused or dispatched.message_refused else level
+            elif action == "limit":
+                typed = (request.POST.get(name, "").strip() for name in ("limit", "rate"))
+                text = f"Key {key!r}: {limits.set_typed(key, *typed, by=by) or 'nothing changed'}, set by {by}"
+            else:
+                assert ticket is not None
+                recovery.release(key, ticket, dispatch=dispatch, task_id=task_id or None, by=by)
+                whose = f" (task {task_id})" if task_id else ""
+                text = f"Ticket {ticket}{whose} of key {key!r} released by {by}"
+            _log_key(request, key, text)
+            self.message_user(request, text, level)
+
+
+def _log_key(request: HttpRequest, key: str, text: str) -> None:
+    """An action on a key, not on one task: logged against the keyed task model, with the key."""
+    assert request.user.is_authenticated  # the admin's views let only staff in
+    LogEntry.objects.create(
+        user_id=request.user.pk,
+        content_type=ContentType.objects.get_for_model(KeyedTask),
+        object_id=None,
+        object_repr=f"key {key}"[:200],
+        action_flag=CHANGE,
+        change_message=text,
+    )
+    logger.info("%s", text)
