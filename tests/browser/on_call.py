@@ -39,6 +39,12 @@ class Operator:
             self.page.press(selector, "Enter")
         self._loaded()
 
+    def live_key(self, words: str, key: str):
+        """*Live keys* from the home page, then ``words`` in its Key box: the row of ``key`` (two page loads)."""
+        self.click(self.page.get_by_role("link", name="Live keys"))
+        self.search("#key-field", words)
+        return self.page.locator(f'#live-keys tr[data-key="{key}"]')
+
     def _loaded(self) -> None:
         self.clicks += 1
         assert self.clicks <= MOST_CLICKS, f"more than {MOST_CLICKS} clicks"

@@ -47,9 +47,7 @@ def test_account_6_never_syncs_its_key_is_paused(gate_redis, logged_in, screensh
     submit("account:7", 1)
     on_call = Operator(logged_in, screenshot, DOCS_SHOTS)
 
-    on_call.click(on_call.page.get_by_role("link", name="Live keys"))
-    on_call.search("#key-field", "6")  # the account's number
-    row = on_call.page.locator('#live-keys tr[data-key="account:6"]')
+    row = on_call.live_key("6", "account:6")
     on_call.shoot("paused-key-live")
     assert row.locator("td.paused").inner_text().startswith("paused by olga (manage.py keyed_queue_pause)\nsince ")
     assert row.locator("td.depth").inner_text() == "2"

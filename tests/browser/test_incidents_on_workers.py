@@ -48,9 +48,7 @@ def test_a_hung_account_sync_is_stopped_and_the_next_runs_after_it(worker, gate_
     running = wait_until(lambda: status_of(hung.id, "running"), timeout=30, message="the sync to start")
     on_call = Operator(logged_in, screenshot, DOCS_SHOTS)
 
-    on_call.click(on_call.page.get_by_role("link", name="Live keys"))
-    on_call.search("#key-field", "7734")
-    row = on_call.page.locator('#live-keys tr[data-key="account:7734"]')
+    row = on_call.live_key("7734", "account:7734")
     assert "running" in row.locator(".holder").inner_text()
     on_call.click(row.get_by_role("link", name="Stop #1…"))
     on_call.shoot("hung-stop-confirm")
@@ -88,9 +86,7 @@ def test_a_ledger_task_waiting_for_its_keys_rate_runs_now(worker, gate_redis, lo
     wait_until(lambda: get_gate().inspect("ledger:1001").holders, timeout=30, message="the second's grant")
     on_call = Operator(logged_in, screenshot, DOCS_SHOTS)
 
-    on_call.click(on_call.page.get_by_role("link", name="Live keys"))
-    on_call.search("#key-field", "1001")
-    row = on_call.page.locator('#live-keys tr[data-key="ledger:1001"]')
+    row = on_call.live_key("1001", "ledger:1001")
     on_call.shoot("ledger-live-keys-run-now")
     on_call.click(row.get_by_role("link", name="Run now #2…"))
     assert "instead of waiting for its key's rate" in on_call.text("#what-it-does")
@@ -107,9 +103,7 @@ def test_a_ledger_blocked_by_a_failed_entry_is_retried_from_its_number(worker, g
     history.tell_to_fail("ledger:5120", False)  # the ledger's cause was fixed: the entry can go through now
     on_call = Operator(logged_in, screenshot, DOCS_SHOTS)
 
-    on_call.click(on_call.page.get_by_role("link", name="Live keys"))
-    on_call.search("#key-field", "5120")
-    row = on_call.page.locator('#live-keys tr[data-key="ledger:5120"]')
+    row = on_call.live_key("5120", "ledger:5120")
     assert "blocked by failed task #1" in row.inner_text()
     on_call.click(row.get_by_role("link", name="Retry…"))
     assert "runs again first, as itself" in on_call.text("#what-it-does")
@@ -133,9 +127,7 @@ def test_a_task_whose_worker_died_is_released_and_runs_on_another(worker, gate_r
         replacement.start()
         on_call = Operator(logged_in, screenshot, DOCS_SHOTS)
 
-        on_call.click(on_call.page.get_by_role("link", name="Live keys"))
-        on_call.search("#key-field", "4471")
-        row = on_call.page.locator('#live-keys tr[data-key="order:4471"]')
+        row = on_call.live_key("4471", "order:4471")
         assert "running on doomed@" in row.locator(".holder").inner_text()
         on_call.click(row.get_by_role("link", name="Release #1…"))
         on_call.click(on_call.page.get_by_role("button", name="Yes, release"))
