@@ -22,6 +22,7 @@ from django.core.cache import cache
 
 from ..exceptions import ActionRefused
 from ..gate import Holder, Stopping
+from ..messaging.recovered import stopped_text
 from ..process.state import get_gate
 from ..records.columns import shown
 from ..records.models import KeyedTask
@@ -55,8 +56,8 @@ class Stopped:
         where = f"worker {self.worker}" if self.worker else "every worker (which one runs it is not recorded yet)"
         first = ""
         if (self.stopping.by, self.stopping.how) != (self.by, self.signal):
-            who = f"by {self.stopping.by} ({self.stopping.how})" if self.stopping.by else f"({self.stopping.how})"
-            first = f"; it was being stopped already {who}, {since(from_epoch(self.stopping.since_ms / 1000))} ago"
+            ago = since(from_epoch(self.stopping.since_ms / 1000))
+            first = f"; it was being {stopped_text(self.stopping)} already, since {ago} ago"
         return (
             f"{self.signal} sent to {where} to end the run of {self.task.task_name}[{self.task.task_id}]{first}. "
             "Its key's next task starts once the run has ended (its worker says so, or its lease ends)."
@@ -87,7 +88,8 @@ def stop(
     refusal = cannot_end(app, worker)
     if refusal:
         raise ActionRefused(refusal)
-    stopping = get_gate().stop(row.key, row.ticket, holder.dispatch, by=by, how=signal)  # type: ignore[arg-type]
+    assert row.ticket is not None  # it holds a slot
+    stopping = get_gate().stop(row.key, row.ticket, holder.dispatch, by=by, how=signal)
     if stopping is None:
         raise ActionRefused(f"task {task_id} is no longer running that attempt: it ended or moved on; look again")
     # Celery's revoke with terminate, marked so that the worker forgets the id once it killed the run: a

@@ -57,7 +57,7 @@ def test_the_task_page_offers_stop_says_what_it_does_and_stops_once(gate_redis, 
     assert (noted.by, noted.how) == ("sam", "SIGKILL")
     assert LogEntry.objects.get(object_id=str(task.pk)).change_message.startswith("SIGKILL sent to every worker")
     again = client.post(act_url(task, "stop"), {"ticket": task.ticket, "dispatch": 1, "signal": "SIGTERM"}, follow=True)
-    assert "it was being stopped already by sam (SIGKILL)" in again.content.decode()
+    assert "it was being stopped by sam (SIGKILL) already, since " in again.content.decode()
     assert stopping_of(task) == noted, "a second stop changes nothing of the first"
     assert get_gate().inspect(task.key).holders[task.ticket].state == "running", "the key waits for the run's end"
     explained = client.get(reverse("admin:keyed_queue_keyedtask_change", args=[task.pk])).content.decode()
@@ -152,7 +152,7 @@ def test_the_live_keys_page_offers_stop_and_says_a_run_is_being_ended(gate_redis
     keys = reverse("admin:keyed_queue_keys")
     client = as_user("sam", "view_keyedtask", "stop_keyedtask")
     page = client.get(keys).content.decode()
-    assert f'{act_url(task, "stop")}?next=' in page and "Stop #1…" in page
+    assert f"{act_url(task, 'stop')}?next=" in page and "Stop #1…" in page
     stop.stop(task.task_id, by="sam", signal="SIGKILL")
     assert "being ended: stopped by sam (SIGKILL)" in client.get(keys).content.decode()
     viewer = as_user("vic", "view_keyedtask").get(keys).content.decode()

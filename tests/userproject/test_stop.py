@@ -45,7 +45,7 @@ def test_a_hung_holder_is_stopped_and_its_key_moves_on_only_after_its_process_en
     reasons = status(project, hung["id"])["reasons"]
     assert reasons[0].startswith("it is being ended: stopped by ") and "(SIGTERM)" in reasons[0]
     again = project.manage("keyed_queue_stop", hung["id"], "--signal", "SIGKILL").stdout
-    assert again.startswith("SIGKILL sent to worker a@") and "it was being stopped already by " in again
+    assert again.startswith("SIGKILL sent to worker a@") and "it was being stopped by " in again
 
     [next_start] = wait_until(lambda: events(project, after["id"], "start"), timeout=20)
     assert not alive(start["pid"]), "the key moved on after the stopped run's process ended"
