@@ -17,6 +17,7 @@ import logging
 import os
 import threading
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
@@ -35,8 +36,29 @@ WATCH_SECONDS = 0.05
 
 #: Runs Celery is killing for a revoke with terminate, noted by the request (``request``): task id -> process.
 terminating: dict[str, object] = {}
-#: The runs this main process watches end: task id -> their process and its start (``_process_start``).
-_watched: dict[str, tuple[int, str]] = {}
+
+
+@dataclass(frozen=True)
+class _Watched:
+    """A killed run this main process watches end: its attempt, its process and that process's start."""
+
+    key: str
+    ticket: int
+    dispatch: int
+    pid: int
+    started: str
+
+    def runs(self) -> bool:
+        """Its process is the one killed and alive, and its attempt still holds its key: a pool process
+        that went on to run other tasks (the run ignored the signal and ended) is never signalled again."""
+        if _process_start(self.pid) != self.started:
+            return False
+        holder = current().gate.inspect(self.key, waiting_shown=0).holders.get(self.ticket)
+        return holder is not None and holder.state == "running" and holder.dispatch == self.dispatch
+
+
+#: The runs this main process watches end, by task id.
+_watched: dict[str, _Watched] = {}
 
 
 def end_killed_run(
@@ -73,7 +95,7 @@ def end_killed_run(
     if started is None:  # gone already (SIGKILL): ended here and now
         _end(app, task_id, key, ticket, dispatch, pid, status)
         return True
-    _watched[task_id] = (pid, started)
+    _watched[task_id] = _Watched(key, ticket, dispatch, pid, started)
     watch = threading.Thread(
         target=_end_once_gone,
         args=(app, task_id, key, ticket, dispatch, pid, started, status),
@@ -92,10 +114,11 @@ def _end_once_gone(
     try:
         while _process_start(pid) == started:
             if time.monotonic() > give_up_at:
-                logger.warning(
-                    "keyed queue task %s key=%r: its process %s outlived the signal that was to end it; it keeps "
-                    "its key while it renews its lease", task_id, key, pid,
-                )  # fmt: skip
+                if _watched[task_id].runs():
+                    logger.warning(
+                        "keyed queue task %s key=%r: its process %s outlived the signal that was to end it; it "
+                        "keeps its key while it renews its lease", task_id, key, pid,
+                    )  # fmt: skip
                 return
             time.sleep(WATCH_SECONDS)
         _end(app, task_id, key, ticket, dispatch, pid, status)
@@ -110,10 +133,10 @@ def kill_again(pool: Any, task_ids: list[str], signum: int) -> list[str]:
     SIGTERM would reach nobody). The task ids signalled."""
     signalled = []
     for task_id in task_ids:
-        pid, started = _watched.get(task_id, (0, ""))
-        if pid and _process_start(pid) == started:
-            logger.info("Terminating %s again (%s), in process %s", task_id, signum, pid)
-            pool.terminate_job(pid, signum)
+        watched = _watched.get(task_id)
+        if watched is not None and watched.runs():
+            logger.info("Terminating %s again (%s), in process %s", task_id, signum, watched.pid)
+            pool.terminate_job(watched.pid, signum)
             signalled.append(task_id)
     return signalled
 
