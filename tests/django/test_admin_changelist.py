@@ -200,7 +200,9 @@ def filter_links(response) -> list[str]:
 def test_a_search_from_the_box_that_finds_one_task_opens_its_page_and_close_leads_back(admin_client):
     task = seed_tasks(30)[12]
     list_page = admin_client.get(url())
-    assert re.search(r'<input type="hidden" name="_searched" value="1" form="changelist-search">', list_page.text)
+    assert re.search(
+        r'<input type="hidden" name="_searched" value="1" form="changelist-search">', list_page.content.decode()
+    )
 
     opened = admin_client.get(url(f"?q={task.task_id[:8]}&_searched=1"), follow=True)
     assert opened.redirect_chain[0][1] == 302

@@ -190,11 +190,14 @@ def test_a_page_of_any_object_id_or_action_is_not_found_or_refused(site, admin_c
     """Not a query string, but the same input: a path's object id and action, whatever they are."""
     task_id, quoted = quote(object_id, safe=""), quote(action, safe="")
     admin = "/admin/keyed_queue/"
-    assert get(admin_client, f"{admin}keyedtask/{task_id}/change/").status_code in (200, 302)
-    assert get(admin_client, f"{admin}keyedtask/{task_id}/history/").status_code in (200, 302)
-    assert get(admin_client, f"{admin}keyedtask/{task_id}/act/{quoted}/").status_code in (200, 302, 400)
-    assert get(admin_client, f"{admin}idempotencykey/{task_id}/change/").status_code in (200, 302)
-    assert get(admin_client, f"{admin}livekey/{task_id}/change/").status_code in (200, 302)
+    # Django 4.2's URL patterns match no newline in a path: such a page is not found at all (404).
+    unrouted = (404,) if django.VERSION < (5, 0) and "\n" in object_id + action else ()
+    found = (200, 302, *unrouted)
+    assert get(admin_client, f"{admin}keyedtask/{task_id}/change/").status_code in found
+    assert get(admin_client, f"{admin}keyedtask/{task_id}/history/").status_code in found
+    assert get(admin_client, f"{admin}keyedtask/{task_id}/act/{quoted}/").status_code in (*found, 400)
+    assert get(admin_client, f"{admin}idempotencykey/{task_id}/change/").status_code in found
+    assert get(admin_client, f"{admin}livekey/{task_id}/change/").status_code in found
 
 
 # -- the cases PostgreSQL answered 500 (DataError) before, each on its own --
