@@ -13,7 +13,7 @@ import pytest
 from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from django_keyed_queue.process.state import get_gate
@@ -186,12 +186,13 @@ def test_the_live_keys_entry_health_and_metrics_take_no_parameter(site, admin_cl
 
 @settings(FUZZ, max_examples=30)
 @given(object_id=TEXT.filter(bool), action=st.sampled_from(["retry", "release", "cancel"]) | ONE.filter(bool))
+@example(object_id="\n", action="retry")  # routed nowhere: it failed CI's runs once drawn
 def test_a_page_of_any_object_id_or_action_is_not_found_or_refused(site, admin_client, object_id, action):
     """Not a query string, but the same input: a path's object id and action, whatever they are."""
     task_id, quoted = quote(object_id, safe=""), quote(action, safe="")
     admin = "/admin/keyed_queue/"
-    # Django 4.2's URL patterns match no newline in a path: such a page is not found at all (404).
-    unrouted = (404,) if django.VERSION < (5, 0) and "\n" in object_id + action else ()
+    # Django's URL patterns match no newline in a path: such a page is not found at all (404).
+    unrouted = (404,) if "\n" in object_id + action else ()
     found = (200, 302, *unrouted)
     assert get(admin_client, f"{admin}keyedtask/{task_id}/change/").status_code in found
     assert get(admin_client, f"{admin}keyedtask/{task_id}/history/").status_code in found
