@@ -10,7 +10,7 @@ from django.apps import AppConfig
 from django.conf import settings as django_settings
 from django.core.checks import CheckMessage, Error, Warning, register
 
-from .conf import DEFAULTS, MAX_TOP_KEYS, PREFIX, settings
+from .conf import DEFAULTS, MAX_RECORD_DELAY_SECONDS, MAX_TOP_KEYS, PREFIX, settings
 from .gate.clients import SENTINEL_SCHEME, is_sentinel_url
 
 
@@ -46,6 +46,17 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
             Error(
                 f"KEYED_QUEUE_LOCAL_HANDOFF_SECONDS must be a number of seconds >= 0, got {handoff!r}.",
                 id="keyed_queue.E003",
+            )
+        )
+    delay = settings.RECORD_DELAY_SECONDS
+    if not (_is_number(delay) and 0 <= delay <= MAX_RECORD_DELAY_SECONDS):
+        problems.append(
+            Error(
+                f"KEYED_QUEUE_RECORD_DELAY_SECONDS must be a number of seconds from 0 to "
+                f"{MAX_RECORD_DELAY_SECONDS:g}, got {delay!r}.",
+                hint="A writer's claim on a key must outlast it; it is also how long a loss of Redis' data "
+                "loses submissions whose rows were not written.",
+                id="keyed_queue.E012",
             )
         )
     for name in ("MAX_WAITING", "MAX_MESSAGE_BYTES"):

@@ -13,6 +13,9 @@ PREFIX = "KEYED_QUEUE_"
 
 #: Most keys ``METRICS_TOP_KEYS`` may name in the metrics.
 MAX_TOP_KEYS = 50
+#: Longest ``RECORD_DELAY_SECONDS``: well within a records' writer's claim on a key (10 s), which a
+#: submission made during the claim must be able to undercut (see claim_unwritten.lua).
+MAX_RECORD_DELAY_SECONDS = 5.0
 
 DEFAULTS: dict[str, Any] = {
     # Redis holding the gate (may differ from the Celery broker): redis://, rediss://, unix://, or
@@ -40,6 +43,10 @@ DEFAULTS: dict[str, Any] = {
     "WORKER_REAPER": True,
     # Worker-side record writes are batched and flushed at this interval.
     "RECORD_FLUSH_SECONDS": 0.2,
+    # A submission's row is written by the workers once its record in Redis is this old; a run that
+    # ends sooner writes its row once, in its final state. A loss of Redis' data within it loses the
+    # submission's record (see docs/guarantees.md). At most 5.
+    "RECORD_DELAY_SECONDS": 2.0,
     # A worker process that finished a task runs its key's next tasks itself, without a
     # broker round trip, for up to this long; then it publishes them. 0 publishes every one.
     "LOCAL_HANDOFF_SECONDS": 0.25,

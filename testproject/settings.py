@@ -114,7 +114,7 @@ KEYED_QUEUE_REDIS_URL = os.environ.get("TESTPROJECT_GATE_REDIS_URL", f"{_REDIS}/
 # Tests of crashes shorten the gate's timings, and the handoff tests lengthen its budget, through the environment.
 for _name in (
     *("LEASE_SECONDS", "DISPATCH_TIMEOUT_SECONDS", "REAP_INTERVAL_SECONDS"),
-    *("LOCAL_HANDOFF_SECONDS", "RECORD_FLUSH_SECONDS"),
+    *("LOCAL_HANDOFF_SECONDS", "RECORD_FLUSH_SECONDS", "RECORD_DELAY_SECONDS"),
 ):
     if f"KEYED_QUEUE_{_name}" in os.environ:
         globals()[f"KEYED_QUEUE_{_name}"] = float(os.environ[f"KEYED_QUEUE_{_name}"])

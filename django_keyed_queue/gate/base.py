@@ -48,6 +48,7 @@ class GateBase:
         dispatch_timeout_seconds: float = 300.0,
         idle_horizon_seconds: float = 86400.0,
         outcome_grace_seconds: float = 10.0,
+        record_delay_seconds: float = 0.0,
         wait_replicas: int = 0,
         wait_timeout_seconds: float = 1.0,
     ) -> None:
@@ -57,6 +58,9 @@ class GateBase:
         self.idle_horizon_ms = seconds_to_ms(idle_horizon_seconds)
         #: How long a finished run's outcome may wait for its worker to write the record.
         self.outcome_grace_ms = seconds_to_ms(outcome_grace_seconds)
+        #: How old a submission's record gets before a writer's pass writes its row (``claim_unwritten``):
+        #: a run that ends within it writes its row once, in its final state.
+        self.record_delay_ms = seconds_to_ms(record_delay_seconds)
         self._scripts = {name: client.register_script(source(name)) for name in SCRIPT_NAMES}
         self._transport = transport_for(client, Replication(wait_replicas, seconds_to_ms(wait_timeout_seconds)))
         shards = CLUSTER_INDEX_SHARDS if isinstance(client, RedisCluster) else 1
@@ -126,8 +130,10 @@ class GateBase:
         return int(time.time() * 1000) + within_ms - 1000
 
     def _index_unwritten(self, keys: Iterable[str]) -> list[Command]:
-        """The commands scoring ``keys`` 0 in the unwritten index (records kept for them); none for no key."""
-        return index_commands(self.unwritten_index, keys, 0)
+        """The commands scoring ``keys`` in the unwritten index (records kept for them) due after the record
+        delay, unless due sooner already (``LT``: a key's first record decides, and a writer's claim made
+        meanwhile is released keeping the key); none for no key. On this host's clock, as the deadline hint."""
+        return index_commands(self.unwritten_index, keys, int(time.time() * 1000) + self.record_delay_ms, "LT")
 
     def _server_time_ms(self) -> int:
         seconds, micros = self.client.time()

@@ -110,7 +110,7 @@ def finish(
     n = KeyNames(key)
     return ScriptCall(
         "finish",
-        [n.meta, n.queue, n.messages, n.holders, n.outcomes, n.wires],
+        [n.meta, n.queue, n.messages, n.holders, n.outcomes, n.wires, n.unwritten],
         [
             ticket,
             token,
@@ -216,9 +216,9 @@ def refuse_join(key: str, *, join_id: str, due_in_ms: int, idle_horizon_ms: int)
     return ScriptCall("refuse_join", [KeyNames(key).joined], [join_id, due_in_ms, idle_horizon_ms])
 
 
-def claim_unwritten(shard: str, *, claim_ms: int, most_keys: int) -> ScriptCall:
+def claim_unwritten(shard: str, *, claim_ms: int, most_keys: int, ahead_ms: int) -> ScriptCall:
     """``shard``: one name of the unwritten index (see :class:`~.keys.Index`)."""
-    return ScriptCall("claim_unwritten", [shard], [claim_ms, most_keys])
+    return ScriptCall("claim_unwritten", [shard], [claim_ms, most_keys, ahead_ms])
 
 
 def unwritten(key: str, *, count: int, keep_ms: int) -> ScriptCall:

@@ -90,6 +90,19 @@ class Unwritten:
     #: The field of the key's unwritten hash it was read from, deleted once written ("" : the ticket).
     field: str = ""
 
+    @classmethod
+    def read(cls, key: str, field: bytes, kept: bytes, message: bytes | None) -> Unwritten:
+        """A record of the key's unwritten hash, read back: ``kept`` is "<d (granted), w (waiting) or s
+        (superseded)>|<server ms>|<record>", as submit.lua keeps it under the ticket, or under "<ticket>s"
+        for a superseded one's (common.lua's supersede_record)."""
+        parts = kept.split(b"|", 2)
+        # Not as submit keeps it (someone else wrote it): handed on whole, for the caller to refuse.
+        state, at_ms, record = parts if len(parts) == 3 and parts[1].isdigit() else (b"", b"0", kept)
+        ticket = field[:-1] if field.endswith(b"s") else field
+        if not ticket.isdigit():  # someone else's field: refused by the caller, then deleted as it is
+            ticket, state, record = b"0", b"", b""
+        return cls(key, int(ticket), state == b"d", int(at_ms), record, message, state == b"s", field=field.decode())
+
 
 @dataclass(frozen=True)
 class UnwrittenRecords:
@@ -129,6 +142,9 @@ class KeptStart:
 class FinishResult:
     code: Code
     granted: list[Grant] = field(default_factory=list)
+    #: The finished ticket's submission record, while its row is not written: the caller writes
+    #: the row once, in its final state (``Gate.forget_outcomes`` then deletes it).
+    unwritten: Unwritten | None = None
 
     @property
     def ok(self) -> bool:

@@ -25,6 +25,7 @@ from .results import (
     Stopping,
     Submission,
     SubmitResult,
+    Unwritten,
 )
 from .scripts import Code, ms_to_seconds, seconds_to_ms
 from .transport import Command
@@ -230,10 +231,12 @@ class TicketCalls(GateBase):
         [reply] = self._pipelined(
             [call], index=key, index_within_ms=within, also=[("SADD", BLOCKED_KEYS, key)] if block else ()
         )
-        granted = grants(key, reply[3:], self.pushes.pushed)
+        granted = grants(key, reply[4:], self.pushes.pushed)
         if granted and int(reply[1]):
             granted[0] = replace(granted[0], token=int(reply[1]), attempts=int(reply[2]))
-        result = FinishResult(Code(reply[0]), granted)
+        kept = reply[3] if len(reply) > 3 else b""
+        unwritten = Unwritten.read(key, str(ticket).encode(), kept, None) if kept else None
+        result = FinishResult(Code(reply[0]), granted, unwritten)
         tickets = [g.ticket for g in granted]
         logger.debug("finish key=%r ticket=%s code=%s granted=%s", key, ticket, result.code.name, tickets)
         return result

@@ -25,17 +25,22 @@ UNWRITTEN_PER_KEY = 500
 class UnwrittenCalls(GateBase):
     """Claim keys holding unwritten records, read the records, forget those written."""
 
-    def claim_unwritten(self, *, claim_seconds: float, batch: int = 500) -> list[tuple[str, int]]:
+    def claim_unwritten(self, *, claim_seconds: float, batch: int = 500, young: bool = True) -> list[tuple[str, int]]:
         """Claim up to ``batch`` keys holding submission records not yet written, for ``claim_seconds``;
         on a cluster, up to ``batch / shards`` (rounded up) of each shard of the unwritten index.
+        ``young=False``: only keys whose first record is older than the record delay (a writer's
+        pass in the background: a run that ends within it writes its row itself, once).
 
         Returns (key, claim) pairs; other callers pass a claimed key by until
         :meth:`forget_unwritten` releases it or the claim lapses.
         """
         shards = self.unwritten_index.names
         share = -(-batch // len(shards))  # a share of each shard's
+        # A second past the delay: the index is scored on the submitting host's clock.
+        ahead_ms = self.record_delay_ms + 1000 if young and self.record_delay_ms else 0
+        claim_ms = seconds_to_ms(claim_seconds)
         batch_calls = [
-            calls.claim_unwritten(shard, claim_ms=seconds_to_ms(claim_seconds), most_keys=share) for shard in shards
+            calls.claim_unwritten(shard, claim_ms=claim_ms, most_keys=share, ahead_ms=ahead_ms) for shard in shards
         ]
         replies = self._pipelined(batch_calls)
         return [(text(flat[i]), int(flat[i + 1])) for flat in replies for i in range(0, len(flat), 2)]
@@ -49,26 +54,7 @@ class UnwrittenCalls(GateBase):
             if left:
                 more.add(key)
             for field, kept, message in zip(flat[0::3], flat[1::3], flat[2::3], strict=True):
-                # "<d (granted), w (waiting) or s (superseded)>|<server ms>|<record>", as submit.lua keeps it,
-                # under the ticket, or "<ticket>s" for a superseded one's (common.lua's supersede_record).
-                parts = kept.split(b"|", 2)
-                # Not as submit keeps it (someone else wrote it): handed on whole, for the caller to refuse.
-                state, at_ms, record = parts if len(parts) == 3 and parts[1].isdigit() else (b"", b"0", kept)
-                ticket = field[:-1] if field.endswith(b"s") else field
-                if not ticket.isdigit():  # someone else's field: refused by the caller, then deleted as it is
-                    ticket, state, record = b"0", b"", b""
-                found.append(
-                    Unwritten(
-                        key,
-                        int(ticket),
-                        state == b"d",
-                        int(at_ms),
-                        record,
-                        message or None,
-                        state == b"s",
-                        field=field.decode(),
-                    )  # fmt: skip
-                )
+                found.append(Unwritten.read(key, field, kept, message or None))
         return UnwrittenRecords(found, frozenset(more))
 
     def kept_since(self, tickets: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
@@ -111,10 +97,16 @@ class UnwrittenCalls(GateBase):
         elif deleted:
             self._run(deleted)
 
-    def forget_outcomes(self, written: Iterable[tuple[str, str]]) -> None:
-        """Delete the outcomes of runs whose records are written: (key, task id) pairs, one round trip."""
+    def forget_outcomes(self, written: Iterable[tuple[str, str]], *, records: Iterable[tuple[str, int]] = ()) -> None:
+        """Delete the outcomes of runs whose records are written: (key, task id) pairs, and the submission
+        records of ``records`` ((key, ticket) pairs) whose rows a run wrote itself; one round trip.
+
+        A record's key stays in the unwritten index: a writer's next pass finds it empty and drops it (a
+        submission made meanwhile may have indexed it again)."""
         pipe = self.client.pipeline(transaction=False)
         for key, task_id in written:
             pipe.hdel(KeyNames(key).outcomes, task_id)
+        for key, ticket in records:
+            pipe.hdel(KeyNames(key).unwritten, str(ticket))
         if len(pipe):
             pipe.execute()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
+from ..conf import settings
 from ..exceptions import MessageRefused
 from ..gate import Code, Grant, Recovery
 from ..process.state import current
@@ -79,7 +81,12 @@ class Dispatched:
 
 def record_dispatched(grant: Grant | Recovery, task_id: str, at: datetime) -> None:
     """Buffer that the granted message of ``task_id`` went out (or that this process kept it to run)."""
-    dispatched = Transition(task_id, grant.key, grant.ticket, Status.DISPATCHED, 0, {"dispatched_at": at})
+    # Its row is written by a writer's pass only past the record delay (or by its run, in its final
+    # state): this is not tried before then, unless this process runs it and its run makes the row.
+    dispatched = Transition(
+        task_id, grant.key, grant.ticket, Status.DISPATCHED, 0, {"dispatched_at": at},
+        not_before=time.monotonic() + settings.RECORD_DELAY_SECONDS,
+    )  # fmt: skip
     current().recorder.buffer(dispatched)
 
 

@@ -62,7 +62,8 @@ def reap(*, dry_run: bool = False, batch: int = 500, max_batches: int = 100, app
     report = ReapReport()
     if not dry_run:
         # A key's recovery never waits on the records' database.
-        report.written = recorded("writing submissions' rows", submissions.write_due, get_gate()) or 0
+        written = recorded("writing submissions' rows", submissions.write_due, get_gate(), young=False)
+        report.written = written or 0
     for _ in range(max_batches):
         visited, found = get_gate().reap(batch=batch, dry_run=dry_run)
         report.visited += visited

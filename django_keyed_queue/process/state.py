@@ -20,6 +20,7 @@ from ..conf import settings
 from ..gate import Gate
 from ..gate.clients import close, connect
 from ..records.recorder import Recorder
+from ..records.transitions import Transition
 from .leases import LeaseKeeper
 from .totals import Totals
 
@@ -42,7 +43,7 @@ class Process:
         self.worker = worker
         self._lock = threading.Lock()
         self._gate: Gate | None = None
-        self.recorder = Recorder(on_written=self._forget_outcomes)
+        self.recorder = Recorder(on_written=self._forget_written)
         self.leases = LeaseKeeper(lambda: self.gate, self.recorder)
         self.totals = Totals(lambda: self.gate)
 
@@ -75,11 +76,13 @@ class Process:
         self.totals.close()
         self.reset_gate()
 
-    def _forget_outcomes(self, written: list[tuple[str, str]]) -> None:
+    def _forget_written(self, written: list[Transition]) -> None:
+        outcomes = [(t.outcome_key, t.outcome_field) for t in written if t.outcome_key]
+        records = [(t.key, t.ticket) for t in written if t.record_kept]
         try:
-            self.gate.forget_outcomes(written)
-        except Exception:  # the reaper writes them again later, which changes nothing
-            logger.warning("could not delete %d written outcomes from the gate", len(written), exc_info=True)
+            self.gate.forget_outcomes(outcomes, records=records)
+        except Exception:  # the reaper and the writers write them again later, which changes nothing
+            logger.warning("could not delete %d written records from the gate", len(written), exc_info=True)
 
 
 def _connect() -> Gate:
@@ -96,6 +99,7 @@ def _connect() -> Gate:
         lease_seconds=settings.LEASE_SECONDS,
         dispatch_timeout_seconds=settings.DISPATCH_TIMEOUT_SECONDS,
         idle_horizon_seconds=settings.IDLE_HORIZON_SECONDS,
+        record_delay_seconds=settings.RECORD_DELAY_SECONDS,
         wait_replicas=settings.REDIS_WAIT_REPLICAS,
         wait_timeout_seconds=settings.REDIS_WAIT_TIMEOUT_SECONDS,
     )

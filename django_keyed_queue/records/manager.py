@@ -231,7 +231,7 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
                 insert = _insert_sql(self.model, db.alias, ignore_conflicts=True)
                 for t in ordered:
                     params = _update_params(self.model, t, db)
-                    if not (new and t.create is not None):
+                    if not _inserted_first(t, new):
                         cursor.execute(update, params)
                         if cursor.rowcount or t.create is None:
                             continue
@@ -330,29 +330,41 @@ def _all_at_once(
     *,
     new: bool,
 ) -> bool:
-    """Apply ``ordered`` (transitions that may create their rows) with one statement for the batch, where
-    each is known to change exactly one row: each inserts its row (``new``), or each finds its row.
-    False, with nothing applied, when one did not (its row was there, or was not): then each goes alone.
+    """Apply ``ordered`` (transitions that may create their rows) with a statement for those that insert
+    their rows first (``_inserted_first``) and one for the others, where each is known to change exactly
+    one row: each inserts its row, or each finds its row. False, with nothing applied, when one did not
+    (its row was there, or was not): then each goes alone.
 
     The batch runs in a savepoint, so that a batch given up holds no row lock while the rows
     are taken again one by one, in the order every writer takes them.
     """
     if any(t.joins for t in ordered):  # a join's UPDATE may also find its row without a ticket
         return False
-    if new and any(t.create is None for t in ordered):
+    inserts = [t for t in ordered if _inserted_first(t, new)]
+    updates = [t for t in ordered if not _inserted_first(t, new)]
+    if new and updates:
         return False
     try:
         with transaction.atomic(using=db.alias):  # a savepoint inside ``apply``'s transaction
-            if new:
+            if inserts:
                 insert = _insert_sql(model, db.alias, ignore_conflicts=True)
-                cursor.executemany(insert, [_insert_params(model, db, t.row_to_create()) for t in ordered])
-            else:
-                cursor.executemany(_update_sql(model, db.alias), [_update_params(model, t, db) for t in ordered])
-            if cursor.rowcount != len(ordered):
-                raise _NotOneRowEach
+                cursor.executemany(insert, [_insert_params(model, db, t.row_to_create()) for t in inserts])
+                if cursor.rowcount != len(inserts):
+                    raise _NotOneRowEach
+            if updates:
+                cursor.executemany(_update_sql(model, db.alias), [_update_params(model, t, db) for t in updates])
+                if cursor.rowcount != len(updates):
+                    raise _NotOneRowEach
     except _NotOneRowEach:
         return False
     return True
+
+
+def _inserted_first(t: Transition, new: bool) -> bool:
+    """Whether ``t``'s row is most likely missing, so that it is inserted first (and updated only if it
+    was there): in a batch of new rows, or a run's end that carries its submission's record (its
+    writer's pass had not written it when the run ended)."""
+    return t.create is not None and (new or t.record_kept)
 
 
 class _NotOneRowEach(Exception):

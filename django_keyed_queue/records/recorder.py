@@ -25,15 +25,21 @@ from .transitions import Transition
 
 logger = logging.getLogger(__name__)
 
-#: How long a transition waits for its submission's row before it makes the row itself (the record
-#: kept for it in the gate was lost with Redis, or no worker's main process writes rows).
-CREATE_MISSING_AFTER_SECONDS = 2.0
+#: How long past the record delay a transition waits for its submission's row before it makes the row
+#: itself (the record kept for it in the gate was lost with Redis, or no worker's main process writes rows).
+CREATE_MISSING_GRACE_SECONDS = 2.0
+
+
+def create_missing_after() -> float:
+    """Seconds a transition whose row is missing waits for the workers' writers to write it."""
+    return float(settings.RECORD_DELAY_SECONDS) + CREATE_MISSING_GRACE_SECONDS
 
 
 class Recorder:
-    """Transitions buffered in one process; ``on_written`` gets the (gate key, task id) of written outcomes."""
+    """Transitions buffered in one process; ``on_written`` gets the written transitions that name what the
+    gate keeps for them until then (a run's outcome, a submission's record)."""
 
-    def __init__(self, on_written: Callable[[list[tuple[str, str]]], None] | None = None) -> None:
+    def __init__(self, on_written: Callable[[list[Transition]], None] | None = None) -> None:
         self._on_written = on_written
         self._lock = threading.Lock()
         # One flush at a time: a flush returns once all recorded before it was written or put back, also
@@ -56,24 +62,30 @@ class Recorder:
         with self._lock:
             return self._pending.get(submission)
 
-    def flush(self, *, wait_for_rows: bool = True) -> None:
-        """Write everything buffered so far; ``wait_for_rows=False`` (at shutdown) makes missing rows now.
+    def flush(self, *, wait_for_rows: bool = True, held_too: bool = True) -> None:
+        """Write everything buffered so far; ``wait_for_rows=False`` (at shutdown) makes missing rows now;
+        ``held_too=False`` (the background thread's passes) leaves those not to be tried yet.
 
-        A transition whose row is not there yet waits, buffered, for the submission's
-        row, which a worker's ``RecordWriter`` writes within ``KEYED_QUEUE_RECORD_FLUSH_SECONDS``
-        (one INSERT, instead of this one and that one's UPDATE), for at most
-        ``CREATE_MISSING_AFTER_SECONDS``; then it makes the row itself.
+        A run that ended while its submission's record was still kept in the gate writes its row
+        once, in its final state. Another transition whose row is not there yet waits, buffered, for
+        the submission's row, which a worker's ``RecordWriter`` writes once the record is
+        ``KEYED_QUEUE_RECORD_DELAY_SECONDS`` old, for at most ``create_missing_after()``; then one that
+        can makes the row itself. One that cannot (a grant's dispatch) is not tried before the delay.
         """
         with self._flushing:
-            self._flush(wait_for_rows)
+            self._flush(wait_for_rows, held_too)
 
-    def _flush(self, wait_for_rows: bool) -> None:
+    def _flush(self, wait_for_rows: bool, held_too: bool) -> None:
+        now = time.monotonic()
         with self._lock:
             batch, self._pending = self._pending, {}
+            if not held_too:  # not yet: kept for a later pass
+                self._pending = {s: t for s, t in batch.items() if t.not_before is not None and t.not_before > now}
+                batch = {s: t for s, t in batch.items() if s not in self._pending}
         if not batch:
             return
         try:
-            create_after = CREATE_MISSING_AFTER_SECONDS if wait_for_rows else None
+            create_after = create_missing_after() if wait_for_rows else None
             # A transition refused is set aside (logged): written again, it would only be refused again.
             waiting = KeyedTask.objects.apply_setting_aside(list(batch.values()), create_after=create_after)
         except Exception:
@@ -85,7 +97,7 @@ class Recorder:
             for t in waiting:
                 del batch[t.submission]
             self._put_back(replace(t, missing_since=t.missing_since or now) for t in waiting)
-        written = [(t.outcome_key, t.outcome_field) for t in batch.values() if t.outcome_key]
+        written = [t for t in batch.values() if t.outcome_key or t.record_kept]
         if written and self._on_written is not None:
             self._on_written(written)
 
@@ -107,7 +119,7 @@ class Recorder:
                 # The thread's connection is kept while there is work: reconnecting
                 # every pass cost about 0.5 ms (SQLite) each time.
                 if self._pending:
-                    self.flush()  # logs its own failure
+                    self.flush(held_too=False)  # logs its own failure
                 else:
                     close_old_connections()
             except Exception:  # the thread must outlive a database that is down: retry on a new connection

@@ -83,6 +83,21 @@ def transition(unwritten: Unwritten) -> Transition:
     )
 
 
+def ended_with_record(end: Transition, unwritten: Unwritten) -> Transition:
+    """A run's end, with its submission's record that the gate still keeps (``Gate.finish`` hands it
+    back): one row, written once, in its final state, its submission's own time and arguments. ``end``
+    as it is if the record is not its submission's (it is then the writers' to refuse)."""
+    try:
+        submitted = transition(unwritten)
+    except (ValueError, TypeError, OverflowError):
+        return end
+    if submitted.submission != end.submission or submitted.status == Status.SUPERSEDED:
+        return end
+    merged = submitted.merged_with(end)
+    merged.create, merged.record_kept = submitted.create, True
+    return merged
+
+
 def write(gate: Gate, keys: Sequence[str], claims: Sequence[tuple[str, int]] = ()) -> int:
     """Write the rows of the records kept for ``keys``, then delete those records and release
     ``claims``; returns how many were written."""
@@ -148,12 +163,14 @@ def write_page(gate: Gate) -> int:
     return write_due(gate, batch=PAGE_BATCH, max_batches=1)
 
 
-def write_due(gate: Gate, *, batch: int = 500, max_batches: int = 100) -> int:
+def write_due(gate: Gate, *, batch: int = 500, max_batches: int = 100, young: bool = True) -> int:
     """Write the rows of the submissions kept in the gate, ``batch`` keys at a time, at most
-    ``max_batches`` times; how many were written."""
+    ``max_batches`` times; how many were written. ``young=False``: only of keys whose records are older
+    than ``KEYED_QUEUE_RECORD_DELAY_SECONDS`` (the background passes: a run that ends first writes its
+    row itself, once, in its final state)."""
     written = 0
     for _ in range(max_batches):
-        claims = gate.claim_unwritten(claim_seconds=CLAIM_SECONDS, batch=batch)
+        claims = gate.claim_unwritten(claim_seconds=CLAIM_SECONDS, batch=batch, young=young)
         if claims:
             written += write(gate, [key for key, _ in claims], claims)
         if not claims:  # on a cluster, a batch is shared by the shards: one may hold more than its share
@@ -189,7 +206,7 @@ class RecordWriter:
     def _run(self) -> None:
         while not self._stop.wait(settings.RECORD_FLUSH_SECONDS):
             try:
-                if not write_due(self._gate()):
+                if not write_due(self._gate(), young=False):
                     # Kept open while there is work: reconnecting every pass costs a connection's set-up.
                     close_old_connections()
             except Exception:  # Redis or the database is down: the records stay in the gate, try again

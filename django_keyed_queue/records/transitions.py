@@ -88,6 +88,13 @@ class Transition:
     message: str | None = None
     #: When (``time.monotonic()``) a write of it first found no row: see ``KeyedTaskManager.apply``.
     missing_since: float | None = None
+    #: Its submission's record is still kept in the gate (``Gate.finish`` handed it back, and it is
+    #: merged in): its row is most likely not written, so it is inserted first; the record is deleted
+    #: once this is written.
+    record_kept: bool = False
+    #: Not written before this ``time.monotonic()``: a transition that cannot make its row waits for
+    #: the submission's row, which the workers' writers write only after the record delay.
+    not_before: float | None = None
 
     @property
     def submission(self) -> tuple[str, str, int]:
@@ -116,6 +123,11 @@ class Transition:
             outcome_key=last.outcome_key or first.outcome_key,
             message=last.message or first.message,
             missing_since=min((t.missing_since for t in (first, last) if t.missing_since is not None), default=None),
+            record_kept=first.record_kept or last.record_kept,
+            # One that can make its row never waits for another's.
+            not_before=None
+            if first.create or last.create
+            else max(first.not_before or 0, last.not_before or 0) or None,
         )
 
     def row_to_create(self) -> dict[str, Any]:

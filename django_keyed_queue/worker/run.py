@@ -41,6 +41,7 @@ from ..process.state import current
 from ..records.columns import shown
 from ..records.models import KeyedTask
 from ..records.statuses import Status
+from ..records.submissions import ended_with_record
 from ..records.transitions import Transition
 from . import handoff
 from .attempt_errors import ERRORS_HEADER, carried, earlier_errors, with_earlier
@@ -236,6 +237,8 @@ class Run:
         except redis.RedisError:
             logger.exception("finishing key=%r ticket=%s failed; its lease will expire", lease.key, lease.ticket)
             return True
+        if finished.unwritten is not None:  # its row is not written yet: written once, as it ended
+            end = ended_with_record(end, finished.unwritten)
         if not finished.ok and retried:
             # The first try may have gone through, its reply lost: then the ticket is done, or it
             # blocks its key.

@@ -232,9 +232,9 @@ def test_a_delayed_tasks_join_finds_its_row_without_a_ticket_and_no_other():
 
 
 def test_a_worker_s_transition_waits_for_its_submission_s_row_then_makes_it(monkeypatch):
-    """The submissions' writer writes the row within a flush interval; a row that never comes (its record was
-    lost with Redis) is made by the transition after ``CREATE_MISSING_AFTER_SECONDS``."""
-    monkeypatch.setattr(recorder_module, "CREATE_MISSING_AFTER_SECONDS", 0.3)
+    """The submissions' writer writes the row past the record delay; a row that never comes (its record was
+    lost with Redis) is made by the transition after ``create_missing_after()``."""
+    monkeypatch.setattr(recorder_module, "create_missing_after", lambda: 0.3)
     create = {"task_name": "demo.step", "enqueued_at": timezone.now(), "args": ("k", 1), "kwargs": {}}
     recorder = Recorder()
     recorder._stop.set()  # no background thread: this test flushes

@@ -13,12 +13,18 @@ def _index(client) -> dict[str, float]:
     return index_scores(client, UNWRITTEN)
 
 
+def _due_now(gate, client) -> set[str]:
+    """The keys of the unwritten index due by now (a key's score is when its first record is due)."""
+    now = gate._server_time_ms() + 1000  # scored on this host's clock, the same machine's here
+    return {key for key, score in _index(client).items() if score <= now}
+
+
 def test_a_submission_keeps_its_record_with_its_ticket_and_indexes_its_key(gate, gate_redis):
     granted = gate.submit("k", b"m1", record=b"r1")
     parked = gate.submit("k", b"m2", record=b"r2")
     gate.submit("other", b"m3")  # no record: not indexed
 
-    assert _index(gate_redis) == {"k": 0}
+    assert set(_index(gate_redis)) == _due_now(gate, gate_redis) == {"k"}, "due at once without a record delay"
     kept = {u.ticket: u for u in gate.unwritten(["k"]).records}
     assert set(kept) == {granted.ticket, parked.ticket}
     assert (kept[granted.ticket].granted, kept[granted.ticket].record, kept[granted.ticket].message) == (
@@ -71,7 +77,7 @@ def test_a_submission_during_a_claim_keeps_its_key_indexed(gate, gate_redis):
 
     gate.forget_unwritten(read, claims)
 
-    assert _index(gate_redis) == {"k": 0}, "the late record must stay findable"
+    assert _due_now(gate, gate_redis) == {"k"}, "the late record must stay findable"
     assert [u.ticket for u in gate.unwritten(["k"]).records] == [late.ticket]
 
 
@@ -108,11 +114,11 @@ def test_an_unclaimed_key_is_due_again_at_once_and_a_claim_moved_since_is_left(g
     gate.submit("a", b"m", record=b"r")
     gate.submit("b", b"m", record=b"r")
     claims = dict(gate.claim_unwritten(claim_seconds=30, batch=10))
-    gate.submit("b", b"m2", record=b"r2")  # b scored 0 again by a submission
+    gate.submit("b", b"m2", record=b"r2")  # b due again by a submission
 
     gate.unclaim_unwritten(claims.items())
 
-    assert _index(gate_redis) == {"a": 0, "b": 0}
+    assert _due_now(gate, gate_redis) == {"a", "b"}
     assert sorted(k for k, _ in gate.claim_unwritten(claim_seconds=30, batch=10)) == ["a", "b"]
 
 
@@ -149,3 +155,52 @@ def test_a_reap_reads_a_key_s_unwritten_outcomes_a_bounded_step_at_a_time(make_g
         if len(seen) == 5000:
             break
     assert len(seen) == 5000
+
+
+def test_a_background_pass_waits_out_the_record_delay_and_a_writer_that_shows_all_does_not(make_gate, gate_redis):
+    gate = make_gate(record_delay_seconds=0.6)
+    gate.submit("k", b"m1", record=b"r1")
+    time.sleep(0.2)
+    gate.submit("k", b"m2", record=b"r2")  # a later record does not put its key's first one off
+
+    assert gate.claim_unwritten(claim_seconds=30, batch=10, young=False) == [], "younger than the delay"
+    time.sleep(0.5)
+    [(key, claim)] = gate.claim_unwritten(claim_seconds=30, batch=10, young=False)
+    assert key == "k", "due once its first record is as old as the delay"
+    gate.unclaim_unwritten([(key, claim)])
+
+    gate.submit("j", b"m", record=b"r")
+    assert [k for k, _ in gate.claim_unwritten(claim_seconds=30, batch=10, young=False)] == ["k"]
+    gate.unclaim_unwritten(gate.claim_unwritten(claim_seconds=30, batch=10, young=False))  # none: k is claimed
+    assert [k for k, _ in gate.claim_unwritten(claim_seconds=30, batch=10)] == ["j"], (
+        "a writer that shows every submission takes young records too, and passes a claimed key by"
+    )
+
+
+def test_finish_hands_back_its_submission_s_record_until_the_row_is_written(gate, gate_redis):
+    first = gate.submit("k", b"m1", task_id="t1", record=b"r1")
+    second = gate.submit("k", b"m2", task_id="t2", record=b"r2")
+    started = gate.start("k", first.ticket, 1)
+
+    finished = gate.finish("k", first.ticket, started.token)
+
+    kept = finished.unwritten
+    assert kept is not None and (kept.key, kept.ticket, kept.granted, kept.record) == ("k", first.ticket, True, b"r1")
+    assert gate.unwritten(["k"]).records, "kept in the gate until the row is written"
+    gate.forget_outcomes([], records=[("k", first.ticket)])
+    assert [u.ticket for u in gate.unwritten(["k"]).records] == [second.ticket]
+
+    # Written by a writer's pass before the run ended: nothing to hand back.
+    gate.forget_unwritten(gate.unwritten(["k"]).records)
+    again = gate.start("k", second.ticket, 1)
+    assert gate.finish("k", second.ticket, again.token).unwritten is None
+
+
+def test_a_run_that_blocks_its_key_hands_back_its_record_too(gate):
+    submitted = gate.submit("k", b"m1", task_id="t1", record=b"r1")
+    started = gate.start("k", submitted.ticket, 1)
+
+    finished = gate.finish("k", submitted.ticket, started.token, block=True)
+
+    assert finished.code.name == "BLOCKED" and finished.unwritten is not None
+    assert finished.unwritten.record == b"r1"

@@ -1,0 +1,131 @@
+"""A run that ends before its submission's row is written writes that row once, in its final state.
+
+The workers' writers write a submission's row only once its record in the gate is
+``KEYED_QUEUE_RECORD_DELAY_SECONDS`` old; ``finish`` hands a run its record while it is still kept, and
+the run's end is the one INSERT. The record stays in the gate until the row is written, so a process
+killed in between loses nothing.
+"""
+
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connections
+from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from django_keyed_queue.gate import Lease
+from django_keyed_queue.gate.keys import KeyNames
+from django_keyed_queue.process.state import current
+from django_keyed_queue.records import submissions
+from django_keyed_queue.records.models import KeyedTask
+from django_keyed_queue.records.transitions import describe_arguments
+from django_keyed_queue.testing import write_submission_rows
+from django_keyed_queue.worker.run import Run
+from testproject.demo.tasks import step
+from tests.django.queues import QUEUE
+
+pytestmark = pytest.mark.django_db
+
+
+def run_to_its_end(task_id: str, key: str, ticket: int, *, error: Exception | None = None) -> None:
+    """What a worker's pool process does with a granted message: start it, run it, finish it (its start's
+    record, buffered by ``Run.begin``, is left out: the end alone is written)."""
+    started = current().gate.start(key, ticket, 1, task_id=task_id)
+    assert started.ok
+    step.push_request(id=task_id, hostname="w1")
+    try:
+        run = Run(step, Lease(key, ticket, started.token), attempts=1)
+        assert run.fail(error) if error else run.succeed()
+    finally:
+        step.pop_request()
+
+
+def keyed_task_writes(queries) -> list[str]:
+    """The statements of ``queries`` that wrote the records' table: INSERT or UPDATE, one per statement
+    (an executemany is one, as Django's debug cursor logs it: "N times: <sql>")."""
+    table = KeyedTask._meta.db_table
+    found = []
+    for query in queries:
+        sql = query["sql"].split(": ", 1)[1] if " times: " in query["sql"] else query["sql"]
+        verb = sql.lstrip().split(None, 1)[0].upper()
+        if table in sql and verb in ("INSERT", "UPDATE"):
+            found.append(verb)
+    return found
+
+
+def flush_counting_writes() -> list[str]:
+    with CaptureQueriesContext(connections[KeyedTask.objects.db_for_write()]) as queries:
+        current().recorder.flush()
+    return keyed_task_writes(queries)
+
+
+def test_a_run_that_ends_before_its_row_is_written_writes_it_once_as_it_ended(gate_redis, broker):
+    before = timezone.now()
+    result = step.apply_async(("ow", 0), queue=QUEUE)
+
+    run_to_its_end(result.id, "ow", 1)
+
+    assert flush_counting_writes() == ["INSERT"], "one statement for the row, and no UPDATE of it"
+    row = KeyedTask.objects.get(task_id=result.id)
+    assert (row.status, row.attempts, row.ticket) == ("succeeded", 1, 1)
+    # As a writer's pass would have written it: the gate's time of the submission, the producer's arguments.
+    assert before - timedelta(seconds=1) < row.enqueued_at <= row.finished_at
+    assert row.dispatched_at == row.enqueued_at, "granted at its submission"
+    assert row.arguments == describe_arguments(step.name, ("ow", 0), {})
+    assert current().gate.unwritten(["ow"]).records == [], "its record is deleted once its row is written"
+    assert write_submission_rows() == 0
+
+
+def test_a_failed_run_s_one_row_keeps_its_message_for_a_retry(gate_redis, broker):
+    result = step.apply_async(("ow", 0), queue=QUEUE)
+
+    run_to_its_end(result.id, "ow", 1, error=ValueError("card declined"))
+
+    assert flush_counting_writes() == ["INSERT"]
+    row = KeyedTask.objects.get(task_id=result.id)
+    assert row.status == "failed" and "card declined" in row.error
+    assert result.id in row.message, "what an operator's Retry submits again"
+
+
+def test_a_run_that_ends_after_its_row_was_written_updates_it(gate_redis, broker):
+    result = step.apply_async(("ow", 0), queue=QUEUE)
+    assert write_submission_rows() == 1
+
+    run_to_its_end(result.id, "ow", 1)
+
+    assert flush_counting_writes() == ["UPDATE"]
+    assert KeyedTask.objects.get(task_id=result.id).status == "succeeded"
+
+
+def test_a_batch_of_rows_to_make_and_rows_to_move_is_written_whole(gate_redis, broker):
+    """The runs' ends that make their rows and those that find theirs, in one flush: one statement each."""
+    young = [step.apply_async((f"young{n}", 0), queue=QUEUE) for n in range(3)]
+    old = [step.apply_async((f"old{n}", 0), queue=QUEUE) for n in range(3)]
+    submissions.write_key(current().gate, "old0")
+    submissions.write_key(current().gate, "old1")
+    submissions.write_key(current().gate, "old2")
+
+    for n, result in enumerate([*young, *old]):
+        run_to_its_end(result.id, f"young{n}" if n < 3 else f"old{n - 3}", 1)
+
+    assert sorted(flush_counting_writes()) == ["INSERT", "UPDATE"]
+    assert set(KeyedTask.objects.values_list("status", flat=True)) == {"succeeded"}
+    assert KeyedTask.objects.count() == 6
+
+
+@override_settings(KEYED_QUEUE_RECORD_DELAY_SECONDS=0.5)
+def test_a_record_waits_out_the_delay_and_a_process_killed_after_its_finish_loses_nothing(gate_redis, broker):
+    gate = current().gate
+    result = step.apply_async(("ow", 0), queue=QUEUE)
+    assert submissions.write_due(gate, young=False) == 0, "a background pass leaves a young record"
+
+    run_to_its_end(result.id, "ow", 1)
+    with current().recorder._lock:
+        current().recorder._pending.clear()  # the process is killed before its recorder wrote anything
+
+    assert gate_redis.hexists(KeyNames("ow").outcomes, f"{result.id}#1"), "the run's outcome is kept"
+    time.sleep(0.6)
+    assert submissions.write_due(gate, young=False) == 1, "the kept record is written past the delay"
+    assert KeyedTask.objects.get(task_id=result.id).status == "dispatched"
