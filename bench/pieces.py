@@ -77,8 +77,9 @@ def main(argv: list[str] | None = None) -> int:
                 tokens[i] = gate.start(keys[i], 1, 1).token
 
         def write_rows() -> None:
-            while submissions.write_due(gate, batch=100, max_batches=1):
-                pass
+            # Past the record delay, a writer's pass visits each key its runs left: nothing is left to write.
+            assert submissions.write_due(gate, batch=100, max_batches=n // 100 + 1) == 0
+            assert not gate.claim_unwritten(claim_seconds=1, batch=1), "every key was visited"
 
         def build_end() -> None:
             now = timezone.now()
@@ -90,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
 
         def finish() -> None:
             for i, end in enumerate(ends):
-                gate.finish(keys[i], 1, tokens[i], outcome=Outcome(end.outcome_field, end.to_json()))
+                finished = gate.finish(keys[i], 1, tokens[i], outcome=Outcome(end.outcome_field, end.to_json()))
+                assert finished.unwritten is not None, "the run ended before its submission's row was written"
+                ends[i] = submissions.ended_with_record(end, finished.unwritten)
 
         def apply_ends() -> None:
             for j in range(0, n, 50):
@@ -98,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
 
         def forget_outcomes() -> None:
             for j in range(0, n, 50):
-                gate.forget_outcomes([(t.key, t.outcome_field) for t in ends[j : j + 50]])
+                batch = ends[j : j + 50]
+                gate.forget_outcomes([(t.key, t.outcome_field) for t in batch], records=[(t.key, 1) for t in batch])
 
         def count_for_metrics() -> None:
             counted, task = Totals(lambda: gate), SimpleNamespace(name="demo.step", serial_key="{key}")
@@ -114,11 +118,11 @@ def main(argv: list[str] | None = None) -> int:
 
         piece("producer: gate.submit with the record (one round trip)", submit)
         piece("worker: gate.start", start)
-        piece("worker main process: submissions' rows, 100 keys a pass", write_rows)
         piece("worker: the run's transitions, built and merged", build_end)
-        piece("worker: gate.finish with the outcome (and its JSON)", finish)
-        piece("worker: the run's record written, 50 rows a transaction", apply_ends)
-        piece("worker: written outcomes forgotten, 50 a round trip", forget_outcomes)
+        piece("worker: gate.finish with the outcome, its record handed back", finish)
+        piece("worker: the run's one row inserted, 50 rows a transaction", apply_ends)
+        piece("worker: outcomes and records forgotten, 50 a round trip", forget_outcomes)
+        piece("worker main process: a pass over the keys left, 100 a pass", write_rows)
         piece("producer and worker: a task's counts for the metrics, added every 1000", count_for_metrics)
     finally:
         cluster.stop()

@@ -142,8 +142,8 @@ class KeptStart:
 class FinishResult:
     code: Code
     granted: list[Grant] = field(default_factory=list)
-    #: The finished ticket's submission record, while its row is not written: the caller writes
-    #: the row once, in its final state (``Gate.forget_outcomes`` then deletes it).
+    #: The finished ticket's submission record, with its stored message, while its row is not written:
+    #: the caller writes the row once, in its final state (``Gate.forget_outcomes`` then deletes it).
     unwritten: Unwritten | None = None
 
     @property

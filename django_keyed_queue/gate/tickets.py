@@ -231,11 +231,11 @@ class TicketCalls(GateBase):
         [reply] = self._pipelined(
             [call], index=key, index_within_ms=within, also=[("SADD", BLOCKED_KEYS, key)] if block else ()
         )
-        granted = grants(key, reply[4:], self.pushes.pushed)
+        granted = grants(key, reply[5:], self.pushes.pushed)
         if granted and int(reply[1]):
             granted[0] = replace(granted[0], token=int(reply[1]), attempts=int(reply[2]))
-        kept = reply[3] if len(reply) > 3 else b""
-        unwritten = Unwritten.read(key, str(ticket).encode(), kept, None) if kept else None
+        kept, message = (reply[3], reply[4]) if len(reply) > 3 else (b"", b"")
+        unwritten = Unwritten.read(key, str(ticket).encode(), kept, message or None) if kept else None
         result = FinishResult(Code(reply[0]), granted, unwritten)
         tickets = [g.ticket for g in granted]
         logger.debug("finish key=%r ticket=%s code=%s granted=%s", key, ticket, result.code.name, tickets)

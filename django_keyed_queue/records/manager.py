@@ -362,9 +362,8 @@ def _all_at_once(
 
 def _inserted_first(t: Transition, new: bool) -> bool:
     """Whether ``t``'s row is most likely missing, so that it is inserted first (and updated only if it
-    was there): in a batch of new rows, or a run's end that carries its submission's record (its
-    writer's pass had not written it when the run ended)."""
-    return t.create is not None and (new or t.record_kept)
+    was there): in a batch of new rows, or a transition that says so (``Transition.insert_first``)."""
+    return t.create is not None and (new or t.insert_first)
 
 
 class _NotOneRowEach(Exception):

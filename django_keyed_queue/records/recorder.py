@@ -30,6 +30,10 @@ logger = logging.getLogger(__name__)
 CREATE_MISSING_GRACE_SECONDS = 2.0
 
 
+#: Rows a process remembers it made: a later transition of one of them updates it without trying to insert.
+MADE_ROWS_KEPT = 4096
+
+
 def create_missing_after() -> float:
     """Seconds a transition whose row is missing waits for the workers' writers to write it."""
     return float(settings.RECORD_DELAY_SECONDS) + CREATE_MISSING_GRACE_SECONDS
@@ -46,11 +50,15 @@ class Recorder:
         # when the background thread took the batch a moment earlier (an operator's action reads rows next).
         self._flushing = threading.Lock()
         self._pending: dict[tuple[str, str, int], Transition] = {}
+        #: The submissions whose rows this process inserted lately, oldest first.
+        self._made: dict[tuple[str, str, int], None] = {}
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
     def buffer(self, transition: Transition) -> None:
         with self._lock:
+            if transition.insert_first and transition.submission in self._made:
+                transition = replace(transition, insert_first=False)  # this process made its row already
             earlier = self._pending.get(transition.submission)
             self._pending[transition.submission] = earlier.merged_with(transition) if earlier else transition
             if self._thread is None:
@@ -97,6 +105,12 @@ class Recorder:
             for t in waiting:
                 del batch[t.submission]
             self._put_back(replace(t, missing_since=t.missing_since or now) for t in waiting)
+        made = [t.submission for t in batch.values() if t.insert_first]
+        if made:
+            with self._lock:
+                self._made.update(dict.fromkeys(made))
+                while len(self._made) > MADE_ROWS_KEPT:
+                    del self._made[next(iter(self._made))]
         written = [t for t in batch.values() if t.outcome_key or t.record_kept]
         if written and self._on_written is not None:
             self._on_written(written)

@@ -94,7 +94,7 @@ def ended_with_record(end: Transition, unwritten: Unwritten) -> Transition:
     if submitted.submission != end.submission or submitted.status == Status.SUPERSEDED:
         return end
     merged = submitted.merged_with(end)
-    merged.create, merged.record_kept = submitted.create, True
+    merged.create, merged.insert_first, merged.record_kept = submitted.create, True, True
     return merged
 
 

@@ -88,9 +88,11 @@ class Transition:
     message: str | None = None
     #: When (``time.monotonic()``) a write of it first found no row: see ``KeyedTaskManager.apply``.
     missing_since: float | None = None
+    #: Its row is most likely not written yet (its submission is younger than the record delay, after
+    #: which the workers' writers write it): it is inserted first, and updated only if it was there.
+    insert_first: bool = False
     #: Its submission's record is still kept in the gate (``Gate.finish`` handed it back, and it is
-    #: merged in): its row is most likely not written, so it is inserted first; the record is deleted
-    #: once this is written.
+    #: merged in): deleted once this is written.
     record_kept: bool = False
     #: Not written before this ``time.monotonic()``: a transition that cannot make its row waits for
     #: the submission's row, which the workers' writers write only after the record delay.
@@ -123,6 +125,7 @@ class Transition:
             outcome_key=last.outcome_key or first.outcome_key,
             message=last.message or first.message,
             missing_since=min((t.missing_since for t in (first, last) if t.missing_since is not None), default=None),
+            insert_first=first.insert_first or last.insert_first,
             record_kept=first.record_kept or last.record_kept,
             # One that can make its row never waits for another's.
             not_before=None

@@ -14,13 +14,14 @@ import logging
 import sys
 import time
 import traceback
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 import redis
 from celery.exceptions import Ignore, Reject
 from django.utils import timezone
 
+from ..conf import settings
 from ..exceptions import InvalidArguments, InvalidKey
 from ..gate import Code, FinishResult, Grant, KeptStart, Lease, Outcome, SubmitResult
 from ..messaging import superseded
@@ -80,6 +81,11 @@ class Run:
         lease, attempts = _join(task, args, kwargs) if header is None else _start(task, header, args, kwargs)
         now = timezone.now()
         process = current()
+        # A delayed task's run: its row, written without a ticket, may not have the join's yet.
+        joins = header is None or hasattr(request, JOIN_HEADER)
+        submitted = submitted_at(request)
+        # Submitted within the record delay: no writer's pass wrote its row yet, so this run makes it.
+        young = submitted is not None and time.time() - submitted < settings.RECORD_DELAY_SECONDS
         # A run's request always has its task's id: ``cast(str, request.id)`` (celery-types' Context allows None).
         process.recorder.buffer(
             Transition(
@@ -89,11 +95,11 @@ class Run:
                 Status.RUNNING,
                 attempts,
                 {"started_at": now, "heartbeat_at": now, "worker": request.hostname or ""},
-                # A delayed task's run: its row, written without a ticket, may not have the join's yet.
-                joins=header is None or hasattr(request, JOIN_HEADER),
+                joins=joins,
+                insert_first=young and attempts == 1 and not joins,
                 create={
                     "task_name": task.name,
-                    "enqueued_at": now,
+                    "enqueued_at": datetime.fromtimestamp(submitted, UTC) if submitted is not None else now,
                     "args": args,
                     "kwargs": kwargs,
                     # Celery's request has them only when the message had them.
@@ -443,11 +449,20 @@ def join(
     return key, submitted
 
 
+def submitted_at(request: Context) -> float | None:
+    """When the message's task was submitted (seconds since the epoch, by its producer's clock); None for a
+    message without the submission's time (an operator's retry, or sent before it was stamped)."""
+    enqueued = getattr(request, ENQUEUED_HEADER, None)
+    if not isinstance(enqueued, int | float) or isinstance(enqueued, bool) or not 0 < enqueued < 1e11:
+        return None
+    return float(enqueued)
+
+
 def waited_for_key(request: Context) -> float | None:
     """Seconds from the submission (or its eta, if later) to now, by its producer's clock; None for a
     message without the submission's time (an operator's retry, or sent before it was stamped)."""
-    enqueued = getattr(request, ENQUEUED_HEADER, None)
-    if not isinstance(enqueued, int | float) or isinstance(enqueued, bool):
+    enqueued = submitted_at(request)
+    if enqueued is None:
         return None
     eta = request.eta
     if isinstance(eta, str):

@@ -74,6 +74,7 @@ def test_a_run_that_ends_before_its_row_is_written_writes_it_once_as_it_ended(ga
     assert before - timedelta(seconds=1) < row.enqueued_at <= row.finished_at
     assert row.dispatched_at == row.enqueued_at, "granted at its submission"
     assert row.arguments == describe_arguments(step.name, ("ow", 0), {})
+    assert result.id in row.message, "its stored message, as a writer's pass keeps it (Django tasks read its args)"
     assert current().gate.unwritten(["ow"]).records == [], "its record is deleted once its row is written"
     assert write_submission_rows() == 0
 

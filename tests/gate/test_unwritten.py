@@ -185,7 +185,8 @@ def test_finish_hands_back_its_submission_s_record_until_the_row_is_written(gate
     finished = gate.finish("k", first.ticket, started.token)
 
     kept = finished.unwritten
-    assert kept is not None and (kept.key, kept.ticket, kept.granted, kept.record) == ("k", first.ticket, True, b"r1")
+    assert kept is not None
+    assert (kept.key, kept.ticket, kept.granted, kept.record, kept.message) == ("k", first.ticket, True, b"r1", b"m1")
     assert gate.unwritten(["k"]).records, "kept in the gate until the row is written"
     gate.forget_outcomes([], records=[("k", first.ticket)])
     assert [u.ticket for u in gate.unwritten(["k"]).records] == [second.ticket]

@@ -25,14 +25,15 @@
           own): its lease runs, and its token is returned ('' = it is started by its own start call);
           meta's "kept" says "<token of the run ended>|<kept ticket>|<its token>" until the next such start
 
-  Returns {code, token, attempts, record, ticket1, dispatch1, message1, pushed1, ticket2, ...}
+  Returns {code, token, attempts, record, message, ticket1, dispatch1, message1, pushed1, ticket2, ...}
     code 0 OK           finished; the listed tickets are now granted: those not pushed must be published.
                         token > 0: the first, kept, was started too (its attempt number follows)
     code 5 STALE_TOKEN  the caller no longer holds the ticket (fenced); nothing changed
     code 11 BLOCKED     it failed and now blocks its key
     record: the ticket's submission record as submit keeps it, if its row is not written yet ('' if
-    it is): the caller writes the row once, in its final state, then deletes the record. Kept until
-    then, so that a caller killed first loses nothing (a writer's pass writes it).
+    it is), and message, its stored message then (as a writer's pass would write it): the caller
+    writes the row once, in its final state, then deletes the record. Kept until then, so that a
+    caller killed first loses nothing (a writer's pass writes it).
 ]]
 --- @include "common"
 
@@ -50,19 +51,20 @@ end
 
 local now = now_ms()
 local unwritten = redis.call('HGET', KEYS[7], ticket) or ''
+local stored = unwritten ~= '' and (redis.call('HGET', messages_key, ticket) or '') or ''
 if ARGV[6] ~= '' then
   redis.call('HSET', KEYS[5], ARGV[6], now .. '|' .. ARGV[7])
   redis.call('PEXPIRE', KEYS[5], horizon)
 end
 if ARGV[8] == '1' then
   block_ticket(meta_key, holders_key, ticket, holder)
-  return {11, 0, 0, unwritten}
+  return {11, 0, 0, unwritten, stored}
 end
 redis.call('HDEL', holders_key, ticket)
 drop_message(messages_key, KEYS[6], ticket)
 local kept_ms = tonumber(ARGV[9])
 local lease, max_lost, block, task = string.match(ARGV[10], '^(%d+)|(%d+)|([01])|(.+)$')
-local out = {0, 0, 0, unwritten}
+local out = {0, 0, 0, unwritten, stored}
 local function keep(kept)
   if lease and effective_interval(meta_key, 0) == 0 then  -- a key paced by an operator: its start decides
     local ok, stored = pcall(cjson.decode, redis.call('HGET', messages_key, kept) or '')
