@@ -46,7 +46,7 @@ DEFAULTS: dict[str, Any] = {
     # A submission's row is written by the workers once its record in Redis is this old; a run that
     # ends sooner writes its row once, in its final state. A loss of Redis' data within it loses the
     # submission's record (see docs/guarantees.md). At most 5.
-    "RECORD_DELAY_SECONDS": 2.0,
+    "RECORD_DELAY_SECONDS": 5.0,
     # A worker process that finished a task runs its key's next tasks itself, without a
     # broker round trip, for up to this long; then it publishes them. 0 publishes every one.
     "LOCAL_HANDOFF_SECONDS": 0.25,

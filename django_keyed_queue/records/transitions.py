@@ -145,15 +145,12 @@ class Transition:
         }  # fmt: skip
 
     def to_json(self) -> bytes:
-        """The transition as the gate keeps it until written (see ``finish``).
-
-        Arguments go as the record shows them: any serializer's values may be in
-        them, and JSON cannot hold them all.
-        """
-        create = None if self.create is None else _described(self.create)
+        """The transition as the gate keeps it until written (see ``finish``), without what makes a row:
+        until the submission's row is written, the gate keeps its record in the same slot, which a
+        writer makes the row from (an outcome kept by an earlier version may still carry ``create``)."""
         return kombu_json(
             {"task_id": self.task_id, "key": self.key, "ticket": self.ticket, "status": self.status,
-             "attempts": self.attempts, "fields": self.fields, "create": create, "joins": self.joins}
+             "attempts": self.attempts, "fields": self.fields, "joins": self.joins}
         ).encode()  # fmt: skip
 
     @classmethod
