@@ -22,7 +22,7 @@ from django.utils.translation import gettext_lazy as _
 from django.views.decorators.http import require_POST
 
 from ..process.state import get_gate
-from ..records import idempotency
+from ..records import idempotency, submissions
 from ..records.models import IdempotencyKey, KeyedTask, LiveKey
 from ..records.statuses import ACTIVE_STATUSES, Status
 from . import task_actions
@@ -287,6 +287,11 @@ class KeyedTaskAdmin(LiveKeysPages, _PagesOfOurs):
             # Django would answer 200 "No action selected": a forced POST is told it is not allowed.
             return self._refused(request, f"run the action {action!r}")
         extra = {"live_keys_url": reverse("admin:keyed_queue_keys"), **(extra_context or {})}
+        if request.method == "GET":
+            try:  # the latest submissions too: the workers write their rows only past the record delay
+                submissions.write_page(get_gate())
+            except redis.RedisError:
+                logger.warning("keyed queue: the task list shows only written rows: Redis is out of reach")
         try:
             return open_only_match(request, super().changelist_view(request, extra))
         except BadQueryValue as bad:  # a filter's value no database can compare (the change list checks)

@@ -243,3 +243,19 @@ def test_the_filters_links_drop_a_search_that_found_nothing_and_keep_one_that_fo
     assert refused and not [link for link in refused if "q=" in link]
     found = filter_links(admin_client.get(url("?q=account:3&status__exact=failed")))
     assert found and all("q=account%3A3" in link for link in found)
+
+
+def test_the_list_shows_a_submission_whose_row_the_workers_did_not_write_yet(admin_client, gate_redis):
+    """The workers write a submission's row only past the record delay: the list writes it first."""
+    from django_keyed_queue.process.state import get_gate
+    from testproject.demo.tasks import step
+    from tests.django.queues import QUEUE
+
+    result = step.apply_async(("young", 1), queue=QUEUE)
+    assert not KeyedTask.objects.filter(task_id=result.id).exists()
+
+    page = admin_client.get(url()).content.decode()
+
+    assert KeyedTask.objects.get(task_id=result.id).status == "dispatched"
+    assert result.id[:8] in page
+    assert get_gate().unwritten(["young"]).records == [], "written once: the workers will not write it again"

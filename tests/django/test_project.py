@@ -55,6 +55,15 @@ def test_the_metrics_name_at_most_fifty_keys():
             assert [p.id for p in check_settings()] == ["keyed_queue.E010"], bad
 
 
+def test_the_record_delay_is_within_a_writer_s_claim():
+    for good in (0, 0.5, 2, 5.0):
+        with override_settings(KEYED_QUEUE_RECORD_DELAY_SECONDS=good):
+            assert check_settings() == []
+    for bad in (-1, 5.5, 60, "2", None, True, float("nan")):
+        with override_settings(KEYED_QUEUE_RECORD_DELAY_SECONDS=bad):
+            assert [p.id for p in check_settings()] == ["keyed_queue.E012"], bad
+
+
 def test_the_project_checks_clean():
     assert check_settings() == []
 

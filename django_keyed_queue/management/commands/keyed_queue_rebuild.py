@@ -9,7 +9,7 @@ class Command(BaseCommand):
     help = (
         "Restore the keyed queue's gate from the KeyedTask records after its Redis was lost: "
         "every unfinished task runs again, in ticket order. Keys still present in Redis are left alone. "
-        "Submissions whose rows were not written yet (the last KEYED_QUEUE_RECORD_FLUSH_SECONDS before the "
+        "Submissions whose rows were not written yet (the last KEYED_QUEUE_RECORD_DELAY_SECONDS before the "
         "loss, with a worker running) are not in the records and cannot be restored."
     )
 
