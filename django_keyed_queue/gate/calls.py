@@ -221,9 +221,9 @@ def claim_unwritten(shard: str, *, claim_ms: int, most_keys: int, ahead_ms: int)
     return ScriptCall("claim_unwritten", [shard], [claim_ms, most_keys, ahead_ms])
 
 
-def unwritten(key: str, *, count: int, keep_ms: int) -> ScriptCall:
+def unwritten(key: str, *, count: int, keep_ms: int, min_age_ms: int = 0) -> ScriptCall:
     n = KeyNames(key)
-    return ScriptCall("unwritten", [n.unwritten, n.messages, n.scan_cursors], [count, keep_ms])
+    return ScriptCall("unwritten", [n.unwritten, n.messages, n.scan_cursors], [count, keep_ms, min_age_ms])
 
 
 def replacement(key: str, *, task_id: str, ticket: int | None, max_hops: int) -> ScriptCall:

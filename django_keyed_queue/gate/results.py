@@ -111,6 +111,9 @@ class UnwrittenRecords:
     records: list[Unwritten]
     #: Keys that keep records this step did not read: read them again once these are written.
     more: frozenset[str] = frozenset()
+    #: Keys that keep records younger than the record delay, left unread, with when the oldest is due
+    #: (server ms).
+    later: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -45,17 +45,26 @@ class UnwrittenCalls(GateBase):
         replies = self._pipelined(batch_calls)
         return [(text(flat[i]), int(flat[i + 1])) for flat in replies for i in range(0, len(flat), 2)]
 
-    def unwritten(self, keys: Sequence[str], *, per_key: int = UNWRITTEN_PER_KEY) -> UnwrittenRecords:
+    def unwritten(
+        self, keys: Sequence[str], *, per_key: int = UNWRITTEN_PER_KEY, young: bool = True
+    ) -> UnwrittenRecords:
         """The submission records kept for ``keys``, with their tickets' messages, in one round trip: about
-        ``per_key`` of each key (a bounded step of Redis' work); ``more`` names the keys that keep others."""
-        batch = [calls.unwritten(key, count=per_key, keep_ms=self.idle_horizon_ms) for key in keys]
-        found, more = [], set()
-        for key, (left, *flat) in zip(keys, self._pipelined(batch), strict=True):
+        ``per_key`` of each key (a bounded step of Redis' work); ``more`` names the keys that keep others.
+        ``young=False``: only records older than the record delay; ``young`` then names the keys that keep
+        younger ones, with when they are due."""
+        min_age_ms = 0 if young else self.record_delay_ms
+        batch = [
+            calls.unwritten(key, count=per_key, keep_ms=self.idle_horizon_ms, min_age_ms=min_age_ms) for key in keys
+        ]
+        found, more, later = [], set(), {}
+        for key, (left, oldest_young, *flat) in zip(keys, self._pipelined(batch), strict=True):
             if left:
                 more.add(key)
+            if int(oldest_young):
+                later[key] = int(oldest_young) + self.record_delay_ms
             for field, kept, message in zip(flat[0::3], flat[1::3], flat[2::3], strict=True):
                 found.append(Unwritten.read(key, field, kept, message or None))
-        return UnwrittenRecords(found, frozenset(more))
+        return UnwrittenRecords(found, frozenset(more), later)
 
     def kept_since(self, tickets: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
         """When the gate took each of ``tickets`` ((key, ticket) pairs; server ms), of those whose submission's
@@ -85,13 +94,20 @@ class UnwrittenCalls(GateBase):
         if batch := calls.reindex(self.unwritten_index, moves=((key, claim, 0) for key, claim in claims)):
             self._pipelined(batch)
 
-    def forget_unwritten(self, written: Iterable[Unwritten], claims: Iterable[tuple[str, int]] = ()) -> None:
-        """Delete records whose rows are written, and release ``claims`` (from :meth:`claim_unwritten`)
-        of keys no submission was kept for since; one round trip."""
+    def forget_unwritten(
+        self,
+        written: Iterable[Unwritten],
+        claims: Iterable[tuple[str, int]] = (),
+        later: Iterable[tuple[str, int, int]] = (),
+    ) -> None:
+        """Delete records whose rows are written, release ``claims`` (from :meth:`claim_unwritten`) of keys
+        no submission was kept for since, and move those of ``later`` ((key, claim, ms when due)) to when
+        their younger records are due; one round trip."""
         # Deleted first (on one server; a cluster's masters each take theirs): a claim released before
         # its records were deleted would leave them unindexed, until the key's next submission.
         deleted: list[Command] = [("HDEL", KeyNames(w.key).unwritten, w.field or w.ticket) for w in written]
-        released = calls.reindex(self.unwritten_index, moves=((key, claim, -1) for key, claim in claims))  # -1: removed
+        moves = [*((key, claim, -1) for key, claim in claims), *later]  # -1: removed
+        released = calls.reindex(self.unwritten_index, moves=moves)
         if released:
             self._pipelined(released, before=deleted)
         elif deleted:

@@ -98,11 +98,12 @@ def ended_with_record(end: Transition, unwritten: Unwritten) -> Transition:
     return merged
 
 
-def write(gate: Gate, keys: Sequence[str], claims: Sequence[tuple[str, int]] = ()) -> int:
+def write(gate: Gate, keys: Sequence[str], claims: Sequence[tuple[str, int]] = (), *, young: bool = True) -> int:
     """Write the rows of the records kept for ``keys``, then delete those records and release
-    ``claims``; returns how many were written."""
+    ``claims``; returns how many were written. ``young=False``: only records older than the record
+    delay; a key's younger ones are due again when the oldest of them is that old."""
     try:
-        step = gate.unwritten(keys)
+        step = gate.unwritten(keys, young=young)
         found, rows = step.records, []
         for unwritten in found:
             try:
@@ -121,7 +122,10 @@ def write(gate: Gate, keys: Sequence[str], claims: Sequence[tuple[str, int]] = (
         gate.unclaim_unwritten(claims)  # the next pass, of any writer, tries them again
         raise
     # A key that keeps more records than one step reads is due again at once: the next pass writes on.
-    gate.forget_unwritten(found, [c for c in claims if c[0] not in step.more])
+    # One whose younger records were left is due when they are as old as the delay.
+    done = [c for c in claims if c[0] not in step.more and c[0] not in step.later]
+    later = [(key, claim, step.later[key]) for key, claim in claims if key in step.later and key not in step.more]
+    gate.forget_unwritten(found, done, later)
     gate.unclaim_unwritten([c for c in claims if c[0] in step.more])
     return len(rows)
 
@@ -172,7 +176,7 @@ def write_due(gate: Gate, *, batch: int = 500, max_batches: int = 100, young: bo
     for _ in range(max_batches):
         claims = gate.claim_unwritten(claim_seconds=CLAIM_SECONDS, batch=batch, young=young)
         if claims:
-            written += write(gate, [key for key, _ in claims], claims)
+            written += write(gate, [key for key, _ in claims], claims, young=young)
         if not claims:  # on a cluster, a batch is shared by the shards: one may hold more than its share
             break
     return written

@@ -4,6 +4,7 @@ import logging
 import subprocess
 
 import pytest
+from django.test import override_settings
 from django.utils import timezone
 
 from django_keyed_queue.gate.keys import KeyNames
@@ -115,3 +116,18 @@ def test_a_deep_key_s_rows_are_all_written_a_bounded_step_at_a_time(gate_redis, 
     assert write_submission_rows() == 1200
     assert KeyedTask.objects.filter(key="deep").count() == 1200
     assert not index_scores(gate_redis, UNWRITTEN) and not gate_redis.exists(KeyNames("deep").unwritten)
+
+
+@override_settings(KEYED_QUEUE_RECORD_DELAY_SECONDS=5)
+def test_a_background_pass_refuses_a_record_stamped_in_no_real_time_instead_of_waiting_for_it(gate_redis, caplog):
+    """A young record waits out the delay; one stamped over a day ahead is no submission's to wait for: it is
+    read now, and written or refused as any other."""
+    record = b'{"task_id": "t", "task_name": "n", "arguments": ""}'
+    gate_redis.hset(KeyNames("j").unwritten, 3, b"w|" + b"9" * 400 + b"|" + record)  # past a float's range
+    gate_redis.hset(KeyNames("j").unwritten, 4, b"w|99999999999999|" + record)  # in the year 5138
+    gate_redis.zadd(UNWRITTEN.shard_of("j"), {"j": 0})
+
+    with caplog.at_level(logging.ERROR, logger=submissions.__name__):
+        assert submissions.write_due(get_gate(), young=False) == 1, "the year 5138's, a time a row can hold"
+    assert caplog.text.count("keeps a submission record that is not one") == 1, "past a float's range"
+    assert gate_redis.exists(KeyNames("j").unwritten) == 0 and not index_scores(gate_redis, UNWRITTEN)

@@ -205,3 +205,23 @@ def test_a_run_that_blocks_its_key_hands_back_its_record_too(gate):
 
     assert finished.code.name == "BLOCKED" and finished.unwritten is not None
     assert finished.unwritten.record == b"r1"
+
+
+def test_a_background_pass_leaves_a_key_s_young_records_and_comes_back_when_they_are_due(make_gate, gate_redis):
+    """A key is due when its first record is; the records submitted since wait out the delay themselves."""
+    gate = make_gate(record_delay_seconds=0.6)
+    old = gate.submit("k", b"m1", record=b"r1")
+    time.sleep(0.7)
+    young = gate.submit("k", b"m2", record=b"r2")
+
+    [claim] = gate.claim_unwritten(claim_seconds=30, batch=10, young=False)
+    step = gate.unwritten(["k"], young=False)
+    assert [u.ticket for u in step.records] == [old.ticket], "the young record is left, unread"
+    assert set(step.later) == {"k"} and step.more == frozenset()
+    gate.forget_unwritten(step.records, later=[(*claim, step.later["k"])])
+
+    assert gate.claim_unwritten(claim_seconds=30, batch=10, young=False) == [], "not due again before it is"
+    assert [u.ticket for u in gate.unwritten(["k"]).records] == [young.ticket], "a page's writer reads it"
+    time.sleep(0.7)
+    assert [k for k, _ in gate.claim_unwritten(claim_seconds=30, batch=10, young=False)] == ["k"]
+    assert [u.ticket for u in gate.unwritten(["k"], young=False).records] == [young.ticket]
