@@ -5,9 +5,12 @@ the gate's one atomic call (``Gate.submit(record=...)``), so a producer killed
 right after ``apply_async`` returned loses nothing. Every worker's main process
 (``RecordWriter``), ``keyed_queue_reap`` and the operator's pages write those
 rows: each writer claims keys, writes their records in one transaction, and
-only then deletes them from the gate. A worker that runs the task first
-creates the row from its own transition; the two writes merge (see
-``KeyedTaskManager.apply``), in either order. A pass also hands the idempotency
+only then deletes them from the gate. The workers' passes write only records
+older than ``KEYED_QUEUE_RECORD_DELAY_SECONDS``: a run that ends sooner writes
+its row once, in its final state, from the record ``finish`` hands it
+(``ended_with_record``), and one that starts sooner makes its row from its
+own transition. Two writes of a row merge (see ``KeyedTaskManager.apply``),
+in either order. A pass also hands the idempotency
 keys of the superseded tasks it writes to the last replacement it knows of.
 """
 
