@@ -19,7 +19,7 @@ def fairness_plan(hot_tasks: int, keys: int) -> list[tuple[str, int]]:
     return [(HOT_KEY, n) for n in range(hot_tasks)] + [(f"acct-{i}", 0) for i in range(keys)]
 
 
-def waitsms_text(events: list[dict], plan: list[tuple[str, int]], submitted: list[float]) -> list[float]:
+def waits_ms(events: list[dict], plan: list[tuple[str, int]], submitted: list[float]) -> list[float]:
     """Each one-task key's wait, in ms (``submitted``: the time of each submission, in plan order)."""
     started = {(e["key"], e["n"]): e["t"] for e in events if e["event"] == "start"}
     return [
