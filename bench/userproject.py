@@ -34,7 +34,9 @@ workload's rounds alternate variants (after a small warm-up of each), in up to t
 - fairness (bench/fairness.py): ``--fairness-hot-tasks`` tasks of one key submitted first (the realistic
   workload's ``--realistic-hot-tasks``, fewer: its keyed hot key runs 10+ ms a task, one at a time), then
   ``--fairness-keys`` keys with one task each, right after; plain and keyed. It reports the one-task keys'
-  wait, their start less their submission, p50 and p99; the round lasts until every task ended.
+  wait, their start less their submission, p50 and p99; the round lasts until every task ended. With no
+  hot-key tasks (``--fairness-hot-tasks 0 --realistic-hot-tasks 0``) the one-task keys run alone: the wait
+  they have on this worker with nothing ahead of them, a reference.
 
 The second baseline, ``results`` (on by default; ``--no-results`` leaves it out and the project as
 before), is plain Celery as Django users run it to see their tasks: django-celery-results in the project

@@ -63,7 +63,7 @@ def schedule(args: argparse.Namespace) -> Schedule:
             hot = [("hot", n) for n in range(args.hot_tasks)]
             rounds += [(workload, "hot-key", i, v, hot) for i in indices for v in ("plain", "keyed", *peer)]
         hot_tasks = args.fairness_hot_tasks if workload is NOOP else args.realistic_hot_tasks
-        if args.fairness and args.fairness_keys and hot_tasks:
+        if args.fairness and args.fairness_keys:  # with no hot-key tasks: the one-task keys alone, for reference
             plan = fairness_plan(hot_tasks, args.fairness_keys)
             rounds += [(workload, "fairness", i, v, plan) for i in indices for v in ("plain", "keyed")]
     return rounds
