@@ -1,9 +1,11 @@
-"""The benchmark's PNG: throughputs per scenario and variant, and the hot key's handoff latency CDF."""
+"""The benchmark's PNGs: throughputs per scenario and variant, and the hot key's handoff latency CDF; several
+runs' throughputs side by side; and the fairness rounds' waits of the one-task keys."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from .fairness import ms_text
 from .stats import percentile
 
 
@@ -49,12 +51,7 @@ def plot(rounds, summary: dict, path: Path) -> None:
         p50, p99 = percentile(handoffs, 50), percentile(handoffs, 99)
         label = f"{'keyed' if variant == 'keyed' else 'plain Celery chain'}: p50 {p50:.1f} ms, p99 {p99:.1f} ms"
         cdf.plot(handoffs, [(i + 1) / n for i in range(n)], color=color, label=label)
-    cdf.set_xscale("log")
-    lo, hi = cdf.get_xlim()
-    ticks = [t for t in (0.2, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000) if lo <= t <= hi]
-    cdf.set_xticks(ticks, [f"{t:g}" for t in ticks])
-    cdf.set_xlim(lo, hi)
-    cdf.minorticks_off()
+    log_ms_axis(cdf)
     cdf.set_xlabel("ms from the end of task n to the start of task n+1 (log scale)")
     cdf.set_ylabel("fraction of handoffs")
     cdf.set_title("Hot key: handoff latency (CDF)")
@@ -63,6 +60,17 @@ def plot(rounds, summary: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def log_ms_axis(ax) -> None:
+    """A log-scale x axis of milliseconds, its ticks at 1-2-5 steps, written plainly (10, not 10^1)."""
+    ax.set_xscale("log")
+    lo, hi = ax.get_xlim()
+    steps = [m * 10**e for e in range(-1, 6) for m in (1, 2, 5)]
+    ticks = [t for t in steps if lo <= t <= hi]
+    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+    ax.set_xlim(lo, hi)
+    ax.minorticks_off()
 
 
 def plot_databases(summaries: dict[str, dict], path: Path) -> None:
@@ -100,17 +108,56 @@ def plot_databases(summaries: dict[str, dict], path: Path) -> None:
     plt.close(fig)
 
 
+#: Each run's line in the fairness plot, in the order of the runs given.
+RUN_STYLES = ("-", "--", ":", "-.")
+
+
+def plot_fairness(summaries: dict[str, dict], path: Path) -> None:
+    """The one-task keys' waits of the fairness rounds of several runs of bench.userproject (its ``--json``
+    summaries), as CDFs on a log scale: one panel per workload, plain and keyed, one line style per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = {"noop": lambda s: s.get("fairness"), "realistic": lambda s: s.get("realistic", {}).get("fairness")}
+    shown = [(name, of) for name, of in workloads.items() if any(of(s) for s in summaries.values())]
+    fig, axes = plt.subplots(1, len(shown), figsize=(5.6 * len(shown), 4.4), squeeze=False)
+    colors = {"plain": "#8c8c8c", "keyed": "#2c7fb8"}
+    for ax, (workload, of) in zip(axes[0], shown, strict=True):
+        sizes = set()
+        for style, (run, summary) in zip(RUN_STYLES, summaries.items(), strict=False):
+            for variant, s in (of(summary) or {}).items():
+                waits = sorted(s["waits ms"])
+                fraction = [(i + 1) / len(waits) for i in range(len(waits))]
+                label = f"{run}, {variant}: p50 {ms_text(s['p50 ms'])} ms, p99 {ms_text(s['p99 ms'])} ms"
+                ax.plot(waits, fraction, style, color=colors[variant], label=label)
+                sizes.add(f"{s['keys']} one-task keys behind {s['hot tasks']} tasks of one key")
+        log_ms_axis(ax)
+        ax.set_xlabel("ms from submission to start (log scale; medians of rounds in the legend)")
+        ax.set_ylabel("fraction of the one-task keys' tasks")
+        ax.set_title(f"{workload} tasks: {'; '.join(sorted(sizes))}", fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """``python -m bench.plot OUT.png NAME=RUN.json ...``: the runs' summaries side by side."""
+    """``python -m bench.plot [--fairness] OUT.png NAME=RUN.json ...``: the runs' summaries side by side (with
+    ``--fairness``, bench.userproject's fairness waits)."""
     import json
     import sys
 
-    out, *runs = argv if argv is not None else sys.argv[1:]
+    args = argv if argv is not None else sys.argv[1:]
+    fairness = args[:1] == ["--fairness"]
+    out, *runs = args[1:] if fairness else args
     summaries = {}
     for run in runs:
         name, file = run.split("=", 1)
         summaries[name] = json.loads(Path(file).read_text())["summary"]
-    plot_databases(summaries, Path(out))
+    (plot_fairness if fairness else plot_databases)(summaries, Path(out))
 
 
 if __name__ == "__main__":

@@ -10,3 +10,15 @@ class Order(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class Account(models.Model):
+    """A user's own row: each task of the benchmark's realistic workload reads one and updates it
+    (bench/userproject.py)."""
+
+    name = models.CharField(max_length=50)
+    syncs = models.PositiveIntegerField(default=0)
+    synced_at = models.DateTimeField(null=True)
+
+    def __str__(self) -> str:
+        return self.name

@@ -43,6 +43,48 @@ def plain_step(self, key: str, n: int, seconds: float = 0.0) -> int:
     return logged(self.request.id, key, n, seconds)
 
 
+# The benchmark's (bench/userproject.py): its realistic workload, and plain tasks that store their result
+# (the project's CELERY_RESULT_BACKEND, which the benchmark sets to django-celery-results').
+
+
+def synced(task_id: str, key: str, n: int, account_id: int) -> int:
+    """A task as users write them: one of their rows read and updated, then 10 ms waiting, as on an HTTP call."""
+    from django.utils import timezone
+
+    from .models import Account
+
+    log("start", key, n, task_id)
+    account = Account.objects.get(pk=account_id)
+    account.syncs += 1
+    account.synced_at = timezone.now()
+    account.save(update_fields=["syncs", "synced_at"])
+    time.sleep(0.01)
+    log("end", key, n, task_id)
+    return n
+
+
+@keyed_serial_task(key="{key}", bind=True)
+def sync_step(self, key: str, n: int, account_id: int) -> int:
+    return synced(self.request.id, key, n, account_id)
+
+
+@shared_task(bind=True)
+def plain_sync_step(self, key: str, n: int, account_id: int) -> int:
+    return synced(self.request.id, key, n, account_id)
+
+
+@shared_task(bind=True, ignore_result=False)
+def plain_step_stored(self, key: str, n: int, seconds: float = 0.0) -> int:
+    """``plain_step`` storing its result even where the project ignores results by default."""
+    return logged(self.request.id, key, n, seconds)
+
+
+@shared_task(bind=True, ignore_result=False)
+def plain_sync_step_stored(self, key: str, n: int, account_id: int) -> int:
+    """``plain_sync_step`` storing its result even where the project ignores results by default."""
+    return synced(self.request.id, key, n, account_id)
+
+
 @keyed_serial_task(key="{key}", bind=True, coalesce=True)
 def latest_step(self, key: str, n: int, seconds: float = 0.0) -> int:
     """A step of a coalescing key: one runs, the latest waits, the rest are superseded."""
