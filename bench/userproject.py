@@ -78,7 +78,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from .harness import DATABASES
-from .report import print_ending
+from .report import DATABASE_CPU_EXTRA_TARGET_MS, DATABASE_TARGETS, print_ending
 from .userproject_bench import PEERS, Bench
 from .userproject_plan import NOOP, REALISTIC, WORKLOADS, ProjectRound, schedule
 from .userproject_report import report_workload
@@ -185,7 +185,11 @@ def main(argv: list[str] | None = None) -> int:
         of_workload = [r for r in rounds if r.workload == workload.name]
         if of_workload:
             print(f"\n{workload.name} workload ({workload.describe}), 1 worker x prefork {workload.concurrency}:\n")
-            figures = report_workload(of_workload, workload.targets, workload.cpu_extra_target)
+            targets, cpu_extra_target = workload.targets, workload.cpu_extra_target
+            if workload is NOOP:
+                targets = {**targets, **DATABASE_TARGETS.get(args.database, {})}
+                cpu_extra_target = DATABASE_CPU_EXTRA_TARGET_MS.get(args.database, cpu_extra_target)
+            figures = report_workload(of_workload, targets, cpu_extra_target)
             if workload is NOOP:  # at the top, where the runs before workloads had them (bench.plot reads them)
                 summary.update(figures)
             else:
