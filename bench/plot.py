@@ -138,7 +138,7 @@ def plot_fairness(summaries: dict[str, dict], path: Path) -> None:
         ax.set_ylabel("fraction of the one-task keys' tasks")
         ax.set_title(f"{workload} tasks: {'; '.join(sorted(sizes))}", fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7, loc="lower right")
+        ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
