@@ -20,9 +20,13 @@ queues that expire (``x-expires``). ``describe`` says which one a process uses.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Hashable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from weakref import WeakKeyDictionary
 
 import redis
+from kombu.serialization import dumps as serialize
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
@@ -98,6 +102,24 @@ def template(producer: Producer, gate_client: Any, key: str, body: Any, publish:
     exchange = getattr(exchange, "name", exchange) or ""
     if exchange and _exchange_type(channel, exchange, declare) != "direct":
         return None
+    shape_of = _shape_key(producer, exchange, publish)
+    if shape_of is None:
+        return _built(producer, channel, exchange, key, body, publish)
+    shapes = _shapes.setdefault(channel, {})
+    if shape_of not in shapes:
+        if len(shapes) >= MAX_SHAPES:
+            shapes.clear()
+        shapes[shape_of] = Shape.of(producer, channel, exchange, body, publish)
+    shape = shapes[shape_of]
+    if shape is None:
+        return _built(producer, channel, exchange, key, body, publish)
+    return shape.fill(channel, key, body, publish)
+
+
+def _built(
+    producer: Producer, channel: Any, exchange: str, key: str, body: Any, publish: dict[str, Any]
+) -> bytes | None:
+    """The template, built whole through kombu's producer with the holes in place of their values."""
     holes = {name: f"keyed-hole-{secrets.token_hex(16)}" for name in (TICKET, DISPATCH, TAG)}
     captured = _prepare(producer, channel, body, {
         **publish, "headers": {**(publish.get("headers") or {}), HEADER: {
@@ -111,14 +133,94 @@ def template(producer: Producer, gate_client: Any, key: str, body: Any, publish:
     pieces = _split(dumps(message), {f'"{holes[TICKET]}"': TICKET, f'"{holes[DISPATCH]}"': DISPATCH, holes[TAG]: TAG})
     if pieces is None:
         return None
+    route = _route(channel, exchange, routing_key, message)
+    return None if route is None else "\0".join([*route, *pieces]).encode()
+
+
+def _route(channel: Any, exchange: str, routing_key: str, message: dict[str, Any]) -> list[str] | None:
+    """The template's first parts: where ``push_granted`` pushes the message; None if one holds a NUL."""
     prefix = channel.global_keyprefix or ""
     binding = prefix + channel.keyprefix_queue % exchange if exchange else ""
     # The list kombu's _put picks for the message's priority (the same private calls it makes).
-    suffix = channel._q_for_pri("", channel._get_message_priority(message, reverse=False))  # type: ignore[attr-defined]
+    suffix = channel._q_for_pri("", channel._get_message_priority(message, reverse=False))
     route = [VERSION, binding, routing_key, prefix, suffix, channel.sep]
-    if any("\0" in part for part in route):
+    return None if any("\0" in part for part in route) else route
+
+
+#: The message's parts filled per message; the rest of it is its shape's, alike for every message of one.
+BODY, HEADERS, CORRELATION, DELIVERY = "body", "headers", "correlation_id", "delivery_tag"
+#: A channel's shapes kept, at most: a process's tasks, queues and priorities (beyond them, built again).
+MAX_SHAPES = 256
+#: Each kombu channel's message shapes, by ``_shape_key``: a message's template is built through kombu's
+#: producer once per shape, then filled here for each message (its body, headers, id and delivery tag).
+_shapes: WeakKeyDictionary[Any, dict[Hashable, Shape | None]] = WeakKeyDictionary()
+
+
+def _shape_key(producer: Producer, exchange: str, publish: dict[str, Any]) -> Hashable | None:
+    """What makes two messages' templates alike but for their body, headers and id; None for a message
+    whose template is built whole (compressed, or already serialized, or an option that cannot be compared)."""
+    if publish.get("compression") or producer.compression or publish.get("content_type"):
         return None
-    return "\0".join([*route, *pieces]).encode()
+    if not isinstance(publish.get("headers") or {}, dict):
+        return None
+    alike = [(name, value) for name, value in publish.items() if name not in PER_MESSAGE]
+    declared = tuple(getattr(queue, "name", queue) for queue in publish.get("declare") or ())
+    shape = (
+        exchange, producer.serializer, declared, "correlation_id" in publish,
+        tuple(sorted(alike, key=lambda item: item[0])),
+    )  # fmt: skip
+    try:
+        hash(shape)
+    except TypeError:
+        return None
+    return shape
+
+
+#: Publish arguments that differ from message to message, or that do not shape the message pushed.
+PER_MESSAGE = frozenset({"headers", "correlation_id", "exchange", "declare", "retry", "retry_policy"})
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A message's template but for its body, headers, correlation id and delivery tag: the JSON kombu's
+    producer made around them, cut where they go (``parts``, text and part names), and its route."""
+
+    route: list[str]
+    parts: list[str]
+    serializer: str | None
+
+    @classmethod
+    def of(cls, producer: Producer, channel: Any, exchange: str, body: Any, publish: dict[str, Any]) -> Shape | None:
+        holes = {name: f"keyed-hole-{secrets.token_hex(16)}" for name in (BODY, HEADERS, CORRELATION, DELIVERY)}
+        captured = _prepare(producer, channel, body, publish)
+        if captured is None:
+            return None
+        message, routing_key = captured
+        properties = message["properties"]
+        if "correlation_id" not in properties:
+            return None
+        message[BODY], message[HEADERS] = holes[BODY], holes[HEADERS]
+        properties["correlation_id"], properties["delivery_tag"] = holes[CORRELATION], holes[DELIVERY]
+        parts = _split(dumps(message), {f'"{hole}"': name for name, hole in holes.items()})
+        route = _route(channel, exchange, routing_key, message)
+        if parts is None or route is None or parts[1::2] != [BODY, HEADERS, CORRELATION, DELIVERY]:
+            return None
+        return cls(route, parts, publish.get("serializer") or producer.serializer)
+
+    def fill(self, channel: Any, key: str, body: Any, publish: dict[str, Any]) -> bytes:
+        """The template of one message of this shape: kombu's serializer and body encoding, as its producer."""
+        _, _, serialized = serialize(body, serializer=self.serializer)
+        encoded, _ = channel.encode_body(serialized, channel.body_encoding)
+        headers = {name: value for name, value in (publish.get("headers") or {}).items() if name != HEADER}
+        before = dumps(headers)[:-1] + (", " if headers else "")
+        ours = f'"{HEADER}": {{"key": {dumps(key)}, "ticket": '
+        tag = f'"{channel._next_delivery_tag()}.'
+        a, _, b, _, c, _, d, _, e = self.parts
+        pieces = [
+            f"{a}{dumps(encoded)}{b}{before}{ours}", TICKET, ', "dispatch": ', DISPATCH,
+            f"}}}}{c}{dumps(publish['correlation_id'])}{d}{tag}", TAG, f'"{e}',
+        ]  # fmt: skip
+        return "\0".join([*self.route, *pieces]).encode()
 
 
 def _exchange_type(channel: Any, exchange: str, declare: Any) -> str:

@@ -44,7 +44,9 @@ def _message(**options):
 
 
 def _template(connection, gate, key, message):
+    """The template of ``message``, filled from its shape as a producer's second message of it is."""
     body, publish = publish_arguments(step.app, message, {})
+    wire.template(connection.Producer(), gate.client, key, body, publish)  # its shape kept, if it can be
     return wire.template(connection.Producer(), gate.client, key, body, publish)
 
 
@@ -152,6 +154,26 @@ def test_a_direct_exchange_with_no_queue_bound_is_left_to_the_caller(broker, on_
     assert submitted is not None and submitted.granted and not submitted.pushed
 
 
+def test_a_compressed_message_is_built_whole_as_kombu_publishes_it(broker, on_broker):
+    with Connection(django_settings.CELERY_BROKER_URL) as connection:
+        pushed, published = _pushed_and_published(broker, connection, on_broker, "k", _message(compression="zlib"))
+    assert pushed["headers"]["compression"] == "application/x-gzip"
+    _same_but_the_tag(pushed, published)
+
+
+def test_messages_of_one_shape_each_push_their_own_body_headers_and_id(broker, on_broker):
+    with Connection(django_settings.CELERY_BROKER_URL) as connection:
+        messages = [_message(), _message(headers={"tenant": "t1"}), _message()]
+        pairs = [_pushed_and_published(broker, connection, on_broker, f"k{n}", m) for n, m in enumerate(messages)]
+        [shape] = wire._shapes[connection.default_channel].values()
+        assert shape is not None, "built through kombu once, then filled"
+    for n, (message, (pushed, published)) in enumerate(zip(messages, pairs, strict=True)):
+        assert pushed["headers"]["id"] == pushed["properties"]["correlation_id"] == message.task_id
+        assert pushed["headers"]["keyed_queue"]["key"] == f"k{n}"
+        _same_but_the_tag(pushed, published)
+    assert pairs[1][0]["headers"]["tenant"] == "t1" and "tenant" not in pairs[2][0]["headers"]
+
+
 #: Keys and arguments as users and attackers send them: unicode, quotes and backslashes (escaped in
 #: the JSON the holes sit in), NUL, huge, and text that looks like a hole.
 ODD_TEXT = st.one_of(
@@ -164,9 +186,15 @@ ODD_TEXT = st.one_of(
 
 @settings(max_examples=40, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
-@given(key=ODD_TEXT.filter(bool), argument=ODD_TEXT, priority=st.sampled_from([None, 0, 4, 9]))
-def test_any_key_and_arguments_are_pushed_as_kombu_would_publish_them(broker, on_broker, key, argument, priority):
-    message, _ = build(step.app, step, str(uuid.uuid4()), (argument, 1), {}, {"queue": QUEUE, "priority": priority})
+@given(
+    key=ODD_TEXT.filter(bool), argument=ODD_TEXT, priority=st.sampled_from([None, 0, 4, 9]),
+    task_id=st.one_of(st.uuids().map(str), ODD_TEXT.filter(bool)), header=ODD_TEXT,
+)  # fmt: skip
+def test_any_key_and_arguments_are_pushed_as_kombu_would_publish_them(
+    broker, on_broker, key, argument, priority, task_id, header
+):
+    options = {"queue": QUEUE, "priority": priority, "headers": {"odd": header}}
+    message, _ = build(step.app, step, task_id, (argument, 1), {}, options)
     lists = [QUEUE, *(f"{QUEUE}\x06\x16{n}" for n in (3, 6, 9))]
     broker.delete(*lists)  # other tests' priorities may have left messages on them
     with Connection(django_settings.CELERY_BROKER_URL) as connection:
