@@ -15,8 +15,9 @@ from .statuses import ACTIVE_STATUSES, Status
 
 class KeyedTask(models.Model):
     #: Celery's task id. Not unique: Celery reuses an id on purpose (``replace``, a resent
-    #: signature), and each submission, ``(task_id, key, ticket)``, has its own row.
-    task_id = models.CharField(_("task id"), max_length=TASK_ID_MAX_LENGTH, db_index=True)
+    #: signature), and each submission, ``(task_id, key, ticket)``, has its own row. No index of its
+    #: own: the unique constraint's begins with it (and PostgreSQL's prefix search has one, 0012).
+    task_id = models.CharField(_("task id"), max_length=TASK_ID_MAX_LENGTH)
     task_name = models.CharField(_("task name"), max_length=TASK_NAME_MAX_LENGTH)
     key = models.CharField(_("key"), max_length=MAX_KEY_LENGTH)
     ticket = models.BigIntegerField(_("ticket"), null=True, blank=True)
