@@ -52,13 +52,18 @@ class Recorder:
         self._pending: dict[tuple[str, str, int], Transition] = {}
         #: The submissions whose rows this process inserted lately, oldest first.
         self._made: dict[tuple[str, str, int], None] = {}
+        #: Those whose rows the flush under way inserts: a run that ends meanwhile updates its row.
+        self._making: set[tuple[str, str, int]] = set()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
     def buffer(self, transition: Transition) -> None:
         with self._lock:
-            if transition.insert_first and transition.submission in self._made:
-                transition = replace(transition, insert_first=False)  # this process made its row already
+            made = transition.submission in self._made or transition.submission in self._making
+            if transition.insert_first and made:
+                # This process made its row already, or is making it: inserting it again would fail the
+                # whole batch over to one statement a row. Put back unwritten, the maker keeps its insert.
+                transition = replace(transition, insert_first=False)
             earlier = self._pending.get(transition.submission)
             self._pending[transition.submission] = earlier.merged_with(transition) if earlier else transition
             if self._thread is None:
@@ -90,8 +95,16 @@ class Recorder:
             if not held_too:  # not yet: kept for a later pass
                 self._pending = {s: t for s, t in batch.items() if t.not_before is not None and t.not_before > now}
                 batch = {s: t for s, t in batch.items() if s not in self._pending}
+            self._making = {s for s, t in batch.items() if t.insert_first}
         if not batch:
             return
+        try:
+            self._write(batch, wait_for_rows)
+        finally:
+            with self._lock:
+                self._making = set()
+
+    def _write(self, batch: dict[tuple[str, str, int], Transition], wait_for_rows: bool) -> None:
         try:
             create_after = create_missing_after() if wait_for_rows else None
             # A transition refused is set aside (logged): written again, it would only be refused again.

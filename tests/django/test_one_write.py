@@ -10,7 +10,7 @@ import time
 from datetime import timedelta
 
 import pytest
-from django.db import connections
+from django.db import OperationalError, connections
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -20,7 +20,8 @@ from django_keyed_queue.gate.keys import KeyNames
 from django_keyed_queue.process.state import current
 from django_keyed_queue.records import submissions
 from django_keyed_queue.records.models import KeyedTask
-from django_keyed_queue.records.transitions import describe_arguments
+from django_keyed_queue.records.statuses import Status
+from django_keyed_queue.records.transitions import Transition, describe_arguments
 from django_keyed_queue.testing import write_submission_rows
 from django_keyed_queue.worker.run import Run
 from testproject.demo.tasks import step
@@ -130,3 +131,72 @@ def test_a_record_waits_out_the_delay_and_a_process_killed_after_its_finish_lose
     time.sleep(0.6)
     assert submissions.write_due(gate, young=False) == 1, "the kept record is written past the delay"
     assert KeyedTask.objects.get(task_id=result.id).status == "dispatched"
+
+
+def test_a_run_that_ends_while_a_flush_makes_its_row_updates_it_and_the_batch_stays_whole(
+    gate_redis, broker, monkeypatch
+):
+    """A run's start makes its row in a flush that is still writing when the run ends: the end is buffered to
+    update that row. Were it inserted too, its batch's one INSERT would fail over to a statement a row."""
+    result = step.apply_async(("ow", 0), queue=QUEUE)
+    recorder, now = current().recorder, timezone.now()
+    recorder.buffer(
+        Transition(
+            result.id,
+            "ow",
+            1,
+            Status.RUNNING,
+            1,
+            {"started_at": now, "worker": "w1"},
+            insert_first=True,
+            create={"task_name": step.name, "enqueued_at": now, "args": ("ow", 0), "kwargs": {}},
+        )  # fmt: skip
+    )
+    apply, ended = KeyedTask.objects.apply_setting_aside, []
+
+    def run_ends_meanwhile(*args, **kwargs):
+        run_to_its_end(result.id, "ow", 1)
+        ended.append(recorder.peek((result.id, "ow", 1)))
+        return apply(*args, **kwargs)
+
+    monkeypatch.setattr(KeyedTask.objects, "apply_setting_aside", run_ends_meanwhile)
+    recorder.flush()
+    monkeypatch.undo()
+
+    [buffered] = ended
+    assert buffered is not None and buffered.status == Status.SUCCEEDED and not buffered.insert_first
+    assert KeyedTask.objects.get(task_id=result.id).status == Status.RUNNING
+    assert flush_counting_writes() == ["UPDATE"]
+    assert KeyedTask.objects.get(task_id=result.id).status == Status.SUCCEEDED
+    assert current().gate.unwritten(["ow"]).records == [], "its record is deleted once its row is written"
+
+
+def test_a_run_that_ended_while_a_failed_flush_was_making_its_row_makes_it(gate_redis, broker, monkeypatch):
+    result = step.apply_async(("ow", 0), queue=QUEUE)
+    recorder, now = current().recorder, timezone.now()
+    recorder.buffer(
+        Transition(
+            result.id,
+            "ow",
+            1,
+            Status.RUNNING,
+            1,
+            {"started_at": now},
+            insert_first=True,
+            create={"task_name": step.name, "enqueued_at": now, "args": ("ow", 0), "kwargs": {}},
+        )  # fmt: skip
+    )
+
+    def database_down(*args, **kwargs):
+        run_to_its_end(result.id, "ow", 1)  # the run ends while the flush writes
+        raise OperationalError("the database went away")
+
+    monkeypatch.setattr(KeyedTask.objects, "apply_setting_aside", database_down)
+    with pytest.raises(OperationalError):
+        recorder.flush()
+    monkeypatch.undo()
+
+    buffered = recorder.peek((result.id, "ow", 1))
+    assert buffered is not None and buffered.insert_first, "the start put back keeps its insert"
+    assert flush_counting_writes() == ["INSERT"]
+    assert KeyedTask.objects.get(task_id=result.id).status == Status.SUCCEEDED
