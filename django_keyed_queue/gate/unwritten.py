@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from redis.typing import EncodableT
+
 from . import calls
 from .base import GateBase, text
 from .keys import KeyNames
@@ -119,10 +121,10 @@ class UnwrittenCalls(GateBase):
 
         A record's key stays in the unwritten index: a writer's next pass finds it empty and drops it (a
         submission made meanwhile may have indexed it again)."""
-        pipe = self.client.pipeline(transaction=False)
+        fields: dict[str, list[EncodableT]] = {}  # each hash's fields, deleted in one command
         for key, task_id in written:
-            pipe.hdel(KeyNames(key).outcomes, task_id)
+            fields.setdefault(KeyNames(key).outcomes, []).append(task_id)
         for key, ticket in records:
-            pipe.hdel(KeyNames(key).unwritten, str(ticket))
-        if len(pipe):
-            pipe.execute()
+            fields.setdefault(KeyNames(key).unwritten, []).append(ticket)
+        if fields:
+            self._run([("HDEL", name, *deleted) for name, deleted in fields.items()])
