@@ -133,25 +133,23 @@ def test_a_record_waits_out_the_delay_and_a_process_killed_after_its_finish_lose
     assert KeyedTask.objects.get(task_id=result.id).status == "dispatched"
 
 
+def buffer_young_start(task_id: str):
+    """What ``Run.begin`` buffers for the run of a submission younger than the record delay (key "ow",
+    ticket 1): its start, which makes its row. The process's recorder."""
+    recorder, now = current().recorder, timezone.now()
+    running = {"started_at": now, "worker": "w1"}
+    create = {"task_name": step.name, "enqueued_at": now, "args": ("ow", 0), "kwargs": {}}
+    recorder.buffer(Transition(task_id, "ow", 1, Status.RUNNING, 1, running, insert_first=True, create=create))
+    return recorder
+
+
 def test_a_run_that_ends_while_a_flush_makes_its_row_updates_it_and_the_batch_stays_whole(
     gate_redis, broker, monkeypatch
 ):
     """A run's start makes its row in a flush that is still writing when the run ends: the end is buffered to
     update that row. Were it inserted too, its batch's one INSERT would fail over to a statement a row."""
     result = step.apply_async(("ow", 0), queue=QUEUE)
-    recorder, now = current().recorder, timezone.now()
-    recorder.buffer(
-        Transition(
-            result.id,
-            "ow",
-            1,
-            Status.RUNNING,
-            1,
-            {"started_at": now, "worker": "w1"},
-            insert_first=True,
-            create={"task_name": step.name, "enqueued_at": now, "args": ("ow", 0), "kwargs": {}},
-        )  # fmt: skip
-    )
+    recorder = buffer_young_start(result.id)
     apply, ended = KeyedTask.objects.apply_setting_aside, []
 
     def run_ends_meanwhile(*args, **kwargs):
@@ -173,19 +171,7 @@ def test_a_run_that_ends_while_a_flush_makes_its_row_updates_it_and_the_batch_st
 
 def test_a_run_that_ended_while_a_failed_flush_was_making_its_row_makes_it(gate_redis, broker, monkeypatch):
     result = step.apply_async(("ow", 0), queue=QUEUE)
-    recorder, now = current().recorder, timezone.now()
-    recorder.buffer(
-        Transition(
-            result.id,
-            "ow",
-            1,
-            Status.RUNNING,
-            1,
-            {"started_at": now},
-            insert_first=True,
-            create={"task_name": step.name, "enqueued_at": now, "args": ("ow", 0), "kwargs": {}},
-        )  # fmt: skip
-    )
+    recorder = buffer_young_start(result.id)
 
     def database_down(*args, **kwargs):
         run_to_its_end(result.id, "ow", 1)  # the run ends while the flush writes
