@@ -158,8 +158,11 @@ _shapes: WeakKeyDictionary[Any, dict[Hashable, Shape | None]] = WeakKeyDictionar
 
 def _shape_key(producer: Producer, exchange: str, publish: dict[str, Any]) -> Hashable | None:
     """What makes two messages' templates alike but for their body, headers and id; None for a message
-    whose template is built whole (compressed, or already serialized, or an option that cannot be compared)."""
+    whose template is built whole (compressed, already serialized, expiring, or with an option that cannot
+    be compared)."""
     if publish.get("compression") or producer.compression or publish.get("content_type"):
+        return None
+    if publish.get("expiration") is not None:  # a task's ``expires`` as a time: each message its own
         return None
     if not isinstance(publish.get("headers") or {}, dict):
         return None

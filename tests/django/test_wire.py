@@ -154,10 +154,12 @@ def test_a_direct_exchange_with_no_queue_bound_is_left_to_the_caller(broker, on_
     assert submitted is not None and submitted.granted and not submitted.pushed
 
 
-def test_a_compressed_message_is_built_whole_as_kombu_publishes_it(broker, on_broker):
+@pytest.mark.parametrize("options", [{"compression": "zlib"}, {"expires": 30}], ids=["compressed", "expiring"])
+def test_a_message_of_no_shape_is_built_whole_as_kombu_publishes_it(broker, on_broker, options):
     with Connection(django_settings.CELERY_BROKER_URL) as connection:
-        pushed, published = _pushed_and_published(broker, connection, on_broker, "k", _message(compression="zlib"))
-    assert pushed["headers"]["compression"] == "application/x-gzip"
+        pushed, published = _pushed_and_published(broker, connection, on_broker, "k", _message(**options))
+        assert not any(wire._shapes.get(connection.default_channel, {}).values()), "no shape kept"
+    assert "compression" in pushed["headers"] if "compression" in options else pushed["properties"]["expiration"]
     _same_but_the_tag(pushed, published)
 
 
