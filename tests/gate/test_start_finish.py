@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import uuid
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from django_keyed_queue.gate import Code, Grant, KeptStart
 from django_keyed_queue.gate.keys import KeyNames
@@ -113,7 +116,8 @@ def test_finish_grants_the_next_ticket_with_its_message(gate, gate_redis):
 
 
 def _envelope(task: str) -> bytes:
-    return json.dumps({"task": task, "id": task + "-id"}).encode()
+    """A stored message of ``task`` as the producer writes it (compact, its name and id first)."""
+    return json.dumps({"task": task, "id": task + "-id", "body": ""}, separators=(",", ":")).encode()
 
 
 def test_finish_keeping_the_next_grant_starts_it_for_its_caller_when_of_the_same_task(gate):
@@ -317,6 +321,34 @@ def test_only_the_ticket_s_own_message_may_start_it(gate):
     assert gate.start("other", other, 1, task_id="any").code is Code.FOREIGN_MESSAGE, "an unreadable stored message"
     assert gate.inspect("k").holders[ticket].state == "granted", "a refused start changes nothing"
     assert gate.start("k", ticket, 1, task_id="own-id").ok
+
+
+#: Task names and ids as users and attackers make them: quotes and backslashes (escaped in the stored
+#: JSON), unicode (escaped, or not), NUL, huge, and a name that spells another id's field.
+NAMES = st.one_of(
+    st.text(st.characters(codec="utf-8"), max_size=30),
+    st.text(alphabet='"\\\x00é,:{}id', max_size=12),
+    st.just('t","id":"victim'),
+    st.just("x" * 3000),
+)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(task=NAMES, task_id=NAMES.filter(bool), other=NAMES.filter(bool), compact=st.booleans(), ascii_only=st.booleans())
+def test_a_start_reads_the_id_a_stored_message_names_in_any_form(gate, task, task_id, other, compact, ascii_only):
+    """start.lua reads the producer's compact envelope's first fields without decoding it whole; the id it
+    reads is the one JSON says, in every form a message may be stored in (an empty id is not checked)."""
+    envelope = {"task": task, "id": task_id, "content_type": "application/json", "body": "e30="}
+    separators = (",", ":") if compact else (", ", ": ")
+    stored = json.dumps(envelope, separators=separators, ensure_ascii=ascii_only).encode()
+    key = f"k{uuid.uuid4()}"  # a free key each example
+    ticket = gate.submit(key, stored).ticket
+    if other != task_id:
+        assert gate.start(key, ticket, 1, task_id=other).code is Code.FOREIGN_MESSAGE
+    started = gate.start(key, ticket, 1, task_id=task_id)
+    assert started.ok
+    gate.finish(key, ticket, started.token)
 
 
 @pytest.mark.parametrize("task", ["t|with|bars", "tâche \u2603", "nul\x00inside", "x" * 5000])

@@ -67,8 +67,7 @@ local lease, max_lost, block, task = string.match(ARGV[10], '^(%d+)|(%d+)|([01])
 local out = {0, 0, 0, unwritten, stored}
 local function keep(kept)
   if lease and effective_interval(meta_key, 0) == 0 then  -- a key paced by an operator: its start decides
-    local ok, stored = pcall(cjson.decode, redis.call('HGET', messages_key, kept) or '')
-    if ok and type(stored) == 'table' and stored.task == task then
+    if message_names(redis.call('HGET', messages_key, kept)) == task then
       local holder = new_holder('r', next_token(meta_key), now + tonumber(lease), 1, tonumber(max_lost), tonumber(block))
       out[2], out[3] = holder.token, holder.attempts
       -- For a caller whose reply is lost: which run it ended started which ticket (Gate.kept_by).

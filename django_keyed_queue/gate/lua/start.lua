@@ -46,8 +46,8 @@ if holder.state == 'b' then
   return {2, 0, holder.attempts, 0}
 end
 if task_id ~= '' then
-  local ok, stored = pcall(cjson.decode, redis.call('HGET', messages_key, ticket) or '')
-  if not ok or type(stored) ~= 'table' or stored.id ~= task_id then
+  local _, id = message_names(redis.call('HGET', messages_key, ticket))
+  if id ~= task_id then
     return {9, 0, holder.attempts, 0}
   end
 end
