@@ -335,7 +335,9 @@ NAMES = st.one_of(
 
 @settings(max_examples=60, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
-@given(task=NAMES, task_id=NAMES.filter(bool), other=NAMES.filter(bool), compact=st.booleans(), ascii_only=st.booleans())
+@given(
+    task=NAMES, task_id=NAMES.filter(bool), other=NAMES.filter(bool), compact=st.booleans(), ascii_only=st.booleans()
+)
 def test_a_start_reads_the_id_a_stored_message_names_in_any_form(gate, task, task_id, other, compact, ascii_only):
     """start.lua reads the producer's compact envelope's first fields without decoding it whole; the id it
     reads is the one JSON says, in every form a message may be stored in (an empty id is not checked)."""
