@@ -228,21 +228,7 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
                 cursor.executemany(update, [_update_params(self.model, t, db) for t in ordered])
                 return waiting
             if not _all_at_once(db, cursor, self.model, ordered, new=new):
-                insert = _insert_sql(self.model, db.alias, ignore_conflicts=True)
-                for t in ordered:
-                    params = _update_params(self.model, t, db)
-                    if not _inserted_first(t, new):
-                        cursor.execute(update, params)
-                        if cursor.rowcount or t.create is None:
-                            continue
-                        if create_after is not None and (
-                            t.missing_since is None or now - t.missing_since < create_after
-                        ):
-                            waiting.append(t)
-                            continue
-                    cursor.execute(insert, _insert_params(self.model, db, t.row_to_create()))
-                    if not cursor.rowcount:  # another writer's row came first: apply this to it
-                        cursor.execute(update, params)
+                waiting = _by_rows_there(db, cursor, self.model, ordered, new=new, create_after=create_after, now=now)
             # Words after rows, in every writer: two writers never wait for each other in turn.
             waited = {id(t) for t in waiting}
             key_words.remember(db.alias, [t.key for t in ordered if t.create is not None and id(t) not in waited])
@@ -358,6 +344,97 @@ def _all_at_once(
     except _NotOneRowEach:
         return False
     return True
+
+
+def _by_rows_there(
+    db: BaseDatabaseWrapper,
+    cursor: Any,
+    model: type[models.Model],
+    ordered: list[Transition],
+    *,
+    new: bool,
+    create_after: float | None,
+    now: float,
+) -> list[Transition]:
+    """Apply ``ordered`` after one read of which of their rows are there: those there updated in one
+    statement, the missing ones that may make their rows inserted in another; those that must wait for
+    their rows are returned. A batch of a busy worker often holds both (runs that started after the
+    record delay, their rows not written yet): one by one, it cost a statement a row, every flush.
+    A join (its row may have no ticket yet), and a row another writer made meanwhile, go one by one."""
+    alone = [t for t in ordered if t.joins]
+    there = _rows_there(db, model, [t for t in ordered if not t.joins])
+    updates: list[Transition] = []
+    inserts: list[Transition] = []
+    waiting: list[Transition] = []
+    for t in ordered:
+        if t.joins:
+            continue
+        if t.submission in there:
+            updates.append(t)
+        elif t.create is None:
+            continue  # nothing to apply it to, nor to make its row from
+        elif (
+            create_after is None
+            or _inserted_first(t, new)
+            or (t.missing_since is not None and now - t.missing_since >= create_after)
+        ):
+            inserts.append(t)
+        else:
+            waiting.append(t)
+    if updates:
+        cursor.executemany(_update_sql(model, db.alias), [_update_params(model, t, db) for t in updates])
+        if cursor.rowcount != len(updates):  # a row went meanwhile: each again, alone (an update repeats safely)
+            alone += updates
+    if inserts:
+        insert = _insert_sql(model, db.alias, ignore_conflicts=True)
+        cursor.executemany(insert, [_insert_params(model, db, t.row_to_create()) for t in inserts])
+        if cursor.rowcount != len(inserts):  # another writer made some: each again, alone (its insert is ignored)
+            alone += inserts
+    return waiting + _one_by_one(db, cursor, model, sorted(alone, key=lambda t: t.submission), new, create_after, now)
+
+
+#: Submissions a read of the rows there asks for at once (SQLite took at most 999 parameters before 3.32).
+ROWS_THERE_CHUNK = 500
+
+
+def _rows_there(db: BaseDatabaseWrapper, model: type[models.Model], transitions: list[Transition]) -> set[Any]:
+    """The submissions (task id, key, ticket) of ``transitions`` whose rows are there."""
+    ids = sorted({t.task_id for t in transitions})
+    rows = model._default_manager.using(db.alias).order_by()
+    found: set[Any] = set()
+    for start in range(0, len(ids), ROWS_THERE_CHUNK):
+        chunk = rows.filter(task_id__in=ids[start : start + ROWS_THERE_CHUNK])
+        found.update(chunk.values_list("task_id", "key", "ticket"))
+    return found
+
+
+def _one_by_one(
+    db: BaseDatabaseWrapper,
+    cursor: Any,
+    model: type[models.Model],
+    ordered: list[Transition],
+    new: bool,
+    create_after: float | None,
+    now: float,
+) -> list[Transition]:
+    """Apply each of ``ordered`` alone: its update, or its insert if its row is missing (first, if it is most
+    likely missing); those that must wait for their rows are returned."""
+    waiting: list[Transition] = []
+    update = _update_sql(model, db.alias)
+    insert = _insert_sql(model, db.alias, ignore_conflicts=True)
+    for t in ordered:
+        params = _update_params(model, t, db)
+        if not _inserted_first(t, new):
+            cursor.execute(update, params)
+            if cursor.rowcount or t.create is None:
+                continue
+            if create_after is not None and (t.missing_since is None or now - t.missing_since < create_after):
+                waiting.append(t)
+                continue
+        cursor.execute(insert, _insert_params(model, db, t.row_to_create()))
+        if not cursor.rowcount:  # another writer's row came first: apply this to it
+            cursor.execute(update, params)
+    return waiting
 
 
 def _inserted_first(t: Transition, new: bool) -> bool:

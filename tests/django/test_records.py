@@ -5,7 +5,9 @@ import time
 from datetime import timedelta
 
 import pytest
+from django.db import connections
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_keyed_queue.records import recorder as recorder_module
@@ -55,6 +57,28 @@ def test_a_batch_updates_and_creates_in_one_go():
     assert (rows["a"].status, rows["a"].worker) == ("running", "w1")
     assert (rows["b"].status, rows["b"].error) == ("failed", "boom")
     assert (rows["c"].status, rows["c"].ticket, rows["c"].arguments) == ("running", 9, "args=('k', 3) kwargs={}")
+
+
+def test_a_batch_of_rows_there_rows_to_make_and_rows_to_wait_for_is_a_statement_each():
+    """A busy worker's flush: runs whose rows are written, runs that make theirs (younger than the record
+    delay), and runs whose rows the writers have yet to write (they wait). One read of which rows are there,
+    then one UPDATE and one INSERT: not a statement a row."""
+    for n in range(10):
+        make_row(task_id=f"there{n}", status="dispatched")
+    create = {"task_name": "demo.step", "args": ("k", 1), "kwargs": {}, "enqueued_at": timezone.now()}
+    batch = [
+        *(Transition(f"there{n}", "k", 1, "running", 1, {"worker": "w1"}, create) for n in range(10)),
+        *(Transition(f"young{n}", "k", 1, "succeeded", 1, {}, create, insert_first=True) for n in range(10)),
+        *(Transition(f"unwritten{n}", "k", 1, "running", 1, {}, create) for n in range(10)),
+    ]
+    with CaptureQueriesContext(connections[KeyedTask.objects.db_for_write()]) as queries:
+        waiting = KeyedTask.objects.apply(*batch, create_after=60)
+
+    assert sorted(t.task_id for t in waiting) == [f"unwritten{n}" for n in range(10)]
+    statuses = dict(KeyedTask.objects.values_list("task_id", "status"))
+    assert statuses == {**{f"there{n}": "running" for n in range(10)}, **{f"young{n}": "succeeded" for n in range(10)}}
+    writes = [q["sql"] for q in queries if q["sql"].lstrip("0123456789 times:").startswith(("INSERT", "UPDATE"))]
+    assert len(writes) <= 4, f"the batch's one try (an INSERT and an UPDATE), then one each: {len(writes)}"
 
 
 def test_a_retry_runs_as_a_later_attempt():
