@@ -18,8 +18,13 @@ import time
 
 from .harness import Cluster, cpu_seconds
 
-# About the size of a stored task message with three short arguments; start checks its task id.
-MESSAGE = json.dumps({"task": "shop.tasks.step", "id": "0" * 36, "body": "m" * 160}).encode()
+# A stored task message as the producer writes it (compact, its name and id first), about the size of one
+# with three short arguments and Celery's headers; start checks its task id.
+MESSAGE = json.dumps(
+    {"task": "shop.tasks.step", "id": "0" * 36, "content_type": "application/json", "encoding": "utf-8",
+     "body": "m" * 1800},
+    separators=(",", ":"),
+).encode()  # fmt: skip
 OUTCOME = b"o" * 200  # about the size of a run's outcome record
 
 
