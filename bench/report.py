@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from .harness import IN_SCRIPT, gate_round_trips
 from .stats import median, percentile
@@ -34,20 +36,31 @@ def per_task(counter: Counter, tasks: int, names=None) -> float:
     return sum(v for k, v in counter.items() if names is None or k in names) / tasks
 
 
-def print_rounds(rounds: list) -> None:
+def print_rounds(rounds: list, columns: Sequence[tuple[str, Callable[[Any], float]]] | None = None) -> None:
+    """One line per round: its scenario, variant, size and times, then ``columns`` (each a name, and a round's
+    figure): by default its CPU and its gate and broker commands per task (``bench.throughput``'s)."""
+    if columns is None:
+        columns = [
+            ("CPU ms/t", lambda r: 1000 * sum(r.cpu.values()) / r.tasks),
+            ("gate RT/t", lambda r: gate_round_trips(r.gate) / r.tasks),
+            ("gate cmd/t", lambda r: per_task(r.gate, r.tasks)),
+            ("broker cmd/t", lambda r: per_task(r.broker, r.tasks)),
+        ]
+    widths = [max(8, len(name)) for name, _ in columns]
+    variant_width = max([7, *(len(r.variant) for r in rounds)])
+    named = " ".join(f"{name:>{width}}" for (name, _), width in zip(columns, widths, strict=True))
     header = (
-        f"{'scenario':<10} {'rnd':>3} {'variant':<7} {'tasks':>6} {'submit s':>9} {'wall s':>7} {'tasks/s':>8} "
-        f"{'settle s':>8} {'CPU ms/t':>8} {'gate RT/t':>9} {'gate cmd/t':>10} {'broker cmd/t':>12}"
+        f"{'scenario':<10} {'rnd':>3} {'variant':<{variant_width}} {'tasks':>6} {'submit s':>9} {'wall s':>7} "
+        f"{'tasks/s':>8} {'settle s':>8} {named}"
     )
     print(header)
     print("-" * len(header))
     for r in rounds:
         settle = f"{r.settle_seconds:8.2f}" if r.settle_seconds is not None else f"{'-':>8}"
+        cells = " ".join(f"{figure(r):>{width}.2f}" for (_, figure), width in zip(columns, widths, strict=True))
         print(
-            f"{r.scenario:<10} {r.index:>3} {r.variant:<7} {r.tasks:>6} {r.submit_seconds:>9.2f} "
-            f"{r.wall_seconds:>7.2f} {r.throughput:>8.0f} {settle} {1000 * sum(r.cpu.values()) / r.tasks:>8.2f} "
-            f"{gate_round_trips(r.gate) / r.tasks:>9.2f} {per_task(r.gate, r.tasks):>10.2f} "
-            f"{per_task(r.broker, r.tasks):>12.2f}"
+            f"{r.scenario:<10} {r.index:>3} {r.variant:<{variant_width}} {r.tasks:>6} {r.submit_seconds:>9.2f} "
+            f"{r.wall_seconds:>7.2f} {r.throughput:>8.0f} {settle} {cells}"
         )
 
 

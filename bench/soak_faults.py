@@ -8,18 +8,43 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from testproject.servers import AOF_ALWAYS
 
 from .soak_checks import FAULTS, TIMINGS, Task
 
 if TYPE_CHECKING:
-    from .soak import Soak
+    import redis
+
+    from .harness import Cluster
+
+
+class Soak(Protocol):
+    """What a fault uses of the soak (``soak.Soak``), which imports the faults: its servers, its workers
+    and the history read so far."""
+
+    cluster: Cluster
+    broker: redis.Redis
+    rng: random.Random
+    events: list[dict]
+    live: list
+
+    def start_worker(self) -> None: ...
+    def owner(self, pid: int) -> Any: ...
+    def stop(self, pids: list[int]) -> None: ...
+    def resume(self, pids: list[int] | None = None) -> None: ...
+    def refresh(self) -> list[dict]: ...
+    def running(self, tasks: dict[tuple, Task], start: int) -> list: ...
+    def pick_victim(self, tasks: dict[tuple, Task], start: int, timeout: float = 10.0) -> Any: ...
+    def unreaped(self, key: str) -> str: ...
+    def resume_consumers(self) -> None: ...
+
 
 QUEUE = "celery"  # the broker list the workers consume: lost-message deletes granted messages from it
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+from . import report
 from .fairness import print_fairness, summarize_fairness
 from .report import PEERS, print_cpu, print_ratios, print_targets, summarize
 from .stats import median
@@ -34,23 +38,14 @@ def report_workload(rounds: list, targets: dict[str, float], cpu_extra_target: f
 
 
 def print_rounds(rounds: list) -> None:
+    """The rounds, with each process group's CPU per task (ms) as the columns."""
     groups = next((list(r.cpu) for r in rounds if r.cpu), [])
-    widths = {name: max(8, len(name)) for name in groups}
-    cpu = " ".join(f"{name:>{widths[name]}}" for name in groups)
-    variant_width = max([7, *(len(r.variant) for r in rounds)])
-    header = (
-        f"{'scenario':<10} {'rnd':>3} {'variant':<{variant_width}} {'tasks':>6} {'submit s':>9} {'wall s':>7} "
-        f"{'tasks/s':>8} {'settle s':>8}  CPU ms/task: {cpu}"
-    )
-    print(header)
-    print("-" * len(header))
-    for r in rounds:
-        settle = f"{r.settle_seconds:8.2f}" if r.settle_seconds is not None else f"{'-':>8}"
-        cells = " ".join(f"{1000 * r.cpu.get(name, 0.0) / r.tasks:>{widths[name]}.2f}" for name in groups)
-        print(
-            f"{r.scenario:<10} {r.index:>3} {r.variant:<{variant_width}} {r.tasks:>6} {r.submit_seconds:>9.2f} "
-            f"{r.wall_seconds:>7.2f} {r.throughput:>8.0f} {settle}  {'':>12} {cells}"
-        )
+    report.print_rounds(rounds, [(f"{name} CPU ms/t", cpu_of(name)) for name in groups])
+
+
+def cpu_of(group: str) -> Callable[[Any], float]:
+    """A round's CPU per task of one process group, ms."""
+    return lambda r: 1000 * r.cpu.get(group, 0.0) / r.tasks
 
 
 def print_settle(rounds: list) -> None:
