@@ -35,7 +35,7 @@ from ..process.state import get_gate
 from ..records.statuses import Status
 from . import handoff_runs, killed
 from .killed import end_killed_run
-from .run import join, send_when_due
+from .run_start import join, send_when_due
 
 if TYPE_CHECKING:
     from billiard.einfo import ExceptionInfo

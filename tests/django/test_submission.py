@@ -17,7 +17,7 @@ from django_keyed_queue.messaging.message import HEADER, JOIN_HEADER, TaskMessag
 from django_keyed_queue.process.state import current
 from django_keyed_queue.records.models import IdempotencyKey, KeyedTask
 from django_keyed_queue.testing import write_submission_rows
-from django_keyed_queue.worker.run import join
+from django_keyed_queue.worker.run_start import join
 from testproject.demo.tasks import step, write_file
 from tests.django.queues import QUEUE
 from tests.gate_redis import redis_names
