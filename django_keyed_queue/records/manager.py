@@ -373,11 +373,7 @@ def _by_rows_there(
             updates.append(t)
         elif t.create is None:
             continue  # nothing to apply it to, nor to make its row from
-        elif (
-            create_after is None
-            or _inserted_first(t, new)
-            or (t.missing_since is not None and now - t.missing_since >= create_after)
-        ):
+        elif _inserted_first(t, new) or not _waits_for_its_row(t, create_after, now):
             inserts.append(t)
         else:
             waiting.append(t)
@@ -428,13 +424,19 @@ def _one_by_one(
             cursor.execute(update, params)
             if cursor.rowcount or t.create is None:
                 continue
-            if create_after is not None and (t.missing_since is None or now - t.missing_since < create_after):
+            if _waits_for_its_row(t, create_after, now):
                 waiting.append(t)
                 continue
         cursor.execute(insert, _insert_params(model, db, t.row_to_create()))
         if not cursor.rowcount:  # another writer's row came first: apply this to it
             cursor.execute(update, params)
     return waiting
+
+
+def _waits_for_its_row(t: Transition, create_after: float | None, now: float) -> bool:
+    """Whether ``t``, its row missing, waits for the writers to write it rather than make it now: until it
+    has been missing ``create_after`` seconds (``apply``'s)."""
+    return create_after is not None and (t.missing_since is None or now - t.missing_since < create_after)
 
 
 def _inserted_first(t: Transition, new: bool) -> bool:
