@@ -1,9 +1,10 @@
 # Everything a newcomer needs: `make demo` runs the demo, `make test` runs the tests, `make docs` builds the docs site.
+# `make check` is the loop to run on every change: lint and the tiers that start no worker process, on both cores.
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: demo test compat topologies lint docs bench redis-server postgresql chromium
+.PHONY: demo test check compat topologies lint docs bench redis-server postgresql chromium
 
 $(BIN)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +36,12 @@ demo: redis-server $(BIN)/.installed
 test: redis-server postgresql chromium $(BIN)/.installed lint
 	$(BIN)/python -m pytest
 	KEYED_QUEUE_TESTS_DATABASE=postgresql $(BIN)/python -m pytest tests/django
+
+# Lint, then the gate's tier, the in-process Django tier (no worker process), the history checks and the docs,
+# over two pytest-xdist workers, each with a Redis and a database of its own (tests/settings.py).
+check: redis-server $(BIN)/.installed lint
+	$(BIN)/python -m pytest -n 2 --ds=tests.settings -m "not compat and not topologies and not workers" \
+		tests/gate tests/django tests/test_history_checks.py tests/test_docs.py
 
 # Celery's documented task behaviours on plain tasks and their keyed twins, side by side (tests/compat).
 compat: redis-server $(BIN)/.installed

@@ -37,12 +37,23 @@ def pytest_unconfigure(config):
     data_dir = Path(os.environ["TESTPROJECT_DATA_DIR"])
     if not data_dir.exists():
         return
+    if config.getoption("numprocesses", default=None) and not os.environ.get("PYTEST_XDIST_WORKER"):
+        shutil.rmtree(data_dir, ignore_errors=True)  # a parallel run's controller ran no test: its workers keep theirs
+        return
     artifacts = Path(__file__).resolve().parent.parent / "test-artifacts"
     if os.environ.get("KEYED_QUEUE_TESTS_DATABASE") == "postgresql":
         artifacts /= "postgresql"  # beside the default run's artifacts, which run first
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        artifacts /= os.environ["PYTEST_XDIST_WORKER"]  # each worker of a parallel run keeps its own
     shutil.rmtree(artifacts, ignore_errors=True)
     shutil.copytree(data_dir, artifacts, ignore=shutil.ignore_patterns("*.sqlite3*", "*.rdb", "*.aof"))
     shutil.rmtree(data_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings_xdist_suffix():
+    """No suffix on a parallel run's test databases: each worker has a temp dir and a database server of its
+    own (tests/settings.py), and the processes a test starts must find the database by its settings' name."""
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -23,9 +23,13 @@ def stop_database_server() -> None:
         _postgres = None
 
 
-if os.environ.get("KEYED_QUEUE_TESTS_OWN_ENV") != "1":
+#: Whose environment this is: the run's, or under pytest-xdist (``make check``) one worker's, each with its own
+#: temp dir, Redis and database server. A process the tests start (a celery worker) inherits its runner's.
+_OWNER = os.environ.get("PYTEST_XDIST_WORKER") or "1"
+
+if os.environ.get("KEYED_QUEUE_TESTS_OWN_ENV") != _OWNER:
     _dir = tempfile.mkdtemp(prefix="keyed-queue-tests-")
-    os.environ["KEYED_QUEUE_TESTS_OWN_ENV"] = "1"
+    os.environ["KEYED_QUEUE_TESTS_OWN_ENV"] = _OWNER
     os.environ["TESTPROJECT_DATA_DIR"] = _dir
     os.environ["TESTPROJECT_DB"] = os.path.join(_dir, "db.sqlite3")
     os.environ["TESTPROJECT_REDIS_URL"] = f"redis://127.0.0.1:{free_port()}"
