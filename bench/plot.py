@@ -1,5 +1,12 @@
 """The benchmark's PNGs: throughputs per scenario and variant, and the hot key's handoff latency CDF; several
-runs' throughputs side by side; and the fairness rounds' waits of the one-task keys."""
+runs' throughputs side by side; and the fairness rounds' waits of the one-task keys.
+
+    python -m bench.plot docs/benchmarks-userproject.png "SQLite (startproject)=A.json" "SQLite WAL=B.json" \
+        "PostgreSQL=C.json"                   # bench.userproject's --json files, side by side
+    python -m bench.plot --fairness docs/benchmarks-fairness.png "SQLite=A.json" ...   # their fairness waits
+
+``python -m bench.throughput --plot OUT.png`` draws the first kind from its own run.
+"""
 
 from __future__ import annotations
 
