@@ -159,7 +159,10 @@ def main(argv: list[str] | None = None) -> None:
 
     args = argv if argv is not None else sys.argv[1:]
     fairness = args[:1] == ["--fairness"]
-    out, *runs = args[1:] if fairness else args
+    given = args[1:] if fairness else args
+    if len(given) < 2 or given[0].startswith("-") or not all("=" in run for run in given[1:]):
+        sys.exit("usage: python -m bench.plot [--fairness] OUT.png NAME=RUN.json [NAME=RUN.json ...]")
+    out, *runs = given
     summaries = {}
     for run in runs:
         name, file = run.split("=", 1)
