@@ -46,8 +46,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-#: Pairs one query of ``waiting_since`` looks up (two parameters each), holders one of ``holding`` does: under
-#: the 999 parameters of older SQLite builds.
+#: Pairs one query of ``waiting_since`` looks up (two parameters each), task ids one of ``holding`` or
+#: ``_rows_there`` does: under the 999 parameters of older SQLite builds.
 PAIRS_PER_QUERY = 400
 
 #: What a database raises for one row's values (NUL in text, a value over its column's length, a
@@ -389,17 +389,13 @@ def _by_rows_there(
     return waiting + _one_by_one(db, cursor, model, sorted(alone, key=lambda t: t.submission), new, create_after, now)
 
 
-#: Submissions a read of the rows there asks for at once (SQLite took at most 999 parameters before 3.32).
-ROWS_THERE_CHUNK = 500
-
-
 def _rows_there(db: BaseDatabaseWrapper, model: type[models.Model], transitions: list[Transition]) -> set[Any]:
     """The submissions (task id, key, ticket) of ``transitions`` whose rows are there."""
     ids = sorted({t.task_id for t in transitions})
     rows = model._default_manager.using(db.alias).order_by()
     found: set[Any] = set()
-    for start in range(0, len(ids), ROWS_THERE_CHUNK):
-        chunk = rows.filter(task_id__in=ids[start : start + ROWS_THERE_CHUNK])
+    for start in range(0, len(ids), PAIRS_PER_QUERY):
+        chunk = rows.filter(task_id__in=ids[start : start + PAIRS_PER_QUERY])
         found.update(chunk.values_list("task_id", "key", "ticket"))
     return found
 
