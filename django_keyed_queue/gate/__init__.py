@@ -7,6 +7,7 @@
 from .gate import Gate, NotSent, ReplicasBehind
 from .keys import MAX_KEY_LENGTH
 from .operator import UNCHANGED
+from .pools import Pool, PoolAcquired
 from .results import (
     FinishResult,
     Grant,
@@ -44,6 +45,8 @@ __all__ = [
     "Lease",
     "NotSent",
     "Outcome",
+    "Pool",
+    "PoolAcquired",
     "QueueFull",
     "Recovery",
     "RecoveryAction",

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 from redis.typing import EncodableT
 
-from .keys import Index, KeyNames
+from .keys import Index, KeyNames, PoolNames
 from .results import Lease
 
 
@@ -284,3 +284,39 @@ def rebuild(key: str, staged: Sequence[str], *, last_ticket: int, limit: int, di
     return ScriptCall(
         "rebuild", [n.meta, n.queue, n.messages, n.holders, *staged, n.wires], [last_ticket, limit, dispatch_timeout_ms]
     )
+
+
+def pool_acquire(
+    pool: str,
+    *,
+    member: str,
+    limit: int | None,
+    interval_ms: int | None,
+    hold_ms: int,
+    starting: bool,
+    grant_ms: int,
+) -> ScriptCall:
+    """``limit`` and ``interval_ms`` None: as the pool keeps them."""
+    return ScriptCall(
+        "pool_acquire",
+        PoolNames(pool).all(),
+        [member, _or_empty(limit), _or_empty(interval_ms), hold_ms, _flag(starting), grant_ms],
+    )
+
+
+def pool_release(pool: str, *, grant_ms: int, members: Iterable[str]) -> ScriptCall:
+    return ScriptCall("pool_release", PoolNames(pool).all(), [grant_ms, *members])
+
+
+def pool_renew(pool: str, *, hold_ms: int, members: Iterable[str]) -> ScriptCall:
+    return ScriptCall("pool_renew", [PoolNames(pool).running], [hold_ms, *members])
+
+
+def pool_wait(key: str, *, ticket: int, dispatch: int, pool: str, ask_again_ms: int) -> ScriptCall:
+    n = KeyNames(key)
+    return ScriptCall("pool_wait", [n.meta, n.holders], [ticket, dispatch, pool, ask_again_ms])
+
+
+def pool_granted(key: str, *, ticket: int, dispatch_timeout_ms: int) -> ScriptCall:
+    n = KeyNames(key)
+    return ScriptCall("pool_granted", [n.meta, n.holders, n.messages, n.wires], [ticket, dispatch_timeout_ms])

@@ -10,6 +10,7 @@ tickets.py         a ticket's life: submit, start, renew, retry, requeue, finish
 operator.py        pause and resume, the paused and blocked keys, refused joins
 unwritten.py       records kept until the database has them
 reaping.py         the deadline index, the reaper, releases, rebuilds
+pools.py           pools: a limit and a rate shared by every key and worker (the reaper's base)
 totals.py          the deployment's totals the metrics read
 inspection.py      snapshots, and the holder record's one parser in Python
 listing.py         which keys have work: the deadline index read earliest first, searched

@@ -192,7 +192,7 @@ def decode_holder(raw: bytes | str, now_ms: int) -> Holder:
     )
 
 
-_HOLDER_STATES: dict[str, HolderState] = {"r": "running", "g": "granted", "b": "blocked"}
+_HOLDER_STATES: dict[str, HolderState] = {"r": "running", "g": "granted", "b": "blocked", "w": "waiting_for_pool"}
 
 
 def _ms_since(value: bytes | None, now_ms: int) -> float | None:

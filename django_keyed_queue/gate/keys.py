@@ -152,6 +152,54 @@ class KeyNames:
         return [self.meta, self.queue, self.messages, self.holders, self.wires]
 
 
+#: SET of the pools tasks have used (its own slot): the reaper returns their expired slots.
+POOLS = f"{PREFIX}:pools"
+
+
+@dataclass(frozen=True)
+class PoolNames:
+    """The Redis keys holding one pool's state, in a slot of their own (``lua/includes/pool.lua``)."""
+
+    pool: str
+
+    def __post_init__(self) -> None:
+        if not self.pool:
+            raise ValueError("a pool's name must not be empty")
+
+    @cached_property
+    def base(self) -> str:
+        return f"{PREFIX}_pool:{{{escape(self.pool)}}}"
+
+    @property
+    def running(self) -> str:
+        """ZSET member -> server ms until which it holds its slot."""
+        return f"{self.base}:running"
+
+    @property
+    def ready(self) -> str:
+        """ZSET member -> order of arrival: the tickets waiting for a slot."""
+        return f"{self.base}:ready"
+
+    @property
+    def meta(self) -> str:
+        """HASH the limit and interval, an operator's overrides, the rate's last and reserved starts."""
+        return f"{self.base}:meta"
+
+    def all(self) -> list[str]:
+        return [self.running, self.ready, self.meta]
+
+
+def pool_member(key: str, ticket: int) -> str:
+    """A ticket's member in its pool: "<ticket>|<key>" (a ticket is digits: the first bar splits it)."""
+    return f"{ticket}|{key}"
+
+
+def member_ticket(member: str) -> tuple[str, int]:
+    """The key and ticket a pool member names."""
+    ticket, key = member.split("|", 1)
+    return key, int(ticket)
+
+
 @dataclass(frozen=True)
 class Index:
     """A ZSET of logical keys, in one name on a single server, or split in ``shards`` on a cluster.

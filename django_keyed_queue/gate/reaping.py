@@ -13,8 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 from . import calls
-from .base import GateBase, grants, stored_text, text
+from .base import grants, stored_text, text
 from .keys import BLOCKED_KEYS, KeyNames
+from .pools import PoolCalls
 from .results import FinishResult, Recovery, RecoveryAction, Stopping
 from .scripts import Code, seconds_to_ms
 
@@ -27,7 +28,7 @@ REBUILD_CHUNK = 200
 STAGING_SECONDS = 3600.0
 
 
-class ReaperCalls(GateBase):
+class ReaperCalls(PoolCalls):
     """Find the keys due, recover their holders, publish stranded grants again, rebuild a lost key."""
 
     def overdue_keys(self, seconds: float, *, limit: int = 1000) -> list[str]:
@@ -47,7 +48,8 @@ class ReaperCalls(GateBase):
         """
         now_ms = self._server_time_ms()
         due = self._index_range_with_scores(now_ms, num=batch)
-        return len(due), self._visit(due, now_ms, dry_run=dry_run)
+        recoveries = self._visit(due, now_ms, dry_run=dry_run)
+        return len(due), recoveries if dry_run else recoveries + self.reap_pools()
 
     def republish_unstarted(self, *, granted_seconds_ago: float, batch: int = 500) -> list[Recovery]:
         """Publish again every ticket granted at least ``granted_seconds_ago`` (server clock) and not started.
@@ -93,6 +95,7 @@ class ReaperCalls(GateBase):
             if blocked := {r.key for r in recoveries if r.action is RecoveryAction.BLOCK}:
                 self.client.sadd(BLOCKED_KEYS, *blocked)
             self._pipelined(calls.reindex(self.deadlines, moves=moves))
+            recoveries = self._ask_pools(recoveries)
         for r in recoveries:
             logger.debug("reap key=%r ticket=%s action=%s dry_run=%s", r.key, r.ticket, r.action, dry_run)
         return recoveries
@@ -138,7 +141,14 @@ class ReaperCalls(GateBase):
         The ticket is among the recoveries only if it was released.
         """
         [reply] = self._pipelined([self._reap_call(key, release=ticket, released_dispatch=dispatch)], index=key)
-        return _recoveries(key, reply, self.pushes.pushed)
+        return self._ask_pools(_recoveries(key, reply, self.pushes.pushed))
+
+    def _ask_pools(self, recoveries: list[Recovery]) -> list[Recovery]:
+        """The recoveries, those of tickets waiting for their pool replaced by what their pool said."""
+        waiting = [r for r in recoveries if r.action is RecoveryAction.POOL]
+        if not waiting:
+            return recoveries
+        return [r for r in recoveries if r.action is not RecoveryAction.POOL] + self.ask_pools_again(waiting)
 
     def _reap_call(
         self,

@@ -11,7 +11,7 @@ from .scripts import Code
 #: What a holder is doing: ``running`` (started, its lease runs), ``granted`` (its message
 #: is published and it has not started yet), or ``blocked`` (it failed for good and its task
 #: blocks its key on failure: it keeps its slot until an operator retries or cancels it).
-HolderState = Literal["running", "granted", "blocked"]
+HolderState = Literal["running", "granted", "blocked", "waiting_for_pool"]
 
 
 @dataclass(frozen=True)
@@ -189,6 +189,8 @@ class RecoveryAction(enum.StrEnum):
     OUTCOME = "outcome"
     #: It lost too many leases, and its task blocks its key on failure: it failed and keeps its slot.
     BLOCK = "block"
+    #: It waited for its pool at its deadline: its pool is asked again (``message`` names the pool).
+    POOL = "pool"
 
 
 @dataclass(frozen=True)

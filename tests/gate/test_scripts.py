@@ -13,6 +13,9 @@ from django_keyed_queue.gate.scripts import SCRIPT_NAMES, _read, ms_to_seconds, 
 #: Scripts that read a key's state and change nothing.
 READS_ONLY = ("newer_waiting", "replacement")
 
+#: The scripts of pools that run in a key's slot (the others run in the pool's).
+KEY_SIDE_OF_POOLS = ("pool_wait", "pool_granted")
+
 
 def _header_and_body(name: str) -> tuple[str, str]:
     text = _read(f"{name}.lua")
@@ -25,7 +28,9 @@ def _header_and_body(name: str) -> tuple[str, str]:
 def test_includes_are_resolved(name):
     text = source(name)
     assert "@include" not in text
-    if name not in ("reindex", "unwritten", *READS_ONLY):  # over an index, or reads only
+    if name.startswith("pool_") and name not in KEY_SIDE_OF_POOLS:
+        assert "local function pool_now_ms()" in text, "every script of a pool includes pool.lua"
+    elif name not in ("reindex", "unwritten", *READS_ONLY):  # over an index, or reads only
         assert "local function now_ms()" in text, "every script of a key includes common.lua"
     assert source(name) is text, "sources are assembled once"
 
@@ -35,7 +40,17 @@ def test_documented_return_codes_are_the_ones_returned(name):
     header, body = _header_and_body(name)
     documented = {int(n): label for n, label in re.findall(r"^\s*code (\d+) ([A-Z_]+)", header, re.MULTILINE)}
     returned = {int(n) for n in re.findall(r"return \{(\d+)", body)}
-    if name in ("renew", "reap", "reindex", "claim_unwritten", "unwritten", "wait_to_start", *READS_ONLY):
+    no_code = (
+        "renew",
+        "reap",
+        "reindex",
+        "claim_unwritten",
+        "unwritten",
+        "wait_to_start",
+        "pool_release",
+        "pool_renew",
+    )
+    if name in (*no_code, *READS_ONLY):
         assert not documented and not returned, f"{name} returns no code"
         return
     assert set(documented) == returned | {0}, f"{name}: documented {documented}, returned {returned}"

@@ -29,6 +29,8 @@
   Returns {next_deadline_ms, action1, ticket1, dispatch1, attempts1, message1, pushed1, stopped1, action2, ...}
     next_deadline_ms  earliest deadline left among the key's holders, -1 if none
     action  'redispatch' | 'fail' | 'republish'  (publish message with dispatch, or fail the ticket)
+            'pool'                               (it waits for its pool: ask the pool named in
+                                                 message again, and publish it if given a slot)
             'block'                              (it failed and now blocks its key)
             'grant'                              (a parked ticket took a freed slot: publish it)
             'outcome'                            (message is an unwritten record of a finished run)
@@ -60,7 +62,11 @@ for i = 1, #holders, 2 do
     local message = redis.call('HGET', messages_key, ticket)
     local stopped = holder.state == 'r' and stop_noted(meta_key, ticket, holder.dispatch)
     local action
-    if holder.state == 'g' then
+    if holder.state == 'w' then
+      action = 'pool'
+      holder.deadline = now + dispatch_timeout
+      message = redis.call('HGET', meta_key, 'pool:' .. ticket) or ''
+    elseif holder.state == 'g' then
       action = 'republish'
       holder.deadline = now + dispatch_timeout
       if released then

@@ -19,7 +19,7 @@
   Returns {code, token, attempts, lease_deadline_ms}, or {12, 0, attempts, wait_ms, message}
     code 0 OK               started
     code 2 NOT_GRANTED      the ticket holds no slot (finished, cancelled or still parked), or it
-                            failed and blocks its key
+                            failed and blocks its key, or it waits for its pool (pool_wait.lua)
     code 3 ALREADY_STARTED  a message of this ticket already started it
     code 4 STALE_DISPATCH   the message is from an older dispatch (superseded by a retry)
     code 9 FOREIGN_MESSAGE  the message is not the ticket's own (another task id)
@@ -42,7 +42,7 @@ if not raw then
   return {2, 0, 0, 0}
 end
 local holder = decode_holder(raw)
-if holder.state == 'b' then
+if holder.state == 'b' or holder.state == 'w' then
   return {2, 0, holder.attempts, 0}
 end
 if task_id ~= '' then

@@ -4,10 +4,12 @@
   A holder record (one field of the holders hash, one per occupied slot):
     "<state>|<dispatch>|<token>|<deadline_ms>|<attempts>|<lost>|<max_lost>|<block>"
   state     g = granted, its message published but not started; r = running;
-            b = blocked: it failed for good and its task blocks its key on failure
+            b = blocked: it failed for good and its task blocks its key on failure;
+            w = waiting for its pool: no message of it may start (pool_wait.lua)
   dispatch  generation of the message allowed to start it (1, then +1 per retry or recovery)
   token     fencing token of the running attempt (0 while granted)
-  deadline  server-clock ms: lease end when running, dispatch timeout when granted
+  deadline  server-clock ms: lease end when running, dispatch timeout when granted, when the
+            reaper asks its pool again when waiting for its pool
   attempts  how many times the ticket has started
   lost      how many of its leases expired (its worker died or stalled)
   max_lost  how many lost leases are re-dispatched; the next one fails the ticket
