@@ -9,9 +9,11 @@ from urllib.parse import urlparse
 from django.apps import AppConfig
 from django.conf import settings as django_settings
 from django.core.checks import CheckMessage, Error, Warning, register
+from django.core.exceptions import ImproperlyConfigured
 
 from .conf import DEFAULTS, MAX_RECORD_DELAY_SECONDS, MAX_TOP_KEYS, PREFIX, settings
 from .gate.clients import SENTINEL_SCHEME, is_sentinel_url
+from .pools import configured_pools
 
 
 @register()
@@ -78,7 +80,16 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
         )
     problems += _metrics_token_problems()
     problems += _database_problems()
+    problems += _pool_problems()
     return problems
+
+
+def _pool_problems() -> list[CheckMessage]:
+    try:
+        configured_pools()
+    except ImproperlyConfigured as exc:
+        return [Error(str(exc), hint='e.g. {"payments": {"limit": 10, "rate": "20/s"}}', id="keyed_queue.E013")]
+    return []
 
 
 def _metrics_token_problems() -> list[CheckMessage]:

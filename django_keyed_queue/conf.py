@@ -76,6 +76,9 @@ DEFAULTS: dict[str, Any] = {
     # The metrics also list this many keys whose oldest waiting task waited longest, each key a label
     # value (at most 50); 0: no key is ever a label.
     "METRICS_TOP_KEYS": 0,
+    # Named pools, each a limit and a rate shared by every key and worker: {"payments": {"limit": 10,
+    # "rate": "20/s"}, "mail": {"rate": "5/s"}}; a task joins one with pool="payments".
+    "POOLS": {},
     # Dotted path or callable (task_name, args, kwargs) -> (args, kwargs) applied
     # before arguments are written to KeyedTask.arguments.
     "REDACT_ARGUMENTS": None,

@@ -16,8 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from celery import Task, _state
 from celery.local import Proxy
+from django.core.exceptions import ImproperlyConfigured
 
 from ..exceptions import InvalidKey
+from ..pools import configured_pools, unknown_pool
+from ..rates import rate_interval_ms
 from .task import KeyedSerialTask
 
 if TYPE_CHECKING:
@@ -32,6 +35,7 @@ def keyed_serial_task(
     on_failure: str = "continue",
     coalesce: bool | None = None,
     debounce: float | None = None,
+    pool: str | None = None,
     **options: Any,
 ) -> Callable[[Callable[..., Any]], Any]:
     """Make ``fun`` a Celery task whose runs sharing ``key`` are serialized.
@@ -59,6 +63,11 @@ def keyed_serial_task(
     submission of it came for that long; of a burst, only the last runs. The wait
     holds no worker process, and other keys are not delayed.
 
+    ``pool="payments"``: the task also needs a slot of that pool, one of ``KEYED_QUEUE_POOLS``: at most its
+    ``limit`` of the pool's tasks run at once, and at most its ``rate`` start, across every worker, whatever
+    their keys. A task waiting for its pool holds no worker process. A pool the setting lacks raises
+    ``ImproperlyConfigured`` at import.
+
     Other options go to ``shared_task`` unchanged (``bind``, ``max_retries``,
     ``queue`` ...), or set the task class's own (``max_recoveries``, ``idempotent``,
     ``max_waiting``, and a ``base=`` class's attributes); any other name raises
@@ -76,6 +85,7 @@ def keyed_serial_task(
     if coalesce is not None and not isinstance(coalesce, bool):
         raise TypeError(f"coalesce must be True or False, got {coalesce!r}")
     debounce_ms = debounce_interval_ms(debounce)
+    check_pool(pool, "@keyed_serial_task")
     if debounce_ms and coalesce is False:
         raise ValueError("debounce implies coalesce=True: of a burst only the last runs; leave coalesce out")
     base = options.pop("base", None)
@@ -98,6 +108,7 @@ def keyed_serial_task(
             "serial_on_failure": on_failure,
             "serial_coalesce": bool(coalesce) or bool(debounce_ms),
             "serial_debounce_ms": debounce_ms,
+            "serial_pool": pool,
         }
         return _shared(fun, base, {**ours, **options})
 
@@ -134,31 +145,15 @@ def keyed_class(base: type) -> type:
     return type(f"KeyedSerial{base.__name__}", (KeyedSerialTask, base), {"__module__": base.__module__})
 
 
-#: ``rate=``'s periods, in ms.
-RATE_PERIODS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000}
-#: The fastest rate the gate keeps: it spaces one key's starts by a whole number of ms, at least 1.
-MAX_RATE = "1000/s"
-
-
-def rate_interval_ms(rate: str | None) -> int:
-    """The least time between two starts of one key, in ms, for ``rate="N/s"`` (``/m``, ``/h``); 0 for None.
-
-    Rounded up, so the key never starts more often than ``rate`` says (``"3/s"``: 334 ms; ``"700/s"``:
-    2 ms, 500 a second). A rate faster than one start a millisecond is refused, naming ``MAX_RATE``:
-    the gate could not keep it.
-    """
-    if rate is None:
-        return 0
-    count, _, period = rate.partition("/") if isinstance(rate, str) else ("", "", "")
-    if not (count.isascii() and count.isdigit() and count.strip("0") and period in RATE_PERIODS_MS):
-        raise ValueError(f'rate must be "N/s", "N/m" or "N/h" with N a whole number >= 1, got {rate!r}')
-    period_ms, digits = RATE_PERIODS_MS[period], count.lstrip("0")
-    if len(digits) > len(str(period_ms)) or int(digits) > period_ms:  # no int() of a 5,000-digit text
-        raise ValueError(
-            f"rate must be at most {MAX_RATE} (60000/m, 3600000/h): the gate spaces a key's starts by whole "
-            f"milliseconds, got {rate[:40]!r}"
-        )
-    return -(-period_ms // int(digits))
+def check_pool(pool: Any, where: str) -> None:
+    """``pool=`` names a pool of ``KEYED_QUEUE_POOLS`` (None: no pool); else an error naming what is wrong.
+    Read where the decorator runs, at import: the settings are Django's by then."""
+    if pool is None:
+        return
+    if not isinstance(pool, str) or not pool:
+        raise TypeError(f"{where}: pool must be the name of a pool of KEYED_QUEUE_POOLS, got {pool!r:.80}")
+    if pool not in configured_pools():
+        raise ImproperlyConfigured(unknown_pool(where, pool))
 
 
 #: The longest ``debounce=``: a worker holds the message of a debounced task in memory until then.

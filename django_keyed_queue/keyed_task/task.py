@@ -54,6 +54,8 @@ class KeyedSerialTask(TaskBase):
     serial_rate: str | None = None
     #: The least time between two starts of one key, ms (from ``serial_rate``; 0: none).
     serial_interval_ms: int = 0
+    #: ``pool=``: the pool of ``KEYED_QUEUE_POOLS`` the task also needs a slot of; None: none.
+    serial_pool: str | None = None
     #: What a task that fails for good (its retries or recoveries used up) does to its key:
     #: ``"continue"``, the key's next task runs; ``"block"``, it keeps its key held, and the key
     #: runs nothing until an operator retries it (it runs again first) or cancels it.

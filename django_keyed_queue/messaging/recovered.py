@@ -41,6 +41,8 @@ def carry_out(app: Celery, recovery: Recovery, reason: str = "", *, stopped_stat
     end (``recovery.stopped``) says who stopped it; its task fails (blocking its key, if its task
     does), or ends ``stopped_status`` when Celery killed it and no operator stopped it.
     """
+    if recovery.action is RecoveryAction.POOL:
+        return True  # it waits for its pool, which was asked again: nothing to publish yet
     if recovery.action is RecoveryAction.OUTCOME:
         # A run finished but its worker died before writing the record.
         try:

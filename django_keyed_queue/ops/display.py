@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 from django.utils import timezone
 
-from ..keyed_task.decorators import RATE_PERIODS_MS, rate_interval_ms
+from ..rates import RATE_PERIODS_MS, rate_interval_ms
 
 
 def at(value: datetime | None) -> str | None:

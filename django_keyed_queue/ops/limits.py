@@ -17,9 +17,9 @@ from celery import Celery, current_app
 from ..exceptions import ActionRefused
 from ..gate import UNCHANGED
 from ..gate.operator import Unchanged
-from ..keyed_task.decorators import rate_interval_ms
 from ..messaging.dispatch import Dispatched, publish_grants
 from ..process.state import current, get_gate
+from ..rates import rate_interval_ms
 from ..records import submissions
 from ..records.statuses import Status
 from . import recovery

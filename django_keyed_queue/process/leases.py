@@ -1,4 +1,5 @@
-"""One lease keeper per process renews every lease the process holds, in one gate call.
+"""One lease keeper per process renews every lease the process holds, in one gate call, and the pool
+slots of its pooled runs, in one more call per pool (a pool's slot is held a lease and a margin).
 
 Each renewal also moves the run's record ``heartbeat_at`` forward (through the
 record buffer), so a record shows when its worker last proved alive.
@@ -34,6 +35,8 @@ class Held:
 
     task_id: str
     attempts: int
+    #: The pool whose slot the run holds, renewed with its lease; None: none.
+    pool: str | None = None
 
 
 class LeaseKeeper:
@@ -46,9 +49,9 @@ class LeaseKeeper:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
-    def hold(self, lease: Lease, task_id: str, attempts: int) -> None:
+    def hold(self, lease: Lease, task_id: str, attempts: int, pool: str | None = None) -> None:
         with self._lock:
-            self._held[lease] = Held(task_id, attempts)
+            self._held[lease] = Held(task_id, attempts, pool)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="keyed-queue-leases", daemon=True)
                 self._thread.start()
@@ -68,7 +71,16 @@ class LeaseKeeper:
             held = dict(self._held)
         if not held:
             return
-        outcome = self._gate().renew(held)
+        gate = self._gate()
+        outcome = gate.renew(held)
+        pooled: dict[str, list[Lease]] = {}
+        for lease, run in held.items():
+            if run.pool is not None and outcome.get(lease):
+                pooled.setdefault(run.pool, []).append(lease)
+        for pool, leases in pooled.items():
+            for lease, kept in gate.pool_renew(pool, leases).items():
+                if not kept:  # its slot went back: the pool may let another run beside it
+                    logger.warning("pool slot lost pool=%r key=%r ticket=%s", pool, lease.key, lease.ticket)
         now = timezone.now()
         with self._lock:
             for lease, renewed in outcome.items():

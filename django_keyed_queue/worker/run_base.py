@@ -14,6 +14,7 @@ import redis
 
 from ..exceptions import InvalidArguments, InvalidKey
 from ..gate import Lease
+from ..messaging.dispatch import publish_grants
 from ..messaging.message import DELAY_OPTIONS
 from ..process.outage import outlast_restart
 from ..process.state import current
@@ -77,6 +78,12 @@ class RunBase:
             logger.debug("%s key=%r: whether it was superseded is not known", self.task.name, self.lease.key)
         return self._superseded
 
+    def give_back_pool_slot(self) -> None:
+        """The run's slot of its pool goes back, and the next waiting ticket takes it: once its key heard
+        of its end (so no later message of the ticket starts) and before a retry of it goes out."""
+        if self.task.serial_pool is not None:
+            give_back(self.task, self.task.serial_pool, self.lease.key, self.lease.ticket)
+
     def let_go(self) -> None:
         """Stop renewing the lease without ending the run: a retry went out, or the process is going down."""
         current().leases.stop_renewing(self.lease)
@@ -85,6 +92,19 @@ class RunBase:
         totals = current().totals
         totals.count("finished", self.task, outcome=outcome)
         totals.observe("run_seconds", self.task, time.monotonic() - self._began, outcome=outcome)
+
+
+def give_back(task: KeyedTaskProtocol, pool: str, key: str, ticket: int) -> None:
+    """Give ``ticket``'s slot of ``pool`` back and publish the ticket that takes it. If Redis cannot be
+    reached, the slot returns by the end of its hold (a lease, and a margin)."""
+    gate = current().gate
+    try:
+        granted, _ = outlast_restart(lambda: gate.pool_release(pool, [(key, ticket)]))
+    except redis.RedisError:
+        logger.warning("giving back the slot of pool %r of key=%r ticket=%s failed; it returns at its lease's end",
+                       pool, key, ticket, exc_info=True)  # fmt: skip
+        return
+    publish_grants(task.app, granted)
 
 
 def key_drift(task: KeyedTaskProtocol, key: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> InvalidKey | None:

@@ -78,6 +78,7 @@ class RunEnd(RunBase):
         gate = current().gate
         requeued, _ = outlast_restart(lambda: gate.requeue(lease.key, lease.ticket, lease.token))
         if requeued:
+            self.give_back_pool_slot()  # the requeued message asks its pool again
             self._count_end("requeued")
             handoff.local().requeue_kept(task.app, cast(str, task.request.id), lease.key, lease.ticket)
             error = "requeued by Reject(requeue=True): its message runs again"
@@ -111,7 +112,14 @@ class RunEnd(RunBase):
         keeping = handoff.local().may_keep(request)
         keep_seconds = gate.lease_ms / 1000 if keeping else 0.0
         start_kept = None
-        if keeping and not task.serial_interval_ms and not task.serial_debounce_ms and task.max_recoveries > 0:
+        # Nor a pooled task: its pool is asked before it starts.
+        if (
+            keeping
+            and not task.serial_interval_ms
+            and not task.serial_debounce_ms
+            and task.max_recoveries > 0
+            and task.serial_pool is None
+        ):
             start_kept = KeptStart(task.name, task.max_recoveries, task.blocks_on_failure)
         try:
             finished, retried = outlast_restart(
@@ -139,6 +147,7 @@ class RunEnd(RunBase):
                 finished = FinishResult(Code.BLOCKED)
             elif lease.ticket not in snapshot.holders:
                 logger.warning("finish of key=%r ticket=%s was applied before Redis went away", lease.key, lease.ticket)
+                self.give_back_pool_slot()
                 process.recorder.buffer(end)
                 self._count_end(status)
                 # What it granted was never published: publish it now, not after the dispatch
@@ -155,6 +164,7 @@ class RunEnd(RunBase):
                 "%s[%s] failed and blocks key=%r (on_failure='block'): nothing more of the key runs until "
                 "an operator retries or cancels it", task.name, request.id, lease.key,
             )  # fmt: skip
+            self.give_back_pool_slot()
             process.recorder.buffer(end)
             self._count_end(status)
             return True
@@ -175,6 +185,7 @@ class RunEnd(RunBase):
                     "%s[%s]: its run after losing its key is not noted", task.name, request.id, exc_info=True
                 )
             return False
+        self.give_back_pool_slot()
         process.recorder.buffer(end)
         self._count_end(status)
         handoff.local().hand_over(task.app, request, finished.granted)

@@ -54,6 +54,7 @@ class RunRetry(RunBase):
                 current().totals.count("fenced", task)
                 return
             self.retried = True
+            self.give_back_pool_slot()  # before the retry goes out: it asks its pool again at its start
             self._count_end("retried")
             retrying = with_earlier(f"it retries after: {error}", earlier)
             current().recorder.buffer(self._transition(Status.RETRYING, error=retrying))

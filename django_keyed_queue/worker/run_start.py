@@ -12,17 +12,18 @@ from celery.exceptions import Ignore
 from django.utils import timezone
 
 from ..conf import settings
-from ..gate import Code, Grant, Lease, SubmitResult
+from ..gate import Code, Grant, Lease, Pool, SubmitResult
 from ..messaging import superseded
 from ..messaging.building import delivered
-from ..messaging.dispatch import publish
+from ..messaging.dispatch import publish, publish_grants
 from ..messaging.message import ENQUEUED_HEADER, HEADER, JOIN_HEADER, gate_message
+from ..pools import pool_of
 from ..process.outage import outlast_restart, take_ticket
 from ..process.state import current
 from ..records.statuses import Status
 from ..records.transitions import Transition
 from . import handoff
-from .run_base import RunBase, request_options
+from .run_base import RunBase, give_back, request_options
 
 if TYPE_CHECKING:
     from celery.app.task import Context
@@ -70,7 +71,7 @@ class RunStart(RunBase):
                 },  # fmt: skip
             )
         )
-        process.leases.hold(lease, cast(str, request.id), attempts)
+        process.leases.hold(lease, cast(str, request.id), attempts, task.serial_pool)
         process.totals.count("started", task)
         waited = waited_for_key(request) if attempts == 1 else None
         if waited is not None:
@@ -90,6 +91,9 @@ def _start(
     kept = handoff.local().started(cast(str, request.id), key, ticket, dispatch)
     if kept is not None:  # the finish that kept it here started it
         return Lease(key, ticket, kept.token), kept.attempts
+    pool = pool_of(task)
+    if pool is not None and not _take_pool_slot(task, pool, key, ticket, dispatch):
+        raise Ignore()
     started, _ = outlast_restart(
         lambda: gate.start(
             key,
@@ -105,6 +109,8 @@ def _start(
         # The key's rate: another process started one of its tasks since this message was sent.
         send_when_due(task, Grant(key, ticket, dispatch, started.message or b""), started.wait_seconds)
         raise Ignore()
+    if pool is not None and started.code is Code.NOT_GRANTED:
+        give_back(task, pool.name, key, ticket)  # a copy of an ended ticket's message holds no slot
     if not started.ok:
         # A duplicate is routine; a message that is not the ticket's own is not.
         log = logger.warning if started.code is Code.FOREIGN_MESSAGE else logger.info
@@ -114,12 +120,37 @@ def _start(
     return Lease(key, ticket, started.token), started.attempts
 
 
+def _take_pool_slot(task: KeyedTaskProtocol, pool: Pool, key: str, ticket: int, dispatch: int) -> bool:
+    """Ask the task's pool for a slot before its key's start: True, it holds one and may start now. Else the
+    message is dropped: its ticket waits for its pool (published again when a slot is its), or, early for the
+    pool's rate, its message goes out again for then."""
+    gate = current().gate
+    acquired, _ = outlast_restart(lambda: gate.pool_acquire(pool, key, ticket))
+    publish_grants(task.app, acquired.granted)
+    if acquired.ok:
+        return True
+    if acquired.code is Code.TOO_EARLY:
+        [message] = gate.stored_messages([(key, ticket)])
+        # Its deadline moves past then, so the reaper publishes no copy sooner.
+        gate.republish_after(key, ticket, dispatch, delay_seconds=acquired.wait_seconds + gate.lease_ms / 1000)
+        logger.info("%s key=%r ticket=%s starts in %.3fs (pool %r's rate)",
+                    task.name, key, ticket, acquired.wait_seconds, pool.name)  # fmt: skip
+        publish(task.app, Grant(key, ticket, dispatch, message or b""), mark_dispatched=False,
+                countdown=acquired.wait_seconds)  # fmt: skip
+        return False
+    waits = gate.pool_wait(key, ticket, dispatch, pool=pool.name)
+    logger.info("%s[%s] key=%r ticket=%s waits for pool %r%s", task.name, task.request.id, key, ticket, pool.name,
+                "" if waits else " (given a slot already, or ended)")  # fmt: skip
+    return False
+
+
 def _join(task: KeyedTaskProtocol, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Lease, int]:
     """A message without a ticket (a delayed task now due, which its worker did not join): take one now."""
     request = task.request
-    paced = task.serial_interval_ms > 0  # a granted ticket starts as any other, when its key's rate lets it
-    key, submitted = join(task, request, args, kwargs, start=not paced, wait_out_outage=True)
-    if paced and submitted is not None and submitted.granted:
+    # A granted ticket starts as any other, when its key's rate and its pool let it.
+    checked = task.serial_interval_ms > 0 or task.serial_pool is not None
+    key, submitted = join(task, request, args, kwargs, start=not checked, wait_out_outage=True)
+    if checked and submitted is not None and submitted.granted:
         return _start(task, {"key": key, "ticket": submitted.ticket, "dispatch": 1}, args, kwargs)
     if submitted is None or not submitted.token:
         raise Ignore()  # a duplicate, or it waits for its key

@@ -5,7 +5,7 @@ blocks of the README's install section, each into the file it names (Celery's
 documented Django layout: ``mysite/celery.py`` with ``config_from_object`` and
 ``autodiscover_tasks()``, imported from ``mysite/__init__.py``), Celery's default
 settings, one redis-server for the broker and the gate, the default SQLite
-database. The tier's own tasks and a test's settings are added after them.
+database. The tier's own tasks and settings (its pools), and a test's settings, are added after them.
 """
 
 from __future__ import annotations
@@ -74,6 +74,8 @@ class UserProject:
             path = self.directory / name
             written = path.read_text() if path.exists() else ""  # by startproject or startapp
             path.write_text(written + ("\n" if written else "") + code)
+        with open(self.directory / "mysite" / "settings.py", "a") as settings:
+            settings.write((FILES / "settings.py").read_text())
         with open(self.directory / "shop" / "tasks.py", "a") as tasks:
             tasks.write("\n" + (FILES / "tasks.py").read_text())
         with open(self.directory / "shop" / "models.py", "a") as models:

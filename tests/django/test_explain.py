@@ -204,8 +204,8 @@ def test_a_granted_task_no_running_worker_consumes_says_so(gate_redis, broker):
 
 
 def test_a_rate_is_said_as_an_operator_types_the_one_the_gate_keeps():
-    from django_keyed_queue.keyed_task.decorators import rate_interval_ms
     from django_keyed_queue.ops.display import rate_said
+    from django_keyed_queue.rates import rate_interval_ms
 
     said = {rate: rate_said(rate_interval_ms(rate)) for rate in ("3/s", "5/s", "1/m", "59/m", "2/h", "7/h", "700/s")}
     assert said == {"3/s": "3/s", "5/s": "5/s", "1/m": "1/m", "59/m": "59/m", "2/h": "2/h", "7/h": "7/h",

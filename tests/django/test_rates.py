@@ -12,14 +12,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from django_keyed_queue import ActionRefused, keyed_serial_task, set_key_rate
-from django_keyed_queue.keyed_task.decorators import RATE_PERIODS_MS, rate_interval_ms
 from django_keyed_queue.process.state import get_gate
+from django_keyed_queue.rates import RATE_PERIODS_MS, rate_interval_ms
 from tests.django.test_django_idioms import keyed_task_of
 
 TOO_FAST = ["1001/s", "1000000000/s", "60001/m", "3600001/h", "0002000/s", "9" * 5000 + "/s"]
-MOST = re.escape(
-    "rate must be at most 1000/s (60000/m, 3600000/h): the gate spaces a key's starts by whole milliseconds"
-)
+MOST = re.escape("rate must be at most 1000/s (60000/m, 3600000/h): the gate spaces starts by whole milliseconds")
 
 
 @pytest.mark.parametrize("rate", TOO_FAST)

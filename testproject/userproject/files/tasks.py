@@ -38,6 +38,26 @@ def step(self, key: str, n: int, seconds: float = 0.0) -> int:
     return logged(self.request.id, key, n, seconds)
 
 
+@keyed_serial_task(key="{key}", bind=True, pool="three")
+def pooled_step(self, key: str, n: int, seconds: float = 0.0) -> int:
+    """A step of pool "three": at most three run at once, whatever their keys."""
+    return logged(self.request.id, key, n, seconds)
+
+
+@keyed_serial_task(key="{key}", bind=True, pool="five_a_second")
+def rated_pool_step(self, key: str, n: int, seconds: float = 0.0) -> int:
+    """A step of pool "five_a_second": at most five start a second, whatever their keys. Its start's line
+    also says the pool's last start as the gate's clock has it (its own, unless the line comes 200 ms late)."""
+    from django_keyed_queue.gate.keys import PoolNames
+    from django_keyed_queue.process.state import get_gate
+
+    last_start = get_gate().client.hget(PoolNames("five_a_second").meta, "last_start")
+    log("start", key, n, self.request.id, gate_start_ms=int(last_start or 0))
+    time.sleep(seconds)
+    log("end", key, n, self.request.id)
+    return n
+
+
 @shared_task(bind=True)
 def plain_step(self, key: str, n: int, seconds: float = 0.0) -> int:
     return logged(self.request.id, key, n, seconds)

@@ -1,0 +1,66 @@
+"""Pools on real workers in a user's project: a limit and a rate shared by every key and worker.
+
+Two workers of four processes each, forty keys: pool "three" never has more than three tasks running (read from
+the tasks' own starts and ends, in the order the history file has them), pool "five_a_second" never starts
+more than five in a second, and each key's tasks still run one at a time, in order.
+"""
+
+import pytest
+
+from testproject.history_checks import assert_serial
+from tests.userproject.run_checks import accepted_by
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.workers
+
+
+def most_running(events: list[dict], ids: set[str]) -> int:
+    """The most of ``ids`` between their start and their end at once, in the history's order."""
+    running, most = set(), 0
+    for e in events:
+        if e["id"] not in ids:
+            continue
+        if e["event"] == "start":
+            running.add(e["id"])
+        elif e["event"] == "end":
+            running.discard(e["id"])
+        most = max(most, len(running))
+    return most
+
+
+def test_a_pool_of_three_runs_three_at_once_over_forty_keys_and_two_workers(make_project):
+    project = make_project()
+    project.worker("a", concurrency=4)
+    project.worker("b", concurrency=4)
+    accepted = accepted_by(project.produce("pooled_step", 80, 40, 0, "0.05-0.15", prefix="pooled"))
+    free = accepted_by(project.produce("step", 40, 40, 0, 0.1, prefix="free"))
+
+    ids = {a["id"] for a in accepted}
+    every = ids | {a["id"] for a in free}
+    wait_until(lambda: every <= {e["id"] for e in project.history() if e["event"] == "end"}, 90, 0.2, "every task")
+    events = project.history()
+
+    assert_serial(events)  # each key's tasks one at a time, in order
+    assert most_running(events, ids) == 3, "the pool's three slots are all used, and never a fourth"
+    assert most_running(events, {a["id"] for a in free}) > 3, "tasks of no pool are not held to it"
+
+
+def test_a_pool_rate_of_five_a_second_over_keys_and_two_workers(make_project):
+    project = make_project()
+    project.worker("a", concurrency=4)
+    project.worker("b", concurrency=4)
+    accepted = accepted_by(project.produce("rated_pool_step", 20, 10, 0, 0, prefix="rated"))
+
+    ids = {a["id"] for a in accepted}
+    wait_until(lambda: ids <= {e["id"] for e in project.history() if e["event"] == "end"}, 60, 0.2, "every task")
+    events = project.history()
+    assert_serial(events)
+
+    # The gate's own start times (its clock): one start per 200 ms at most, so never six in a second.
+    gate_starts = sorted({e["gate_start_ms"] for e in events if e["event"] == "start" and e["id"] in ids})
+    gaps = [later - earlier for earlier, later in zip(gate_starts, gate_starts[1:], strict=False)]
+    assert len(gate_starts) >= 15 and min(gaps) >= 200, gaps
+    # And as the tasks saw it: six starts span a second, less the lag of a log line behind its start.
+    starts = sorted(e["t"] for e in events if e["event"] == "start" and e["id"] in ids)
+    assert min(b - a for a, b in zip(starts, starts[5:], strict=False)) > 0.9
+    assert starts[-1] - starts[0] < 20 * 0.2 + 2, "paced, not merely slow"
