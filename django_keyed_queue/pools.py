@@ -48,6 +48,8 @@ def _pool(name: Any, options: Any) -> Pool:
         interval_ms = rate_interval_ms(options.get("rate"))
     except ValueError as exc:
         raise ImproperlyConfigured(f'{where}["rate"]: {exc}') from None
+    if not (limit or interval_ms):
+        raise ImproperlyConfigured(f'{where} must give a "limit", a "rate" or both, got {options!r:.80}')
     return Pool(name, limit=limit or 0, interval_ms=interval_ms)
 
 

@@ -10,7 +10,7 @@ goes through the transport that knows a cluster.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import redis
@@ -166,3 +166,17 @@ def stored_text(reply: bytes | str) -> str:
     """Text the gate keeps for an operator (who stopped a run, and how): anyone may have written it,
     so bytes that are not UTF-8 are read too."""
     return reply.decode(errors="replace") if isinstance(reply, bytes) else reply
+
+
+def scored(reply: list[Any]) -> list[tuple[bytes | str, float]]:
+    """A ``WITHSCORES`` reply as (member, score) pairs: RESP3 sends pairs, RESP2 one flat list."""
+    if reply and isinstance(reply[0], list):
+        return [(member, float(score)) for member, score in reply]
+    return [(reply[i], float(reply[i + 1])) for i in range(0, len(reply), 2)]
+
+
+def texts(reply: Mapping[bytes | str, bytes | str] | list[bytes | str]) -> dict[str, str]:
+    """An ``HGETALL`` reply as a dict of texts: RESP3 sends a map, RESP2 one flat list."""
+    if isinstance(reply, Mapping):
+        return {text(k): text(v) for k, v in reply.items()}
+    return {text(reply[i]): text(reply[i + 1]) for i in range(0, len(reply), 2)}

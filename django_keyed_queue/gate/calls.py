@@ -320,3 +320,7 @@ def pool_wait(key: str, *, ticket: int, dispatch: int, pool: str, ask_again_ms: 
 def pool_granted(key: str, *, ticket: int, dispatch_timeout_ms: int) -> ScriptCall:
     n = KeyNames(key)
     return ScriptCall("pool_granted", [n.meta, n.holders, n.messages, n.wires], [ticket, dispatch_timeout_ms])
+
+
+def pool_override(pool: str, *, limit: str, interval_ms: str, grant_ms: int) -> ScriptCall:
+    return ScriptCall("pool_override", PoolNames(pool).all(), [limit, interval_ms, grant_ms])

@@ -34,7 +34,7 @@ class Unchanged(enum.Enum):
 UNCHANGED = Unchanged.UNCHANGED
 
 
-def _override_value(value: int | None | Unchanged) -> str:
+def override_value(value: int | None | Unchanged) -> str:
     """An override as ``override.lua`` takes it: '-' unchanged, '' cleared, else the number."""
     if value is UNCHANGED:
         return "-"
@@ -89,7 +89,7 @@ class OperatorCalls(InspectCalls):
         from the next grant and start on; a raised limit grants waiting tickets at once, returned to be
         published; a lowered one takes back grants never started, newest first, down to it (they wait
         again; see ``override.lua``). Setting the same again changes nothing."""
-        args = [_override_value(value) for value in (limit, interval_ms)]
+        args = [override_value(value) for value in (limit, interval_ms)]
         # Listed first, in a call of its own, so that every overridden key is listed.
         self.client.sadd(OVERRIDDEN_KEYS, key)
         call = calls.override(

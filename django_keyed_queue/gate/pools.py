@@ -30,8 +30,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from . import calls
-from .base import GateBase, text
-from .keys import POOLS, member_ticket, pool_member
+from .base import GateBase, scored, text, texts
+from .keys import POOLS, PoolNames, member_ticket, pool_member
+from .operator import UNCHANGED, Unchanged, override_value
 from .results import Grant, Lease, Recovery, RecoveryAction
 from .scripts import Code, ms_to_seconds
 
@@ -58,6 +59,35 @@ class Pool:
             raise ValueError(f"pool {self.name!r}: give both its limit and its interval, or neither")
         if (self.limit or 0) < 0 or (self.interval_ms or 0) < 0:
             raise ValueError(f"pool {self.name!r}: its limit and interval must not be negative")
+
+
+@dataclass(frozen=True)
+class PoolSnapshot:
+    """A pool as :meth:`PoolCalls.inspect_pool` read it (one round trip)."""
+
+    name: str
+    #: What its tasks give (kept by their last ask), and an operator's overrides; None: none given.
+    task_limit: int | None
+    task_interval_ms: int | None
+    limit_override: int | None
+    interval_override_ms: int | None
+    #: (key, ticket, seconds its slot is held for) of each ticket holding a slot, longest held first.
+    running: list[tuple[str, int, float]]
+    #: How many tickets wait for a slot, and the first of them (key, ticket), first come first.
+    waiting: int
+    waiting_first: list[tuple[str, int]]
+    #: Seconds since the pool's last start counted for its rate; None: none.
+    last_start_ago: float | None
+
+    @property
+    def limit(self) -> int:
+        """The limit in force (0: none)."""
+        return self.limit_override or self.task_limit or 0
+
+    @property
+    def interval_ms(self) -> int:
+        """The least ms between two starts in force (0: no rate)."""
+        return self.interval_override_ms or self.task_interval_ms or 0
 
 
 @dataclass(frozen=True)
@@ -145,12 +175,67 @@ class PoolCalls(GateBase):
             )[0]
         return grants
 
+    def pool_names(self) -> list[str]:
+        """Every pool tasks have used, by name."""
+        return sorted(text(p) for p in self.client.smembers(POOLS))
+
+    def inspect_pool(self, pool: str, *, waiting_shown: int = 20) -> PoolSnapshot:
+        """What ``pool`` holds now: its limit and rate, who runs and who waits (one round trip)."""
+        names = PoolNames(pool)
+        time_, running, waiting, first, meta = self._run(
+            [
+                ("TIME",),
+                ("ZRANGE", names.running, 0, -1, "WITHSCORES"),
+                ("ZCARD", names.ready),
+                ("ZRANGE", names.ready, 0, waiting_shown - 1),
+                ("HGETALL", names.meta),
+            ]
+        )
+        now_ms = int(time_[0]) * 1000 + int(time_[1]) // 1000
+        fields = texts(meta)
+
+        def number(name: str) -> int | None:  # anyone may have written it
+            value = fields.get(name, "")
+            return int(value) if value.isascii() and value.isdigit() else None
+
+        last = number("last_start")
+        return PoolSnapshot(
+            name=pool,
+            task_limit=number("limit"),
+            task_interval_ms=number("interval"),
+            limit_override=number("limit_override"),
+            interval_override_ms=number("interval_override"),
+            running=[
+                (*member_ticket(text(m)), ms_to_seconds(int(float(score)) - now_ms)) for m, score in scored(running)
+            ],
+            waiting=int(waiting),
+            waiting_first=[member_ticket(text(m)) for m in first],
+            last_start_ago=ms_to_seconds(now_ms - last) if last else None,
+        )
+
+    def set_pool_overrides(
+        self, pool: str, *, limit: int | None | Unchanged = UNCHANGED, interval_ms: int | None | Unchanged = UNCHANGED
+    ) -> list[Grant]:
+        """Give ``pool`` an operator's ``limit`` and rate (``interval_ms``) over its tasks' own, or None to go
+        back to them; ``UNCHANGED`` leaves one as it is. A raised limit gives free slots to waiting tickets at
+        once (their grants are returned, to publish); a lowered one stops no run. Setting the same again
+        changes nothing."""
+        call = calls.pool_override(
+            pool,
+            limit=override_value(limit),
+            interval_ms=override_value(interval_ms),
+            grant_ms=self.dispatch_timeout_ms,
+        )
+        members = self._pipelined([call], also=[("SADD", POOLS, pool)])[0]
+        logger.debug("overrides of pool=%r: limit=%s interval_ms=%s", pool, limit, interval_ms)
+        return self.pool_granted(pool, members)
+
     def reap_pools(self) -> list[Recovery]:
         """Return every pool's expired slots; the oldest waiting tickets take them (the reaper's pass, for a
         pool no call came to). Their grants, as the reaper's recoveries. One round trip a pool, and one more
         for each that gave a slot."""
         recoveries: list[Recovery] = []
-        for pool in sorted(text(p) for p in self.client.smembers(POOLS)):
+        for pool in self.pool_names():
             recoveries += [_granted(g) for g in self.pool_release(pool)]
         return recoveries
 

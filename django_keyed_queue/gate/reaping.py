@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import calls
-from .base import grants, stored_text, text
+from .base import grants, scored, stored_text, text
 from .keys import BLOCKED_KEYS, KeyNames
 from .pools import PoolCalls
 from .results import FinishResult, Recovery, RecoveryAction, Stopping
@@ -196,7 +196,7 @@ class ReaperCalls(PoolCalls):
         replies = self._run(
             [("ZRANGEBYSCORE", shard, "-inf", max_score, "WITHSCORES", *limit) for shard in self.deadlines.names]
         )
-        due = [pair for reply in replies for pair in _scored(reply)]
+        due = [pair for reply in replies for pair in scored(reply)]
         if len(replies) > 1:
             due.sort(key=lambda pair: pair[1])
         return due if num is None else due[:num]
@@ -227,10 +227,3 @@ def _stopped(note: bytes | str) -> Stopping | None:
         return None
     since_ms, how, by = stored_text(note).split("|", 2)
     return Stopping(by, int(since_ms), how)
-
-
-def _scored(reply: list[Any]) -> list[tuple[bytes | str, float]]:
-    """A ``WITHSCORES`` reply as (member, score) pairs: RESP3 sends pairs, RESP2 one flat list."""
-    if reply and isinstance(reply[0], list):
-        return [(member, float(score)) for member, score in reply]
-    return [(reply[i], float(reply[i + 1])) for i in range(0, len(reply), 2)]

@@ -13,7 +13,7 @@ SCRIPT_NAMES = (
     "republish_soon",
     *("claim_unwritten", "unwritten", "unblock", "wait_to_start", "newer_waiting", "override"),
     "replacement",
-    *("pool_acquire", "pool_release", "pool_renew", "pool_wait", "pool_granted"),
+    *("pool_acquire", "pool_release", "pool_renew", "pool_wait", "pool_granted", "pool_override"),
 )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .base import GateBase, text
+from .base import GateBase, texts
 from .keys import TOTALS, TOTALS_TEMPLATES
 from .transport import Command
 
@@ -29,10 +29,4 @@ class TotalsCalls(GateBase):
     def totals(self) -> tuple[dict[str, str], dict[str, str]]:
         """Every total (field -> its number as Redis keeps it) and every task's key template."""
         amounts, templates = self._run([("HGETALL", TOTALS), ("HGETALL", TOTALS_TEMPLATES)])
-        return _texts(amounts), _texts(templates)
-
-
-def _texts(reply: Mapping[bytes | str, bytes | str] | list[bytes | str]) -> dict[str, str]:
-    if isinstance(reply, Mapping):
-        return {text(k): text(v) for k, v in reply.items()}
-    return {text(reply[i]): text(reply[i + 1]) for i in range(0, len(reply), 2)}
+        return texts(amounts), texts(templates)

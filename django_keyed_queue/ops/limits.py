@@ -1,4 +1,4 @@
-"""An operator's limit and rate for one key, over its tasks' own, set at runtime without a deploy.
+"""An operator's limit and rate for one key, or one pool, over its tasks' own, set at runtime without a deploy.
 
 Kept in the gate's Redis with the key (``Gate.set_overrides``) until set back to the tasks' own
 (None); they apply from the key's next grant and start on, a raised limit dispatches its
@@ -18,6 +18,7 @@ from ..exceptions import ActionRefused
 from ..gate import UNCHANGED
 from ..gate.operator import Unchanged
 from ..messaging.dispatch import Dispatched, publish_grants
+from ..pools import configured_pools
 from ..process.state import current, get_gate
 from ..rates import rate_interval_ms
 from ..records import submissions
@@ -40,13 +41,13 @@ DEFAULT_SAID = "of its tasks (default)"
 def set_key_limit(key: str, limit: int | None, *, by: str = "an operator", app: Celery | None = None) -> Dispatched:
     """At most ``limit`` tasks of ``key`` run at once, whatever their tasks' ``limit`` (None: their own
     again); a raised limit dispatches the key's waiting tasks up to it now. Repeating it changes nothing."""
-    return _set(operator_key(key), _checked_limit(limit), UNCHANGED, by=by, app=app)[0]
+    return _set(operator_key(key), _checked_limit(limit, "a key's"), UNCHANGED, by=by, app=app)[0]
 
 
 def set_key_rate(key: str, rate: str | None, *, by: str = "an operator") -> None:
     """At most ``rate`` starts of ``key`` (``"10/s"``, ``"30/m"``, ``"100/h"``), whatever their tasks'
     ``rate`` (None: their own again), from its next start on. Repeating it changes nothing."""
-    _set(operator_key(key), UNCHANGED, _checked_interval(rate), by=by)
+    _set(operator_key(key), UNCHANGED, _checked_interval(rate, "a key's"), by=by)
 
 
 def set_typed(key: str, limit: str, rate: str, *, by: str = "an operator") -> str:
@@ -55,17 +56,47 @@ def set_typed(key: str, limit: str, rate: str, *, by: str = "an operator") -> st
     refuse them, both checked before either is set, and then set together in one gate call. What was
     set, said."""
     key = operator_key(key)
-    number: int | None | Unchanged = UNCHANGED
-    if limit:
-        whole = limit.isascii() and limit.isdigit() and len(limit) <= 18  # a number, not a 5,000-digit text
-        number = _checked_limit(None if limit == DEFAULT else int(limit) if whole else limit)
-    interval = _checked_interval(None if rate == DEFAULT else rate) if rate else UNCHANGED
+    number, interval = _typed(limit, rate, "a key's")
     if number is UNCHANGED and interval is UNCHANGED:
         return ""
     done, withdrawn = _set(key, number, interval, by=by)
     back = f", {withdrawn} granted but not started wait again" if withdrawn else ""
     said = [f"limit {limit}; {done}{back}"] if limit else []
     return ", ".join([*said, *([f"rate {rate}"] if rate else [])])
+
+
+def set_pool_typed(pool: str, limit: str, rate: str, *, by: str = "an operator", app: Celery | None = None) -> str:
+    """A pool's limit and rate as an operator typed them, over its tasks' own, as :func:`set_typed` takes a
+    key's: at most ``limit`` of the pool's tasks run at once and at most ``rate`` start, across every worker.
+    A raised limit gives free slots to waiting tasks now; a lowered one stops no run. What was set, said."""
+    pool = known_pool(pool)
+    number, interval = _typed(limit, rate, "a pool's")
+    if number is UNCHANGED and interval is UNCHANGED:
+        return ""
+    done = publish_grants(app or current_app, get_gate().set_pool_overrides(pool, limit=number, interval_ms=interval))
+    said = [f"limit {number or DEFAULT_SAID}"] if number is not UNCHANGED else []
+    if interval is not UNCHANGED:
+        said.append(f"rate {rate_said(interval) if interval else DEFAULT_SAID}")
+    logger.info("keyed queue pool %r: %s, set by %s; %s", pool, ", ".join(said), by, done)
+    return ", ".join([*([f"limit {limit}; {done}"] if limit else []), *([f"rate {rate}"] if rate else [])])
+
+
+def known_pool(pool: str) -> str:
+    """``pool`` if the settings or the gate know it, else ActionRefused naming the pools there are."""
+    known = set(configured_pools()) | set(get_gate().pool_names())
+    if pool not in known:
+        raise ActionRefused(f"no pool {pool!r}; the pools are: {', '.join(map(repr, sorted(known))) or 'none'}")
+    return pool
+
+
+def _typed(limit: str, rate: str, whose: str) -> tuple[int | None | Unchanged, int | None | Unchanged]:
+    """A limit and a rate as typed (a number, ``DEFAULT``, or "" to leave it), both checked before either is set."""
+    number: int | None | Unchanged = UNCHANGED
+    if limit:
+        whole = limit.isascii() and limit.isdigit() and len(limit) <= 18  # a number, not a 5,000-digit text
+        number = _checked_limit(None if limit == DEFAULT else int(limit) if whole else limit, whose)
+    interval = _checked_interval(None if rate == DEFAULT else rate, whose) if rate else UNCHANGED
+    return number, interval
 
 
 def _set(
@@ -93,16 +124,16 @@ def _set(
     return done, len(overridden.withdrawn)
 
 
-def _checked_limit(limit: object) -> int | None:
-    """``limit`` if it is one a key may have (None: its tasks' own), else ActionRefused naming it."""
+def _checked_limit(limit: object, whose: str) -> int | None:
+    """``limit`` if it is one a key or pool may have (None: its tasks' own), else ActionRefused naming it."""
     if limit is None or (isinstance(limit, int) and not isinstance(limit, bool) and 1 <= limit <= MAX_KEY_LIMIT):
         return limit
-    raise ActionRefused(f"a key's limit is a whole number from 1 to {MAX_KEY_LIMIT}, or its tasks' own: {limit!r}")
+    raise ActionRefused(f"{whose} limit is a whole number from 1 to {MAX_KEY_LIMIT}, or its tasks' own: {limit!r}")
 
 
-def _checked_interval(rate: str | None) -> int | None:
+def _checked_interval(rate: str | None, whose: str) -> int | None:
     """The least ms between two starts ``rate`` gives (None: its tasks' own), else ActionRefused naming it."""
     try:
         return rate_interval_ms(rate) or None
     except ValueError as exc:
-        raise ActionRefused(f"a key's {exc}") from None
+        raise ActionRefused(f"{whose} {exc}") from None

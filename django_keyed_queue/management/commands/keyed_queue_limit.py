@@ -1,28 +1,39 @@
 from django.core.management.base import CommandError
 
 from django_keyed_queue.ops.display import rate_said
-from django_keyed_queue.ops.limits import DEFAULT, set_typed
+from django_keyed_queue.ops.limits import DEFAULT, set_pool_typed, set_typed
 from django_keyed_queue.process.state import get_gate
 
-from ._key import KeyCommand, operator
+from ._key import KeyCommand, gate_reachable, operator
 
 
 class Command(KeyCommand):
     help = (
-        "Give a key a limit (tasks at once) or a rate of its own, over its tasks' (kept in Redis, not in the "
-        f"database), or '{DEFAULT}' for theirs again; with neither, show what the key has."
+        "Give a key, or with --pool a pool, a limit (tasks at once) or a rate of its own, over its tasks' (kept "
+        f"in Redis, not in the database), or '{DEFAULT}' for theirs again; with neither, show what it has."
     )
 
     def add_arguments(self, parser):
-        super().add_arguments(parser)
-        parser.add_argument("limit", nargs="?", help=f"how many of the key's tasks may run at once, or {DEFAULT}")
-        parser.add_argument("--rate", help=f'the most starts of the key: "10/s", "30/m", "100/h", or {DEFAULT}')
+        parser.add_argument("key", nargs="?", help="the logical key, e.g. account:7 (not with --pool)")
+        parser.add_argument("limit", nargs="?", help=f"how many of its tasks may run at once, or {DEFAULT}")
+        parser.add_argument("--rate", help=f'the most starts: "10/s", "30/m", "100/h", or {DEFAULT}')
+        parser.add_argument("--pool", help="a pool of KEYED_QUEUE_POOLS instead of a key, e.g. payments")
 
-    def handle(self, *args, key: str, limit: str | None = None, rate: str | None = None, **options):
+    def handle(self, *args, key: str | None = None, limit: str | None = None, pool: str | None = None, **options):
+        if pool is not None:
+            if limit is not None:
+                raise CommandError(f"with --pool, give only the limit: got {key!r} and {limit!r}")
+            key, limit = None, key  # `keyed_queue_limit --pool payments 5`: the one positional is the limit
+        elif key is None:
+            raise CommandError("give a key (e.g. account:7), or --pool and a pool's name")
         if limit is not None and limit != DEFAULT and not (limit.isascii() and limit.isdigit()):
             raise CommandError(f"the limit is a whole number >= 1 or {DEFAULT!r}, got {limit!r}")
-        self._limit, self._rate = limit, rate
-        super().handle(*args, key=key, **options)
+        self._limit, self._rate = limit, options.get("rate")
+        if pool is None:
+            super().handle(*args, key=key, **options)
+            return
+        with gate_reachable():
+            self.stdout.write(self.act_on_pool(pool))
 
     def act(self, key: str) -> str:
         said = set_typed(key, self._limit or "", self._rate or "", by=operator("keyed_queue_limit"))
@@ -31,3 +42,11 @@ class Command(KeyCommand):
         rate = rate_said(state.interval_override_ms) if state.interval_override_ms else f"{DEFAULT}"
         done = f"key {key!r}: " + (f"{said} -> " if said else "")
         return f"{done}limit {limit}, rate {rate}"
+
+    def act_on_pool(self, pool: str) -> str:
+        said = set_pool_typed(pool, self._limit or "", self._rate or "", by=operator("keyed_queue_limit"))
+        state = get_gate().inspect_pool(pool, waiting_shown=0)
+        limit = state.limit_override or f"{DEFAULT} ({state.task_limit or 'none'}, its tasks')"
+        rate = rate_said(state.interval_override_ms) if state.interval_override_ms else f"{DEFAULT}"
+        done = f"pool {pool!r}: " + (f"{said} -> " if said else "")
+        return f"{done}limit {limit}, rate {rate}; {len(state.running)} running, {state.waiting} waiting"

@@ -1,0 +1,174 @@
+"""Pools in a project: ``KEYED_QUEUE_POOLS`` read and refused, ``pool=`` checked at import, and an operator's
+limit and rate for a pool (``keyed_queue_limit --pool``), repeated, raced and fed bad input."""
+
+import io
+import json
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import CommandError, call_command
+from django.test import override_settings
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from django_keyed_queue import keyed_serial_task
+from django_keyed_queue.checks import check_settings
+from django_keyed_queue.gate import Code, Pool
+from django_keyed_queue.gate.keys import PoolNames
+from django_keyed_queue.pools import configured_pools
+from django_keyed_queue.process.state import get_gate
+from testproject.demo.tasks import step
+from tests.django.queues import QUEUE
+from tests.django.test_operator_races import race
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+POOLS = {"payments": {"limit": 10, "rate": "20/s"}, "mail": {"rate": "5/s"}, "one": {"limit": 1}}
+
+
+def command(*args: str) -> str:
+    out = io.StringIO()
+    call_command("keyed_queue_limit", *args, stdout=out)
+    return out.getvalue()
+
+
+@override_settings(KEYED_QUEUE_POOLS=POOLS)
+def test_the_settings_pools_as_the_gate_takes_them():
+    assert configured_pools() == {
+        "payments": Pool("payments", limit=10, interval_ms=50),
+        "mail": Pool("mail", limit=0, interval_ms=200),
+        "one": Pool("one", limit=1, interval_ms=0),
+    }
+
+
+BAD_POOLS = [
+    ([("payments", 10)], "must be a dict of pool name"),
+    ({"": {"limit": 1}}, "a pool's name must be a text of 1 to 200"),
+    ({"a\0b": {"limit": 1}}, "no NUL"),
+    ({"x" * 201: {"limit": 1}}, "1 to 200"),
+    ({3: {"limit": 1}}, "a pool's name must be a text"),
+    ({"p": {}}, 'must be a dict with a "limit", a "rate" or both'),
+    ({"p": 5}, 'must be a dict with a "limit"'),
+    ({"p": {"limit": 0}}, 'KEYED_QUEUE_POOLS\\[\'p\'\\]\\["limit"\\] must be a whole number >= 1, got 0'),
+    ({"p": {"limit": True}}, "whole number >= 1, got True"),
+    ({"p": {"limit": "3"}}, "whole number >= 1, got '3'"),
+    ({"p": {"rate": "fast"}}, 'KEYED_QUEUE_POOLS\\[\'p\'\\]\\["rate"\\]: rate must be "N/s"'),
+    ({"p": {"rate": "5000/s"}}, "at most 1000/s"),
+    ({"p": {"limit": 2, "burst": 3}}, "unknown option 'burst'"),
+    ({"p": {"limit": None}}, 'must give a "limit", a "rate" or both'),
+]
+
+
+@pytest.mark.parametrize(("pools", "said"), BAD_POOLS)
+def test_bad_pools_are_refused_naming_what_is_wrong(pools, said):
+    with override_settings(KEYED_QUEUE_POOLS=pools):
+        with pytest.raises(ImproperlyConfigured, match=said):
+            configured_pools()
+        (problem,) = [p for p in check_settings() if p.id == "keyed_queue.E013"]
+        assert problem.msg == str(pytest.raises(ImproperlyConfigured, configured_pools).value)
+
+
+VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(10**30), max_value=10**30),
+    st.floats(allow_nan=True),
+    st.text(max_size=3000),
+    st.binary(max_size=50),
+    st.lists(st.integers(), max_size=3),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    name=st.one_of(st.text(max_size=300), st.integers(), st.none()),
+    options=st.one_of(VALUES, st.dictionaries(st.sampled_from(["limit", "rate", "Limit", "\0"]), VALUES, max_size=3)),
+)
+def test_any_pools_setting_is_read_or_refused_clearly(name, options):
+    """NUL, huge, unicode and wrong types: a pool is read, or refused with ImproperlyConfigured naming the
+    setting (never another error, and never a text of thousands of characters)."""
+    with override_settings(KEYED_QUEUE_POOLS={name: options}):
+        try:
+            pools = configured_pools()
+        except ImproperlyConfigured as exc:
+            assert str(exc).startswith("KEYED_QUEUE_POOLS") and len(str(exc)) < 600
+            return
+    (pool,) = pools.values()
+    assert pool.name == name and (pool.limit or pool.interval_ms)
+
+
+@override_settings(KEYED_QUEUE_POOLS=POOLS)
+def test_a_task_naming_a_pool_the_settings_lack_fails_at_import():
+    with pytest.raises(ImproperlyConfigured, match=r"names pool 'payment', which KEYED_QUEUE_POOLS lacks \(it has:"):
+        keyed_serial_task(key="{n}", pool="payment")
+    with pytest.raises(TypeError, match="pool must be the name of a pool"):
+        keyed_serial_task(key="{n}", pool=["payments"])
+
+    @keyed_serial_task(key="{n}", pool="payments", name="tests.pools.paid")
+    def paid(n):
+        return n
+
+    assert paid.serial_pool == "payments"
+
+
+def _waiting_for_pool(gate, key: str) -> tuple[int, str]:
+    """A task of ``key`` whose pool "one" had no slot at its start (as a worker leaves it)."""
+    result = step.apply_async((key, 0), queue=QUEUE)
+    ticket = gate.inspect(key).holders.popitem()[0]
+    acquired = gate.pool_acquire(Pool("one", limit=1, interval_ms=0), key, ticket)
+    if acquired.code is Code.PARKED:
+        assert gate.pool_wait(key, ticket, 1, pool="one")
+    return ticket, result.id
+
+
+@override_settings(KEYED_QUEUE_POOLS=POOLS)
+def test_a_raised_pool_limit_dispatches_waiting_tasks_now(gate_redis, broker):
+    gate = get_gate()
+    _waiting_for_pool(gate, "a")  # takes the one slot
+    ticket, waiting_id = _waiting_for_pool(gate, "b")
+    assert gate.inspect("b").holders[ticket].state == "waiting_for_pool"
+    broker.delete(QUEUE)
+
+    said = command("--pool", "one", "2")
+
+    assert "pool 'one': limit 2" in said and "2 running, 0 waiting" in said, said
+    assert [json.loads(m)["headers"]["id"] for m in broker.lrange(QUEUE, 0, -1)] == [waiting_id]
+    assert gate.inspect("b").holders[ticket].state == "granted"
+    assert command("--pool", "one", "2").endswith("limit 2, rate default; 2 running, 0 waiting\n"), "a repeat"
+    assert broker.llen(QUEUE) == 1, "a repeat publishes nothing"
+
+    said = command("--pool", "one", "default", "--rate", "10/s")
+    assert "limit default (1, its tasks')" in said and "rate 10/s" in said, said
+    assert gate_redis.hget(PoolNames("one").meta, "interval_override") == b"100"
+
+
+@override_settings(KEYED_QUEUE_POOLS=POOLS)
+def test_racing_operators_give_one_effect(gate_redis, broker):
+    gate = get_gate()
+    _waiting_for_pool(gate, "a")
+    for key in ("b", "c", "d"):
+        _waiting_for_pool(gate, key)
+    broker.delete(QUEUE)
+
+    race(*[lambda: command("--pool", "one", "3")] * 4)
+
+    assert broker.llen(QUEUE) == 2, "two slots more, two tasks published, whoever ran first"
+    assert gate.inspect_pool("one").limit == 3
+
+
+@override_settings(KEYED_QUEUE_POOLS=POOLS)
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("--pool", "nope", "3"), "no pool 'nope'; the pools are: 'mail', 'one', 'payments'"),
+        (("--pool", "one", "0"), "a pool's limit is a whole number from 1"),
+        (("--pool", "one", "x"), "the limit is a whole number >= 1 or 'default', got 'x'"),
+        (("--pool", "one", "3", "4"), "with --pool, give only the limit"),
+        (("--pool", "one", "--rate", "9/x"), "a pool's rate must be"),
+        ((), "give a key (e.g. account:7), or --pool"),
+    ],
+)
+def test_bad_pool_commands_are_refused_and_change_nothing(gate_redis, args, said):
+    with pytest.raises(CommandError, match=said.replace("(", r"\(").replace(")", r"\)")):
+        command(*args)
+    assert gate_redis.hgetall(PoolNames("one").meta) == {}
