@@ -75,7 +75,7 @@ class UserProject:
             written = path.read_text() if path.exists() else ""  # by startproject or startapp
             path.write_text(written + ("\n" if written else "") + code)
         with open(self.directory / "mysite" / "settings.py", "a") as settings:
-            settings.write((FILES / "settings.py").read_text())
+            settings.write("\n" + (FILES / "settings.py").read_text())
         with open(self.directory / "shop" / "tasks.py", "a") as tasks:
             tasks.write("\n" + (FILES / "tasks.py").read_text())
         with open(self.directory / "shop" / "models.py", "a") as models:

@@ -49,7 +49,7 @@ BAD_POOLS = [
     ({3: {"limit": 1}}, "a pool's name must be a text"),
     ({"p": {}}, 'must be a dict with a "limit", a "rate" or both'),
     ({"p": 5}, 'must be a dict with a "limit"'),
-    ({"p": {"limit": 0}}, 'KEYED_QUEUE_POOLS\\[\'p\'\\]\\["limit"\\] must be a whole number >= 1, got 0'),
+    ({"p": {"limit": 0}}, "KEYED_QUEUE_POOLS\\['p'\\]\\[\"limit\"\\] must be a whole number >= 1, got 0"),
     ({"p": {"limit": True}}, "whole number >= 1, got True"),
     ({"p": {"limit": "3"}}, "whole number >= 1, got '3'"),
     ({"p": {"rate": "fast"}}, 'KEYED_QUEUE_POOLS\\[\'p\'\\]\\["rate"\\]: rate must be "N/s"'),
