@@ -67,6 +67,8 @@ class Holding:
                 f"{self.name} (#{self.ticket}) failed and blocks the key (on_failure='block'): nothing more of it "
                 "runs until an operator retries or cancels that task"
             )
+        if self.state == "waiting_for_pool":
+            return f"{self.name} (#{self.ticket}) holds the key: waiting for its pool"
         return f"{self.name} (#{self.ticket}) holds the key: dispatched{held}, not started by a worker yet"
 
     def as_data(self) -> dict[str, Any]:
@@ -125,6 +127,10 @@ class Explanation:
             "next_slot_in": self.next_slot_in,
             "due_at": self.due_at.isoformat() if self.due_at else None,
         }
+
+
+#: How far into a pool's line an explanation looks for the task's place.
+POOL_LINE_SHOWN = 1000
 
 
 def explain(task_id: str) -> Explanation:
@@ -196,6 +202,11 @@ def _holding(key_state: Explanation, own: Holding, snapshot: KeySnapshot) -> Exp
         worker = f" on {task.worker}" if task.worker else ""
         held = f"it holds its key: {state} for {since(own.since)}{worker}"
         return replace(key_state, state=state, reasons=[*_being_stopped(own), *_dead_run(task, own), held])
+    if own.state == "waiting_for_pool":
+        pool = getattr(registered_task(None, task.task_name), "serial_pool", None)
+        held = "it holds its key" + (f" ({since(own.since)} so far)" if own.since else "")
+        held += ", and is published again once its pool gives it a slot"
+        return replace(key_state, state="waiting for its pool", reasons=[pool_wait(pool, task.key, own.ticket), held])
     recovered = _recovered(task)
     reasons = [*recovered]
     if own.slot is not None and own.slot.run_now:
@@ -229,6 +240,25 @@ def _holding(key_state: Explanation, own: Holding, snapshot: KeySnapshot) -> Exp
     waits = "not started by a worker yet" if waits_for_time else "waiting for a worker to start it"
     reasons.append(f"it holds its key: dispatched {since(own.since)} ago, {waits}")
     return replace(key_state, state="dispatched", reasons=reasons, next_slot_in=next_slot)
+
+
+def pool_wait(pool: str | None, key: str, ticket: int) -> str:
+    """Why a task waits for its pool, as the pool has it now: "waiting for pool 'payments' (10 of 10 running)"."""
+    if pool is None:
+        return "waiting for its pool (its task, not registered here, does not say which)"
+    state = get_gate().inspect_pool(pool, waiting_shown=POOL_LINE_SHOWN)
+    limit = f"{len(state.running)} of {state.limit} running" if state.limit else f"{len(state.running)} running"
+    rate = f", at most {rate_said(state.interval_ms)}" if state.interval_ms else ""
+    line = state.waiting_first
+    place = line.index((key, ticket)) if (key, ticket) in line else None
+    ahead = (
+        f"; {place} task{'s' if place != 1 else ''} of the pool wait{'s' if place == 1 else ''} ahead of it"
+        if place
+        else "; it is next in its pool's line"
+        if place == 0
+        else f"; {state.waiting} tasks wait in its pool's line"
+    )
+    return f"waiting for pool {pool!r} ({limit}{rate}){ahead}"
 
 
 def _being_stopped(own: Holding) -> list[str]:
@@ -297,7 +327,7 @@ def _holdings(snapshot: KeySnapshot) -> list[Holding]:
         started = row.started_at if row else None
         dispatched = (row.dispatched_at or row.due_at or row.enqueued_at) if row else None
         holdings.append(
-            Holding(ticket, holder.state, row, started if holder.state != "granted" else dispatched, holder)
+            Holding(ticket, holder.state, row, started if holder.state in ("running", "blocked") else dispatched, holder)
         )
     return holdings
 

@@ -172,3 +172,29 @@ def test_bad_pool_commands_are_refused_and_change_nothing(gate_redis, args, said
     with pytest.raises(CommandError, match=said.replace("(", r"\(").replace(")", r"\)")):
         command(*args)
     assert gate_redis.hgetall(PoolNames("one").meta) == {}
+
+
+@override_settings(KEYED_QUEUE_POOLS=POOLS)
+def test_a_task_waiting_for_its_pool_is_explained_by_its_pool(gate_redis, broker):
+    from django_keyed_queue import explain
+    from django_keyed_queue.testing import write_submission_rows
+
+    @keyed_serial_task(key="{key}", pool="one", name="tests.pools.paid_one")
+    def paid_one(key):
+        return key
+
+    gate = get_gate()
+    results = [paid_one.apply_async((key,), queue=QUEUE) for key in ("a", "b", "c")]
+    write_submission_rows()
+    for key in ("a", "b", "c"):  # as the workers leave them: a runs, b and c wait for the pool in turn
+        ticket = gate.inspect(key).holders.popitem()[0]
+        if gate.pool_acquire(Pool("one", limit=1, interval_ms=0), key, ticket).code is Code.PARKED:
+            assert gate.pool_wait(key, ticket, 1, pool="one")
+
+    b, c = explain(results[1].id), explain(results[2].id)
+
+    assert b.state == c.state == "waiting for its pool"
+    assert b.reasons[0] == "waiting for pool 'one' (1 of 1 running); it is next in its pool's line"
+    assert c.reasons[0] == "waiting for pool 'one' (1 of 1 running); 1 task of the pool waits ahead of it"
+    command("--pool", "one", "2")
+    assert explain(results[1].id).state == "dispatched", "given a slot: published again"
