@@ -89,6 +89,8 @@ class LiveKeysPages(OperatorPages):
 
     def key_action_view(self, request):
         action, key, ticket, dispatch = (request.POST.get(name, "") for name in ("action", "key", "ticket", "dispatch"))
+        if action == "pool_limit":
+            return self._pool_limit(request)
         if (
             action not in ("pause", "resume", "release", "limit")
             or not key
@@ -106,10 +108,22 @@ class LiveKeysPages(OperatorPages):
             (int(ticket), int(dispatch) if dispatch else None) if action == "release" else (None, None)
         )
         self._on_key(request, action, key, ticket_number, dispatch_number, task_id)
-        shown = request.POST.get("shown_key", "")  # the page's own filter, kept after the action
-        return HttpResponseRedirect(
-            reverse("admin:keyed_queue_keys") + (f"?{urlencode({'key': shown})}" if shown else "")
-        )
+        return _back_to_page(request)
+
+    def _pool_limit(self, request):
+        """A pool's limit and rate, as the pools table's form typed them; the same permission as a key's."""
+        pool = request.POST.get("pool", "")
+        if problem := bad_query_value("pool", pool) if pool else "a pool's name":
+            return HttpResponseBadRequest(f"pool_limit needs {problem}", content_type="text/plain; charset=utf-8")
+        if not self._allowed(request, "limit"):
+            return self._refused(request, "limit keys or pools")
+        by = who_acts(request)
+        with self._refusals(request):
+            typed = (request.POST.get(name, "").strip() for name in ("limit", "rate"))
+            text = f"Pool {pool!r}: {limits.set_pool_typed(pool, *typed, by=by) or 'nothing changed'}, set by {by}"
+            _log_key(request, f"pool {pool}", text)
+            self.message_user(request, text, messages.SUCCESS)
+        return _back_to_page(request)
 
     def _on_key(
         self, request, action: str, key: str, ticket: int | None = None, dispatch: int | None = None, task_id: str = ""
@@ -134,6 +148,12 @@ class LiveKeysPages(OperatorPages):
                 text = f"Ticket {ticket}{whose} of key {key!r} released by {by}"
             _log_key(request, key, text)
             self.message_user(request, text, level)
+
+
+def _back_to_page(request: HttpRequest) -> HttpResponse:
+    """The live keys page again, with its own filter kept after the action."""
+    shown = request.POST.get("shown_key", "")
+    return HttpResponseRedirect(reverse("admin:keyed_queue_keys") + (f"?{urlencode({'key': shown})}" if shown else ""))
 
 
 def _log_key(request: HttpRequest, key: str, text: str) -> None:

@@ -327,7 +327,9 @@ def _holdings(snapshot: KeySnapshot) -> list[Holding]:
         started = row.started_at if row else None
         dispatched = (row.dispatched_at or row.due_at or row.enqueued_at) if row else None
         holdings.append(
-            Holding(ticket, holder.state, row, started if holder.state in ("running", "blocked") else dispatched, holder)
+            Holding(
+                ticket, holder.state, row, started if holder.state in ("running", "blocked") else dispatched, holder
+            ),
         )
     return holdings
 

@@ -19,6 +19,7 @@ from ..gate import Gate, HolderState, KeySnapshot, Stopping
 from ..gate.listing import MatchedKeys
 from ..messaging.message import ENQUEUED_HEADER, TaskMessage
 from ..messaging.recovered import stopped_text
+from ..pools import configured_pools
 from ..process.state import get_gate
 from ..records import submissions
 from ..records.models import KeyedTask
@@ -149,6 +150,43 @@ class KeyState:
         return (group, -self.waited_seconds, -self.depth, self.key)
 
 
+@dataclass(frozen=True)
+class PoolState:
+    """A pool as the live keys page shows it."""
+
+    name: str
+    running: int
+    limit: int  # in force; 0: none
+    waiting: int
+    rate: str  # in force, said; "": none
+    limit_override: int | None
+    rate_override: str  # an operator's, said; "": none
+
+
+def pool_states(gate: Gate) -> list[PoolState]:
+    """Every pool the settings name or tasks used, by name: one round trip each. A pool's own limit and rate
+    are the settings' (the gate keeps those its tasks last gave), an operator's over them."""
+    configured = configured_pools()
+    states = []
+    for name in sorted(set(configured) | set(gate.pool_names())):
+        pool = gate.inspect_pool(name, waiting_shown=0)
+        own = configured.get(name)
+        limit = pool.limit_override or (own.limit if own else pool.task_limit) or 0
+        interval_ms = pool.interval_override_ms or (own.interval_ms if own else pool.task_interval_ms) or 0
+        states.append(
+            PoolState(
+                name,
+                len(pool.running),
+                limit,
+                pool.waiting,
+                rate_said(interval_ms) if interval_ms else "",
+                pool.limit_override,
+                rate_said(pool.interval_override_ms) if pool.interval_override_ms else "",
+            )  # fmt: skip
+        )
+    return states
+
+
 @dataclass
 class LiveKeys:
     """The live keys page: the keys with work in the gate, and apart those whose rows alone say so."""
@@ -161,6 +199,7 @@ class LiveKeys:
     unheld: list[UnheldKey] = field(default_factory=list)
     more_unheld: bool = False
     search: str | None = None
+    pools: list[PoolState] = field(default_factory=list)  # every pool, by name (none for a search)
     searched_all: bool = True  # a search examined every name of the gate's lists
     matched: int = 0  # keys a search found in the gate's lists (with work or not)
     checked: int = 0  # keys checked in the gate (a search's: at most ``KEYS_READ`` of its matches)
@@ -194,6 +233,7 @@ def live_keys(*, limit: int = 100, search: str | None = None, read: int | None =
         candidates = list(dict.fromkeys([*overdue, *blocked, *paused, *overridden, *indexed.keys]))
         cut = any(len(listed) == limit for listed in (paused, blocked, overridden, overdue))
         page = LiveKeys(read=len({*overdue, *indexed.keys}), indexed=indexed.total, lists_cut=cut)
+        page.pools = pool_states(gate)
     else:
         matched = _matching(gate, fragment)
         candidates = matched.keys[:read]

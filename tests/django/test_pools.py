@@ -198,3 +198,65 @@ def test_a_task_waiting_for_its_pool_is_explained_by_its_pool(gate_redis, broker
     assert c.reasons[0] == "waiting for pool 'one' (1 of 1 running); 1 task of the pool waits ahead of it"
     command("--pool", "one", "2")
     assert explain(results[1].id).state == "dispatched", "given a slot: published again"
+
+
+# --- the live keys page --------------------------------------------------------------------------------
+
+
+@override_settings(KEYED_QUEUE_POOLS=POOLS)
+def test_the_live_keys_page_shows_each_pool_and_sets_its_limit(gate_redis, broker, as_user):
+    from django.contrib.admin.models import LogEntry
+    from django.urls import reverse
+
+    gate = get_gate()
+    _waiting_for_pool(gate, "a")
+    _waiting_for_pool(gate, "b")
+    client = as_user("lena", "change_key_limits")
+
+    page = client.get(reverse("admin:keyed_queue_keys")).content.decode()
+    row = page[page.index('data-pool="one"') :].split("</tr>")[0]
+    assert "1 of 1" in row and '<td class="waiting">1</td>' in row and 'value="pool_limit"' in row
+    assert 'data-pool="mail"' in page and "5/s" in page
+
+    client.post(reverse("admin:keyed_queue_key_act"), {"action": "pool_limit", "pool": "one", "limit": "2"})
+    client.post(reverse("admin:keyed_queue_key_act"), {"action": "pool_limit", "pool": "one", "limit": "2"})
+
+    assert gate.inspect_pool("one").limit_override == 2 and broker.llen(QUEUE) == 3, "b published once more, once"
+    assert [e.change_message for e in LogEntry.objects.order_by("id")] == [
+        "Pool 'one': limit 2; 1 dispatched, set by lena",
+        "Pool 'one': limit 2; 0 dispatched, set by lena",
+    ]
+
+
+@override_settings(KEYED_QUEUE_POOLS=POOLS)
+@pytest.mark.parametrize(
+    ("form", "status"),
+    [
+        ({"pool": "one", "limit": "0"}, 302),
+        ({"pool": "nope", "limit": "2"}, 302),
+        ({"pool": "one", "rate": "fast"}, 302),
+        ({"pool": "", "limit": "2"}, 400),
+        ({"pool": "a\0b", "limit": "2"}, 400),
+    ],
+)
+def test_the_live_keys_page_refuses_a_bad_pool_limit_and_writes_nothing(gate_redis, as_user, form, status):
+    from django.contrib.admin.models import LogEntry
+    from django.urls import reverse
+
+    client = as_user("lena", "change_key_limits")
+    response = client.post(reverse("admin:keyed_queue_key_act"), {"action": "pool_limit", **form})
+
+    assert response.status_code == status
+    assert gate_redis.dbsize() == 0 and not LogEntry.objects.exists()
+
+
+@override_settings(KEYED_QUEUE_POOLS=POOLS)
+def test_a_pools_limit_needs_the_permission_a_keys_limit_needs(gate_redis, as_user):
+    from django.urls import reverse
+
+    client = as_user("vic", "pause_key", "resume_key", "release_keyedtask")
+
+    response = client.post(reverse("admin:keyed_queue_key_act"), {"action": "pool_limit", "pool": "one", "limit": "2"})
+
+    assert response.status_code == 403 and gate_redis.dbsize() == 0
+    assert 'value="pool_limit"' not in client.get(reverse("admin:keyed_queue_keys")).content.decode()

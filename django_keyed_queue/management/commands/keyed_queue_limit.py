@@ -30,6 +30,7 @@ class Command(KeyCommand):
             raise CommandError(f"the limit is a whole number >= 1 or {DEFAULT!r}, got {limit!r}")
         self._limit, self._rate = limit, options.get("rate")
         if pool is None:
+            assert key is not None
             super().handle(*args, key=key, **options)
             return
         with gate_reachable():
