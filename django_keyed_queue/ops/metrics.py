@@ -41,7 +41,7 @@ from ..records import submissions
 from ..records.manager import seconds_since
 from ..records.models import KeyedTask
 from ..records.statuses import Status
-from .live import stuck_after_seconds
+from .live import pool_states, stuck_after_seconds
 from .permissions import may_view_tasks
 
 logger = logging.getLogger(__name__)
@@ -245,6 +245,21 @@ def _gate_gauges(gate: Gate) -> Iterable[Metric]:
     )
     overdue = gate.overdue_keys(stuck_after_seconds(), limit=MAX_KEYS_READ)
     yield _gauge("keys_overdue", "Keys past a deadline for over two reaper periods: is a reaper running?", len(overdue))
+    yield from _pool_gauges(gate)
+
+
+def _pool_gauges(gate: Gate) -> Iterable[Metric]:
+    """Each pool's running, waiting and limit, labelled by its name (a project names a few, in its settings)."""
+    pools = pool_states(gate)
+    for name, doc, read in (
+        ("pool_running", "Tasks holding a slot of their pool.", lambda p: p.running),
+        ("pool_waiting", "Tasks waiting for a slot of their pool (each holds its key).", lambda p: p.waiting),
+        ("pool_limit", "A pool's limit in force (an operator's, else the settings'); 0: none.", lambda p: p.limit),
+    ):
+        family = GaugeMetricFamily(f"keyed_queue_{name}", doc, labels=["pool"])
+        for pool in pools:
+            family.add_metric([pool.name], read(pool))
+        yield family
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

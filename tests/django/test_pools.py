@@ -260,3 +260,19 @@ def test_a_pools_limit_needs_the_permission_a_keys_limit_needs(gate_redis, as_us
 
     assert response.status_code == 403 and gate_redis.dbsize() == 0
     assert 'value="pool_limit"' not in client.get(reverse("admin:keyed_queue_keys")).content.decode()
+
+
+@override_settings(KEYED_QUEUE_POOLS=POOLS)
+def test_the_metrics_show_each_pool_s_running_waiting_and_limit(viewer_client, gate_redis, broker):
+    from tests.django.test_metrics import scrape, value
+
+    gate = get_gate()
+    for key in ("a", "b", "c"):
+        _waiting_for_pool(gate, key)
+    command("--pool", "payments", "4")
+
+    samples = scrape(viewer_client)
+
+    assert [value(samples, f"keyed_queue_pool_{s}", pool="one") for s in ("running", "waiting", "limit")] == [1, 2, 1]
+    assert value(samples, "keyed_queue_pool_limit", pool="payments") == 4, "an operator's, over the settings'"
+    assert value(samples, "keyed_queue_pool_limit", pool="mail") == 0, "a rate only"
