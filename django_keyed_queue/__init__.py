@@ -20,7 +20,7 @@ from .exceptions import (
 )
 
 if TYPE_CHECKING:
-    from .keyed_task.decorators import keyed_serial_task
+    from .keyed_task.decorators import keyed_serial_task, pooled_task
     from .keyed_task.task import KeyedSerialTask
     from .ops.explain import explain
     from .ops.limits import set_key_limit, set_key_rate
@@ -49,6 +49,7 @@ __all__ = [
     "keyed_serial_task",
     "metrics",
     "pause",
+    "pooled_task",
     "reap",
     "rebuild",
     "release",
@@ -63,6 +64,7 @@ __all__ = [
 #: Loaded on first use, after Django's apps: they import the models.
 _LAZY = {
     "keyed_serial_task": ".keyed_task.decorators",
+    "pooled_task": ".keyed_task.decorators",
     "KeyedSerialTask": ".keyed_task.task",
     "health": ".ops.views",
     "metrics": ".ops.metrics",

@@ -115,6 +115,33 @@ def keyed_serial_task(
     return decorate
 
 
+#: How many tasks of one pool with no key of their own may hold the key they share: the pool decides.
+POOLED_KEY_LIMIT = 1_000_000
+
+
+def pooled_task(*, pool: str, **options: Any) -> Callable[[Callable[..., Any]], Any]:
+    """Make ``fun`` a Celery task held to a pool of ``KEYED_QUEUE_POOLS`` and to nothing else: no key of its
+    own, so its runs are not serialized, but at most the pool's ``limit`` of the pool's tasks (keyed or not)
+    run at once and at most its ``rate`` start, across every worker. Options as :func:`keyed_serial_task`'s
+    (``bind``, ``queue``, ``max_retries`` ...), but ``key``, ``limit`` and ``rate``: the pool has them.
+
+    Its tasks share one key, ``keyed_queue.pool:<pool>``, of a limit no pool reaches: each is granted it at
+    once and waits only for its pool; the pages and commands show them under that key.
+    """
+    check_pool(pool, "@pooled_task")
+    if pool is None:
+        raise TypeError("@pooled_task: pool is required: the name of a pool of KEYED_QUEUE_POOLS")
+    for own in ("key", "limit", "rate"):
+        if own in options:
+            raise TypeError(f"@pooled_task takes no {own}=: its pool decides (use @keyed_serial_task for a key)")
+    shared_key = f"keyed_queue.pool:{pool}"
+
+    def pool_key(*args: Any, **kwargs: Any) -> str:
+        return shared_key
+
+    return keyed_serial_task(key=pool_key, limit=POOLED_KEY_LIMIT, pool=pool, **options)
+
+
 def _shared(fun: Callable[..., Any], base: type | None, options: dict[str, Any]) -> Any:
     """Celery's ``shared_task``, with the task's class made per app: every app, finalized or not yet
     made, registers it; the proxy returned is the current app's task."""

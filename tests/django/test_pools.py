@@ -276,3 +276,22 @@ def test_the_metrics_show_each_pool_s_running_waiting_and_limit(viewer_client, g
     assert [value(samples, f"keyed_queue_pool_{s}", pool="one") for s in ("running", "waiting", "limit")] == [1, 2, 1]
     assert value(samples, "keyed_queue_pool_limit", pool="payments") == 4, "an operator's, over the settings'"
     assert value(samples, "keyed_queue_pool_limit", pool="mail") == 0, "a rate only"
+
+
+@override_settings(KEYED_QUEUE_POOLS=POOLS)
+def test_a_task_of_no_key_joins_a_pool_and_nothing_else():
+    from django_keyed_queue import pooled_task
+    from django_keyed_queue.keyed_task.decorators import POOLED_KEY_LIMIT
+
+    @pooled_task(pool="mail", name="tests.pools.mailer")
+    def mailer(to, subject=""):
+        return to
+
+    assert mailer.serial_pool == "mail" and mailer.serial_limit == POOLED_KEY_LIMIT
+    assert mailer.key_for(("a@example.com",), {}) == mailer.key_for(("b@example.com",), {"subject": "x"})
+    with pytest.raises(TypeError, match="takes no key=: its pool decides"):
+        pooled_task(pool="mail", key="{to}")
+    with pytest.raises(TypeError, match="pool is required"):
+        pooled_task(pool=None)
+    with pytest.raises(ImproperlyConfigured, match="@pooled_task names pool 'post'"):
+        pooled_task(pool="post")

@@ -1,8 +1,9 @@
 """Pools on real workers in a user's project: a limit and a rate shared by every key and worker.
 
-Two workers of four processes each, forty keys: pool "three" never has more than three tasks running (read from
-the tasks' own starts and ends, in the order the history file has them), pool "five_a_second" never starts
-more than five in a second, and each key's tasks still run one at a time, in order.
+Two workers of four processes each, forty keys and tasks of no key (``@pooled_task``): pool "three" never
+has more than three tasks running (read from the tasks' own starts and ends, in the order the history file
+has them), pool "five_a_second" never starts more than five in a second, and each key's tasks still run one
+at a time, in order.
 """
 
 import pytest
@@ -28,11 +29,13 @@ def most_running(events: list[dict], ids: set[str]) -> int:
     return most
 
 
-def test_a_pool_of_three_runs_three_at_once_over_forty_keys_and_two_workers(make_project):
+def test_a_pool_of_three_runs_three_at_once_over_forty_keys_tasks_of_no_key_and_two_workers(make_project):
     project = make_project()
     project.worker("a", concurrency=4)
     project.worker("b", concurrency=4)
-    accepted = accepted_by(project.produce("pooled_step", 80, 40, 0, "0.05-0.15", prefix="pooled"))
+    keyed = project.produce("pooled_step", 80, 40, 0, "0.05-0.15", prefix="pooled")
+    plain = project.produce("plain_pooled_step", 30, 30, 0, "0.05-0.15", prefix="plain")  # no key: the pool alone
+    accepted = accepted_by(keyed) + accepted_by(plain)
     free = accepted_by(project.produce("step", 40, 40, 0, 0.1, prefix="free"))
 
     ids = {a["id"] for a in accepted}

@@ -13,7 +13,7 @@ from celery import shared_task
 from celery.signals import before_task_publish
 from django.conf import settings
 
-from django_keyed_queue import keyed_serial_task
+from django_keyed_queue import keyed_serial_task, pooled_task
 
 
 def log(event: str, key: str, n: int, task_id: str, **extra: object) -> None:
@@ -41,6 +41,12 @@ def step(self, key: str, n: int, seconds: float = 0.0) -> int:
 @keyed_serial_task(key="{key}", bind=True, pool="three")
 def pooled_step(self, key: str, n: int, seconds: float = 0.0) -> int:
     """A step of pool "three": at most three run at once, whatever their keys."""
+    return logged(self.request.id, key, n, seconds)
+
+
+@pooled_task(pool="three", bind=True)
+def plain_pooled_step(self, key: str, n: int, seconds: float = 0.0) -> int:
+    """A task of no key in pool "three": it shares the pool's three slots with the keyed ones."""
     return logged(self.request.id, key, n, seconds)
 
 
