@@ -6,10 +6,13 @@ has them), pool "five_a_second" never starts more than five in a second, and eac
 at a time, in order.
 """
 
+import json
+import os
+
 import pytest
 
 from testproject.history_checks import assert_serial
-from tests.userproject.run_checks import accepted_by
+from tests.userproject.run_checks import accepted_by, check_run
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.workers
@@ -67,3 +70,45 @@ def test_a_pool_rate_of_five_a_second_over_keys_and_two_workers(make_project):
     starts = sorted(e["t"] for e in events if e["event"] == "start" and e["id"] in ids)
     assert min(b - a for a, b in zip(starts, starts[5:], strict=False)) > 0.9
     assert starts[-1] - starts[0] < 20 * 0.2 + 2, "paced, not merely slow"
+
+
+def test_a_killed_worker_s_pool_slots_return_at_its_leases_end_and_the_pool_never_exceeds_its_limit(make_project):
+    """SIGKILL to a worker running the pool's tasks: their runs are recovered and run again, the slots they
+    held return by their leases' end, and at no moment do more than three of the pool's runs live."""
+    project = make_project()
+    doomed = project.worker("a", concurrency=4)
+    accepted = accepted_by(project.produce("pooled_step", 24, 12, 0, 0.6, prefix="pooled"))
+    wait_until(lambda: sum(e["event"] == "start" for e in project.history()) >= 3, 30, 0.05, "the pool's three runs")
+    dead = {e["pid"] for e in project.history() if e["event"] == "start"}
+    doomed.kill()  # SIGKILL to worker a and its pool, mid-run
+    note(project, "killed")
+    project.worker("b", concurrency=4)
+
+    events = check_run(project, accepted, timeout=90, killed=frozenset(cut_short(project.history(), dead)))
+
+    live, most = set(), 0
+    for e in project.history():
+        if e["event"] == "killed":
+            live = {run for run in live if run[1] not in dead}  # the killed runs ended with their processes
+        elif e["event"] == "start":
+            live.add((e["id"], e["pid"]))
+        elif e["event"] == "end":
+            live.discard((e["id"], e["pid"]))
+        most = max(most, len(live))
+    assert most == 3, "never a fourth run beside the killed ones' recoveries"
+    assert len(events) >= 2 * len(accepted)
+
+
+def note(project, event: str) -> None:
+    """A line in the project's history, in order with the tasks' own (appended as they append theirs)."""
+    fd = os.open(project.directory / "history.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps({"event": event, "key": "", "n": 0, "id": "", "pid": 0}) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def cut_short(events: list[dict], pids: set[int]) -> set[str]:
+    """The tasks whose run in one of ``pids`` started and never ended."""
+    started = {e["id"] for e in events if e["event"] == "start" and e["pid"] in pids}
+    return started - {e["id"] for e in events if e["event"] == "end" and e["pid"] in pids}
