@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from django_keyed_queue.gate.keys import CLUSTER_INDEX_SHARDS, DEADLINE_INDEX, Index, KeyNames
+from django_keyed_queue.gate.keys import CLUSTER_INDEX_SHARDS, DEADLINE_INDEX, Index, KeyNames, PoolNames
+from testproject.history_checks import assert_serial
+from tests.userproject.run_checks import accepted_by
+from tests.userproject.test_pools import most_running
+from tests.waiting import wait_until
 
 from .workload import TIER_SETTINGS, Workload, check_strictly, run_workload
 
@@ -37,3 +41,24 @@ def test_a_project_given_one_node_without_the_setting_is_told_what_to_set(make_p
     assert done.returncode != 0
     assert "set KEYED_QUEUE_REDIS_CLUSTER = True" in done.stderr, done.stderr
     assert project.rows() == {}, "nothing was written"
+
+
+def test_a_pool_holds_its_limit_over_keys_on_every_master(make_project, cluster):
+    """Pool "three" lives in a slot of its own, its tasks' keys in theirs, on other masters: a worker asks the
+    pool, then the key, in two calls; the limit rests on neither call's order being kept by another."""
+    cluster.flushall()
+    project = make_project(KEYED_QUEUE_REDIS_URL=cluster.url, KEYED_QUEUE_REDIS_CLUSTER=True, **TIER_SETTINGS)
+    project.worker("a", concurrency=4)
+    project.worker("b", concurrency=4)
+    accepted = accepted_by(project.produce("pooled_step", 60, 30, 0, "0.05-0.15", prefix="pooled"))
+    accepted += accepted_by(project.produce("plain_pooled_step", 20, 20, 0, "0.05-0.15", prefix="plain"))
+
+    ids = {a["id"] for a in accepted}
+    wait_until(lambda: ids <= {e["id"] for e in project.history() if e["event"] == "end"}, 90, 0.2, "every task")
+    events = project.history()
+    assert_serial(events)
+    assert most_running(events, ids) == 3
+
+    pool_on = cluster.node_for_key(PoolNames("three").running).port
+    keys_on = {cluster.node_for_key(KeyNames(f"pooled:{k}").meta).port for k in range(30)}
+    assert keys_on - {pool_on}, "keys on other masters than their pool's"
