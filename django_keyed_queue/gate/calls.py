@@ -79,13 +79,20 @@ def start(
     task_id: str,
     block: bool,
     interval_ms: int,
+    pool: str = "",
+    pool_member: str = "",
+    pool_limit: int = 0,
+    pool_interval_ms: int = 0,
+    pool_hold_ms: int = 0,
+    dispatch_timeout_ms: int = 0,
 ) -> ScriptCall:
+    """``pool``: asked in the same call (the keys' own server); its keys are sent then, and only then."""
     n = KeyNames(key)
-    return ScriptCall(
-        "start",
-        [n.meta, n.holders, n.messages],
-        [ticket, dispatch, lease_ms, max_lost, task_id, _flag(block), interval_ms],
-    )
+    args: list[EncodableT] = [ticket, dispatch, lease_ms, max_lost, task_id, _flag(block), interval_ms]
+    if not pool:
+        return ScriptCall("start", [n.meta, n.holders, n.messages], args)
+    pooled: list[EncodableT] = [pool, pool_member, pool_limit, pool_interval_ms, pool_hold_ms, dispatch_timeout_ms]
+    return ScriptCall("start", [n.meta, n.holders, n.messages, *PoolNames(pool).all()], [*args, *pooled])
 
 
 def wait_to_start(key: str, *, ticket: int, dispatch: int, interval_ms: int, lease_ms: int) -> ScriptCall:
@@ -106,24 +113,18 @@ def finish(
     block: bool,
     kept_ms: int,
     start_kept: str,
+    pool: str = "",
+    pool_member: str = "",
 ) -> ScriptCall:
+    """``pool``: its slot given back in the same call (the keys' own server); its keys are sent then only."""
     n = KeyNames(key)
-    return ScriptCall(
-        "finish",
-        [n.meta, n.queue, n.messages, n.holders, n.outcomes, n.wires, n.unwritten],
-        [
-            ticket,
-            token,
-            limit,
-            dispatch_timeout_ms,
-            idle_horizon_ms,
-            task_id,
-            record,
-            _flag(block),
-            kept_ms,
-            start_kept,
-        ],
-    )
+    keys = [n.meta, n.queue, n.messages, n.holders, n.outcomes, n.wires, n.unwritten]
+    args: list[EncodableT] = [
+        ticket, token, limit, dispatch_timeout_ms, idle_horizon_ms, task_id, record, _flag(block), kept_ms, start_kept,
+    ]  # fmt: skip
+    if not pool:
+        return ScriptCall("finish", keys, args)
+    return ScriptCall("finish", [*keys, *PoolNames(pool).all()], [*args, pool, pool_member])
 
 
 def retry(

@@ -28,6 +28,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+from redis.cluster import RedisCluster
 
 from . import calls
 from .base import GateBase, scored, text, texts
@@ -63,7 +66,7 @@ class Pool:
 
 @dataclass(frozen=True)
 class PoolSnapshot:
-    """A pool as :meth:`PoolCalls.inspect_pool` read it (one round trip)."""
+    """A pool as :meth:`PoolCalls.inspect_pool` read it."""
 
     name: str
     #: What its tasks give (kept by their last ask), and an operator's overrides; None: none given.
@@ -117,7 +120,7 @@ class PoolCalls(GateBase):
         One round trip, and one more per other ticket the pool gave a freed slot to."""
         call = calls.pool_acquire(
             pool.name, member=pool_member(key, ticket), limit=pool.limit, interval_ms=pool.interval_ms,
-            hold_ms=self._running_hold_ms if starting else self.dispatch_timeout_ms, starting=starting,
+            hold_ms=self.running_hold_ms if starting else self.dispatch_timeout_ms, starting=starting,
             grant_ms=self.dispatch_timeout_ms,
         )  # fmt: skip
         code, wait_ms, *others = self._pipelined([call], also=[("SADD", POOLS, pool.name)])[0]
@@ -126,7 +129,22 @@ class PoolCalls(GateBase):
         return result
 
     @property
-    def _running_hold_ms(self) -> int:
+    def pools_apart(self) -> bool:
+        """A pool's slot is on another server than its tickets' keys (a Redis Cluster): it is asked in calls of
+        its own. On one server, ``start`` and ``finish`` ask and give back in their own call."""
+        return isinstance(self.client, RedisCluster)
+
+    def pool_grants(self, flat: Sequence[Any]) -> list[Grant]:
+        """Grants from a script's key, ticket, dispatch, message, pushed quintuples (``pool_here.lua``'s)."""
+        return [
+            Grant(
+                text(flat[i]), int(flat[i + 1]), int(flat[i + 2]), flat[i + 3], pushed=self.pushes.pushed(flat[i + 4])
+            )
+            for i in range(0, len(flat), 5)
+        ]
+
+    @property
+    def running_hold_ms(self) -> int:
         """How long a running ticket holds its pool slot from a start or a renew: its lease, and a margin."""
         return self.lease_ms + min(HOLD_MARGIN_MS, self.lease_ms)
 
@@ -152,7 +170,7 @@ class PoolCalls(GateBase):
         if not held:
             return {}
         members = [pool_member(h.key, h.ticket) for h in held]
-        call = calls.pool_renew(pool, hold_ms=self._running_hold_ms, members=members)
+        call = calls.pool_renew(pool, hold_ms=self.running_hold_ms, members=members)
         return {lease: bool(ok) for lease, ok in zip(held, self._pipelined([call])[0], strict=True)}
 
     def pool_granted(self, pool: str, members: Sequence[bytes | str]) -> list[Grant]:
@@ -180,18 +198,17 @@ class PoolCalls(GateBase):
         return sorted(text(p) for p in self.client.smembers(POOLS))
 
     def inspect_pool(self, pool: str, *, waiting_shown: int = 20) -> PoolSnapshot:
-        """What ``pool`` holds now: its limit and rate, who runs and who waits (one round trip)."""
+        """What ``pool`` holds now: its limit and rate, who runs and who waits (two round trips)."""
         names = PoolNames(pool)
-        time_, running, waiting, first, meta = self._run(
+        now_ms = self._server_time_ms()
+        running, waiting, first, meta = self._run(
             [
-                ("TIME",),
                 ("ZRANGE", names.running, 0, -1, "WITHSCORES"),
                 ("ZCARD", names.ready),
                 ("ZRANGE", names.ready, 0, waiting_shown - 1),
                 ("HGETALL", names.meta),
             ]
         )
-        now_ms = int(time_[0]) * 1000 + int(time_[1]) // 1000
         fields = texts(meta)
 
         def number(name: str) -> int | None:  # anyone may have written it
@@ -250,11 +267,12 @@ class PoolCalls(GateBase):
                 recoveries.append(r)
                 continue
             acquired = self.pool_acquire(Pool(pool), r.key, r.ticket, starting=False)
-            recoveries += [_granted(g) for g in acquired.granted]
+            granted = acquired.granted
             if acquired.code is Code.OK:
-                recoveries += [_granted(g) for g in self.pool_granted(pool, [pool_member(r.key, r.ticket)])]
-            else:
-                recoveries.append(r)
+                granted += self.pool_granted(pool, [pool_member(r.key, r.ticket)])
+            recoveries += [_granted(g) for g in granted]
+            if not any((g.key, g.ticket) == (r.key, r.ticket) for g in granted):
+                recoveries.append(r)  # it waits on (a slot freed meanwhile may have gone to it through another)
         return recoveries
 
 

@@ -122,9 +122,11 @@ class StartResult:
     token: int = 0
     attempts: int = 0
     lease_deadline_ms: int = 0
-    #: ``Code.TOO_EARLY``: seconds until the key's rate lets it start, and its stored message.
+    #: ``Code.TOO_EARLY``: seconds until the key's (or its pool's) rate lets it start, and its stored message.
     wait_seconds: float = 0.0
     message: bytes | None = None
+    #: Tickets a slot its pool freed meanwhile went to (an expired one's): publish those not pushed.
+    granted: list[Grant] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:

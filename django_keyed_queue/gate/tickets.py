@@ -13,8 +13,9 @@ from dataclasses import replace
 from typing import Any
 
 from . import calls
-from .base import GateBase, grants, stored_text, text
-from .keys import BLOCKED_KEYS, KeyNames
+from .base import grants, stored_text, text
+from .keys import BLOCKED_KEYS, KeyNames, pool_member
+from .pools import Pool, PoolCalls
 from .results import (
     FinishResult,
     KeptStart,
@@ -36,7 +37,7 @@ logger = logging.getLogger(__name__)
 RECENT_SUBMISSION_SECONDS = 30.0
 
 
-class TicketCalls(GateBase):
+class TicketCalls(PoolCalls):
     """Submit, start, renew, retry, requeue, finish, cancel, unblock and stop tickets."""
 
     def submit(
@@ -155,6 +156,7 @@ class TicketCalls(GateBase):
         block: bool = False,
         task_id: str = "",
         interval_ms: int = 0,
+        pool: Pool | None = None,
     ) -> StartResult:
         """Check the message of dispatch ``dispatch`` may run ``ticket`` and start its lease.
 
@@ -167,20 +169,74 @@ class TicketCalls(GateBase):
         :meth:`unblock`. With ``interval_ms``, the key's starts are at least that far apart:
         a start sooner after the last one is ``Code.TOO_EARLY``, with the wait and the ticket's
         stored message (to send again for then).
+
+        With ``pool``, the ticket also needs a slot of that pool (``pools.py``), asked in the same call
+        on one server, apart on a Redis Cluster: without one it waits for its pool (``Code.PARKED``), and
+        the pool's rate may make it ``Code.TOO_EARLY`` as a key's does. ``StartResult.granted``: tickets a
+        slot the pool freed meanwhile went to, to publish.
         """
+        if pool is not None and self.pools_apart:
+            return self._start_pooled_apart(key, ticket, dispatch, pool, max_lost, block, task_id, interval_ms)
         call = calls.start(
             key, ticket=ticket, dispatch=dispatch, lease_ms=self.lease_ms, max_lost=max_lost, task_id=task_id,
             block=block, interval_ms=interval_ms,
+            **(self._pool_asked_here(pool, key, ticket) if pool is not None else {}),
         )  # fmt: skip
         # Indexed too: this process's lease may be shorter than the one the granting process assumed.
-        code, token, attempts, deadline, *message = self._call_and_index(call, key)
+        # A refusal of the key's (no slot, another dispatch ...) is the first four fields alone.
+        code, token, attempts, deadline, *rest = self._call_and_index(call, key)
+        message, pooled = (rest[0], rest[1]) if rest else (None, [])
+        granted = self.pool_grants(pooled)
         if code == Code.TOO_EARLY:
             return StartResult(
-                Code(code), attempts=int(attempts), wait_seconds=ms_to_seconds(deadline), message=message[0]
-            )
-        result = StartResult(Code(code), int(token), int(attempts), int(deadline))
+                Code(code), attempts=int(attempts), wait_seconds=ms_to_seconds(deadline), message=message,
+                granted=granted,
+            )  # fmt: skip
+        result = StartResult(Code(code), int(token), int(attempts), int(deadline), granted=granted)
         logger.debug("start key=%r ticket=%s code=%s", key, ticket, result.code.name)
         return result
+
+    def _pool_asked_here(self, pool: Pool, key: str, ticket: int) -> dict[str, Any]:
+        """``calls.start``'s arguments that ask ``pool`` in the same call."""
+        return {
+            "pool": pool.name, "pool_member": pool_member(key, ticket), "pool_limit": pool.limit or 0,
+            "pool_interval_ms": pool.interval_ms or 0, "pool_hold_ms": self.running_hold_ms,
+            "dispatch_timeout_ms": self.dispatch_timeout_ms,
+        }  # fmt: skip
+
+    def _start_pooled_apart(
+        self,
+        key: str,
+        ticket: int,
+        dispatch: int,
+        pool: Pool,
+        max_lost: int,
+        block: bool,
+        task_id: str,
+        interval_ms: int,
+    ) -> StartResult:
+        """:meth:`start` of a pooled ticket on a Redis Cluster: the pool first, in a call of its own, then the key.
+        A slot given to a message its key refuses goes where the pool meant it: to the ticket, published again,
+        if it still holds its key (a copy of a waiting ticket's message), else to the next in the pool's line."""
+        acquired = self.pool_acquire(pool, key, ticket)
+        if acquired.code is Code.PARKED:
+            self.pool_wait(key, ticket, dispatch, pool=pool.name)
+            return StartResult(Code.PARKED, granted=acquired.granted)
+        if acquired.code is Code.TOO_EARLY:
+            stored = self.client.hget(KeyNames(key).messages, ticket)
+            message = stored.encode() if isinstance(stored, str) else stored
+            # Its dispatch deadline moves past then, so that the reaper publishes no copy sooner.
+            delay_ms = seconds_to_ms(acquired.wait_seconds) + self.lease_ms
+            move = calls.republish_soon(key, ticket=ticket, dispatch=dispatch, delay_ms=delay_ms, later=True)
+            self._pipelined([move], index=key, index_within_ms=delay_ms)
+            return StartResult(
+                Code.TOO_EARLY, wait_seconds=acquired.wait_seconds, message=message, granted=acquired.granted
+            )
+        started = self.start(key, ticket, dispatch, max_lost=max_lost, block=block, task_id=task_id,
+                             interval_ms=interval_ms)  # fmt: skip
+        if started.code is not Code.NOT_GRANTED:
+            return replace(started, granted=acquired.granted)
+        return replace(started, granted=[*acquired.granted, *self.pool_granted(pool.name, [pool_member(key, ticket)])])
 
     def wait_to_start(self, key: str, ticket: int, dispatch: int, *, interval_ms: int) -> tuple[float, bytes | None]:
         """Seconds before the message of ``dispatch`` may start ``ticket`` under a rate of one start per
@@ -202,6 +258,7 @@ class TicketCalls(GateBase):
         block: bool = False,
         keep_first_seconds: float = 0.0,
         start_kept: KeptStart | None = None,
+        pool: str | None = None,
     ) -> FinishResult:
         """End a running ticket and grant the next ones; their messages are returned (each pushed to the
         broker already where the producer left a template: ``Grant.pushed``).
@@ -216,7 +273,10 @@ class TicketCalls(GateBase):
         ``block``: the run failed for good and its task blocks its key on failure:
         the ticket keeps its slot and the key is blocked (``Code.BLOCKED``) until
         :meth:`unblock`; it is listed among :meth:`blocked_keys` in the same round trip.
+        ``pool``: the run's pool slot goes back (also when it blocks its key), in the same call on one server,
+        in one more on a Redis Cluster; the tickets the slot goes to are among the grants, after the key's.
         """
+        here = pool is not None and not self.pools_apart
         call = calls.finish(
             key, ticket=ticket, token=token, limit=limit, dispatch_timeout_ms=self.dispatch_timeout_ms,
             idle_horizon_ms=self.idle_horizon_ms, task_id=outcome.task_id if outcome else "",
@@ -225,17 +285,20 @@ class TicketCalls(GateBase):
                 f"{self.lease_ms}|{start_kept.max_lost}|{int(start_kept.block)}|{start_kept.task_name}"
                 if start_kept and keep_first_seconds > 0 else ""
             ),
+            **({"pool": pool, "pool_member": pool_member(key, ticket)} if here and pool else {}),
         )  # fmt: skip
         # A kept grant's deadline may be sooner than the index's hint: index it by then.
         within = seconds_to_ms(keep_first_seconds) if keep_first_seconds > 0 else None
         [reply] = self._pipelined(
             [call], index=key, index_within_ms=within, also=[("SADD", BLOCKED_KEYS, key)] if block else ()
         )
-        granted = grants(key, reply[5:], self.pushes.pushed)
+        granted = grants(key, reply[6:], self.pushes.pushed)
         if granted and int(reply[1]):
             granted[0] = replace(granted[0], token=int(reply[1]), attempts=int(reply[2]))
         kept, message = (reply[3], reply[4]) if len(reply) > 3 else (b"", b"")
         unwritten = Unwritten.read(key, str(ticket).encode(), kept, message or None) if kept else None
+        if pool is not None and reply[0] in (Code.OK, Code.BLOCKED):
+            granted += self.pool_grants(reply[5]) if here else self.pool_release(pool, [(key, ticket)])
         result = FinishResult(Code(reply[0]), granted, unwritten)
         tickets = [g.ticket for g in granted]
         logger.debug("finish key=%r ticket=%s code=%s granted=%s", key, ticket, result.code.name, tickets)

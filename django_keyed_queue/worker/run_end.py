@@ -132,6 +132,7 @@ class RunEnd(RunBase):
                     block=status == Status.FAILED and task.blocks_on_failure,
                     keep_first_seconds=keep_seconds,
                     start_kept=start_kept,
+                    pool=task.serial_pool,
                 )  # fmt: skip
             )
         except redis.RedisError:
@@ -164,7 +165,7 @@ class RunEnd(RunBase):
                 "%s[%s] failed and blocks key=%r (on_failure='block'): nothing more of the key runs until "
                 "an operator retries or cancels it", task.name, request.id, lease.key,
             )  # fmt: skip
-            self.give_back_pool_slot()
+            publish_grants(task.app, finished.granted)  # its pool slot went to them
             process.recorder.buffer(end)
             self._count_end(status)
             return True
@@ -185,7 +186,6 @@ class RunEnd(RunBase):
                     "%s[%s]: its run after losing its key is not noted", task.name, request.id, exc_info=True
                 )
             return False
-        self.give_back_pool_slot()
         process.recorder.buffer(end)
         self._count_end(status)
         handoff.local().hand_over(task.app, request, finished.granted)

@@ -12,7 +12,7 @@ from celery.exceptions import Ignore
 from django.utils import timezone
 
 from ..conf import settings
-from ..gate import Code, Grant, Lease, Pool, SubmitResult
+from ..gate import Code, Grant, Lease, SubmitResult
 from ..messaging import superseded
 from ..messaging.building import delivered
 from ..messaging.dispatch import publish, publish_grants
@@ -23,7 +23,7 @@ from ..process.state import current
 from ..records.statuses import Status
 from ..records.transitions import Transition
 from . import handoff
-from .run_base import RunBase, give_back, request_options
+from .run_base import RunBase, request_options
 
 if TYPE_CHECKING:
     from celery.app.task import Context
@@ -92,8 +92,6 @@ def _start(
     if kept is not None:  # the finish that kept it here started it
         return Lease(key, ticket, kept.token), kept.attempts
     pool = pool_of(task)
-    if pool is not None and not _take_pool_slot(task, pool, key, ticket, dispatch):
-        raise Ignore()
     started, _ = outlast_restart(
         lambda: gate.start(
             key,
@@ -103,14 +101,21 @@ def _start(
             block=task.blocks_on_failure,
             task_id=cast(str, request.id),
             interval_ms=task.serial_interval_ms,
+            pool=pool,
         )  # fmt: skip
     )
+    if started.granted:  # a slot its pool freed meanwhile went to them
+        publish_grants(task.app, started.granted)
     if started.code is Code.TOO_EARLY:
-        # The key's rate: another process started one of its tasks since this message was sent.
+        # The key's rate, or its pool's: another process started one of their tasks since this message was sent.
         send_when_due(task, Grant(key, ticket, dispatch, started.message or b""), started.wait_seconds)
         raise Ignore()
-    if pool is not None and started.code is Code.NOT_GRANTED:
-        give_back(task, pool.name, key, ticket)  # a copy of an ended ticket's message holds no slot
+    if started.code is Code.PARKED:
+        # Its pool has no slot: it waits, holding its key and no worker process, and is published again once
+        # a slot is its.
+        assert pool is not None
+        logger.info("%s[%s] key=%r ticket=%s waits for pool %r", task.name, request.id, key, ticket, pool.name)
+        raise Ignore()
     if not started.ok:
         # A duplicate is routine; a message that is not the ticket's own is not.
         log = logger.warning if started.code is Code.FOREIGN_MESSAGE else logger.info
@@ -118,30 +123,6 @@ def _start(
         current().totals.count("refused", task)
         raise Ignore()
     return Lease(key, ticket, started.token), started.attempts
-
-
-def _take_pool_slot(task: KeyedTaskProtocol, pool: Pool, key: str, ticket: int, dispatch: int) -> bool:
-    """Ask the task's pool for a slot before its key's start: True, it holds one and may start now. Else the
-    message is dropped: its ticket waits for its pool (published again when a slot is its), or, early for the
-    pool's rate, its message goes out again for then."""
-    gate = current().gate
-    acquired, _ = outlast_restart(lambda: gate.pool_acquire(pool, key, ticket))
-    publish_grants(task.app, acquired.granted)
-    if acquired.ok:
-        return True
-    if acquired.code is Code.TOO_EARLY:
-        [message] = gate.stored_messages([(key, ticket)])
-        # Its deadline moves past then, so the reaper publishes no copy sooner.
-        gate.republish_after(key, ticket, dispatch, delay_seconds=acquired.wait_seconds + gate.lease_ms / 1000)
-        logger.info("%s key=%r ticket=%s starts in %.3fs (pool %r's rate)",
-                    task.name, key, ticket, acquired.wait_seconds, pool.name)  # fmt: skip
-        publish(task.app, Grant(key, ticket, dispatch, message or b""), mark_dispatched=False,
-                countdown=acquired.wait_seconds)  # fmt: skip
-        return False
-    waits = gate.pool_wait(key, ticket, dispatch, pool=pool.name)
-    logger.info("%s[%s] key=%r ticket=%s waits for pool %r%s", task.name, task.request.id, key, ticket, pool.name,
-                "" if waits else " (given a slot already, or ended)")  # fmt: skip
-    return False
 
 
 def _join(task: KeyedTaskProtocol, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Lease, int]:
@@ -164,12 +145,13 @@ def send_when_due(task: KeyedTaskProtocol, grant: Grant, wait_seconds: float) ->
     the reaper publishes the ticket again once its dispatch deadline, moved past then, passes.
     """
     logger.info(
-        "%s key=%r ticket=%s starts in %.3fs (rate=%s)",
+        "%s key=%r ticket=%s starts in %.3fs (rate=%s, pool=%s)",
         task.name,
         grant.key,
         grant.ticket,
         wait_seconds,
         task.serial_rate,
+        task.serial_pool,
     )
     publish(task.app, grant, mark_dispatched=False, countdown=wait_seconds)
 

@@ -197,3 +197,81 @@ def test_any_pool_name_and_key_keep_their_slots_apart(gate, gate_redis, pool, ke
     assert gate_redis.zcard(names.running) == 0
     gate.cancel(key, ticket)
     gate_redis.delete(*names.all(), *KeyNames(key).all())
+
+
+# --- start and finish with their pool: one call on one server, calls apart on a Redis Cluster ---------
+
+
+def test_start_asks_the_pool_and_finish_gives_its_slot_to_the_next(gate):
+    one = Pool("one", limit=1, interval_ms=0)
+    a, _ = _granted(gate, "a")
+    b, _ = _granted(gate, "b")
+    running = gate.start("a", a, 1, pool=one)
+    waiting = gate.start("b", b, 1, pool=one)
+
+    assert running.ok and waiting.code is Code.PARKED
+    assert gate.inspect("b").holders[b].state == "waiting_for_pool"
+    assert gate.inspect_pool("one").waiting_first == [("b", b)]
+
+    finished = gate.finish("a", a, running.token, pool="one")
+
+    assert [(g.key, g.ticket, g.dispatch) for g in finished.granted] == [("b", b, 2)]
+    assert gate.start("b", b, 2, pool=one).ok
+    assert [(k, t) for k, t, _ in gate.inspect_pool("one").running] == [("b", b)]
+
+
+def test_a_start_the_key_refuses_takes_no_pool_slot(gate, gate_redis):
+    one = Pool("one", limit=1, interval_ms=0)
+    a, _ = _granted(gate, "a")
+    started = gate.start("a", a, 1, pool=one)
+    gate.finish("a", a, started.token, pool="one")
+
+    late_copy = gate.start("a", a, 1, pool=one)
+
+    assert late_copy.code is Code.NOT_GRANTED
+    assert gate_redis.zcard(PoolNames("one").running) == 0, "the slot is free for the next"
+
+
+def test_a_blocked_run_keeps_its_key_and_gives_its_pool_slot_back(gate):
+    one = Pool("one", limit=1, interval_ms=0)
+    a, _ = _granted(gate, "a")
+    b, _ = _granted(gate, "b")
+    started = gate.start("a", a, 1, pool=one, block=True)
+    assert gate.start("b", b, 1, pool=one).code is Code.PARKED
+
+    finished = gate.finish("a", a, started.token, block=True, pool="one")
+
+    assert finished.code is Code.BLOCKED
+    assert [(g.key, g.ticket) for g in finished.granted] == [("b", b)]
+
+
+def test_the_pool_s_rate_at_start_says_when_with_the_stored_message(gate):
+    paced = Pool("paced", limit=0, interval_ms=400)
+    a, _ = _granted(gate, "a")
+    b = gate.submit("b", b"the message of b").ticket
+
+    assert gate.start("a", a, 1, pool=paced).ok
+    early = gate.start("b", b, 1, pool=paced)
+
+    assert early.code is Code.TOO_EARLY and 0.3 < early.wait_seconds <= 0.4
+    assert early.message == b"the message of b"
+    assert gate.inspect("b").holders[b].deadline_in > early.wait_seconds, "the reaper sends no copy sooner"
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(keys=st.lists(st.text(min_size=1, max_size=60), min_size=2, max_size=2, unique=True))
+def test_a_freed_slot_reaches_a_key_of_any_name(gate, gate_redis, keys):
+    """Braces, percents, bars, NUL and unicode: the script that frees a slot names the next ticket's key as
+    the gate does, and tells that key (on one server, in the same call)."""
+    one = Pool("one", limit=1, interval_ms=0)
+    first, second = keys
+    a, b = gate.submit(first, b"m").ticket, gate.submit(second, b"m").ticket
+    started = gate.start(first, a, 1, pool=one)
+    assert gate.start(second, b, 1, pool=one).code is Code.PARKED
+
+    (grant,) = gate.finish(first, a, started.token, pool="one").granted
+
+    assert (grant.key, grant.ticket, grant.dispatch) == (second, b, 2)
+    assert gate.inspect(second).holders[b].state == "granted"
+    gate.cancel(second, b)
+    gate_redis.delete(*PoolNames("one").all(), *KeyNames(first).all(), *KeyNames(second).all())

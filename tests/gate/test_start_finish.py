@@ -292,11 +292,13 @@ def test_fencing_tokens_strictly_increase_across_starts_and_retries(gate):
 
 
 def test_fencing_tokens_continue_after_the_key_went_idle(gate):
-    first = gate.submit("k", b"m1", start=True)
+    # Task ids keep the drained key's counters while its submissions are remembered; a key with none
+    # may expire within a millisecond, and its tickets start over (its tokens still go on, above).
+    first = gate.submit("k", b"m1", start=True, task_id="t1")
     gate.finish("k", first.ticket, first.token)
     assert gate.inspect("k").idle_expires_in is not None
 
-    second = gate.submit("k", b"m2", start=True)
+    second = gate.submit("k", b"m2", start=True, task_id="t2")
 
     assert second.ticket == first.ticket + 1
     assert second.token > first.token

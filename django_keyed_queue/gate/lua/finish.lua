@@ -10,6 +10,7 @@
   KEYS[5] outcomes  HASH task id -> "<finished ms>|<record of the run's end>"
   KEYS[6] wires     HASH ticket -> its message's broker template (see common.lua's push_granted)
   KEYS[7] unwritten HASH ticket -> submission record, until its row is written (see submit.lua)
+  KEYS[8] pool's running   KEYS[9] pool's ready   KEYS[10] pool's meta   (includes/pool.lua; only with ARGV[11])
   ARGV[1] ticket
   ARGV[2] token: fencing token of the finishing attempt
   ARGV[3] limit: slots per key
@@ -24,18 +25,24 @@
           the caller, if its stored message is of that task (the finishing task's policy is then its
           own): its lease runs, and its token is returned ('' = it is started by its own start call);
           meta's "kept" says "<token of the run ended>|<kept ticket>|<its token>" until the next such start
+  ARGV[11] pool: the pool whose slot the run held, given back here, on the keys' own server ('' = none, or
+          given back apart; see includes/pool_here.lua): the oldest waiting tickets take the freed slot
+  ARGV[12] pool_member: the run's member in the pool, "<ticket>|<key>"
 
-  Returns {code, token, attempts, record, message, ticket1, dispatch1, message1, pushed1, ticket2, ...}
+  Returns {code, token, attempts, record, message, pool grants, ticket1, dispatch1, message1, pushed1, ticket2, ...}
     code 0 OK           finished; the listed tickets are now granted: those not pushed must be published.
                         token > 0: the first, kept, was started too (its attempt number follows)
     code 5 STALE_TOKEN  the caller no longer holds the ticket (fenced); nothing changed
-    code 11 BLOCKED     it failed and now blocks its key
+    code 11 BLOCKED     it failed and now blocks its key (its pool slot is given back all the same)
     record: the ticket's submission record as submit keeps it, if its row is not written yet ('' if
     it is), and message, its stored message then (as a writer's pass would write it): the caller
     writes the row once, in its final state, then deletes the record. Kept until then, so that a
     caller killed first loses nothing (a writer's pass writes it).
+    pool grants: {key, ticket, dispatch, message, pushed, ...} of the tickets the freed pool slot went to
 ]]
 --- @include "common"
+--- @include "pool"
+--- @include "pool_here"
 
 local meta_key, queue_key, messages_key, holders_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local ticket = ARGV[1]
@@ -56,15 +63,23 @@ if ARGV[6] ~= '' then
   redis.call('HSET', KEYS[5], ARGV[6], now .. '|' .. ARGV[7])
   redis.call('PEXPIRE', KEYS[5], horizon)
 end
+-- The run's pool slot goes back: a blocked ticket keeps its key, not its pool.
+local pool_grants = {}
+if (ARGV[11] or '') ~= '' then
+  local running_key, ready_key, pool_meta = KEYS[8], KEYS[9], KEYS[10]
+  local timeout = tonumber(ARGV[4])
+  local granted = pool_give_back(running_key, ready_key, pool_meta, {ARGV[12]}, timeout, now)
+  grant_members(granted, running_key, ready_key, pool_meta, timeout, timeout, now, pool_grants)
+end
 if ARGV[8] == '1' then
   block_ticket(meta_key, holders_key, ticket, holder)
-  return {11, 0, 0, unwritten, stored}
+  return {11, 0, 0, unwritten, stored, pool_grants}
 end
 redis.call('HDEL', holders_key, ticket)
 drop_message(messages_key, KEYS[6], ticket)
 local kept_ms = tonumber(ARGV[9])
 local lease, max_lost, block, task = string.match(ARGV[10], '^(%d+)|(%d+)|([01])|(.+)$')
-local out = {0, 0, 0, unwritten, stored}
+local out = {0, 0, 0, unwritten, stored, pool_grants}
 local function keep(kept)
   if lease and effective_interval(meta_key, 0) == 0 then  -- a key paced by an operator: its start decides
     if message_names(redis.call('HGET', messages_key, kept)) == task then

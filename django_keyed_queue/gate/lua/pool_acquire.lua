@@ -21,51 +21,13 @@
 ]]
 --- @include "pool"
 
-local running_key, ready_key, meta_key = KEYS[1], KEYS[2], KEYS[3]
-local member = ARGV[1]
-local hold = tonumber(ARGV[4])
-local starting = ARGV[5] == '1'
-local grant_ms = tonumber(ARGV[6])
 local now = pool_now_ms()
-local limit, interval = pool_settings(meta_key, tonumber(ARGV[2]), tonumber(ARGV[3]))
-
-local others = {}
-for _, other in ipairs(pool_refill(running_key, ready_key, meta_key, limit, grant_ms, now)) do
-  if other ~= member then
-    others[#others + 1] = other
-  end
-end
-
-if not redis.call('ZSCORE', running_key, member) then
-  if redis.call('ZCARD', ready_key) > 0 or not pool_has_room(running_key, limit) then
-    if not redis.call('ZSCORE', ready_key, member) then
-      redis.call('ZADD', ready_key, redis.call('HINCRBY', meta_key, 'seq', 1), member)
-    end
-    return {1, 0, unpack(others)}
-  end
-  redis.call('ZADD', running_key, now + hold, member)
-end
-
-if starting and interval > 0 then
-  -- One start per interval, on the server's clock: a member that comes back at the start time
-  -- it was given needs only the interval since the last start; any other waits for every start
-  -- handed out before it too, and is given the next one.
-  local fields = redis.call('HMGET', meta_key, 'last_start', 'reserved', 'at:' .. member)
-  local last, reserved, own = tonumber(fields[1]) or 0, tonumber(fields[2]) or 0, tonumber(fields[3])
-  local earliest = last + interval
-  if not own then
-    earliest = math.max(earliest, reserved + interval)
-  end
-  if now < earliest then
-    local due = math.max(earliest, reserved + interval)
-    redis.call('HSET', meta_key, 'reserved', due, 'at:' .. member, due)
-    redis.call('ZADD', running_key, 'GT', due + hold, member)
-    return {12, due - now, unpack(others)}
-  end
-  redis.call('HSET', meta_key, 'last_start', now)
-  redis.call('HDEL', meta_key, 'at:' .. member)
-end
-if starting then
-  redis.call('ZADD', running_key, 'GT', now + hold, member)
+local limit, interval = pool_settings(KEYS[3], tonumber(ARGV[2]), tonumber(ARGV[3]))
+local code, wait, others = pool_take(
+  KEYS[1], KEYS[2], KEYS[3], ARGV[1], limit, interval, tonumber(ARGV[4]), ARGV[5] == '1', tonumber(ARGV[6]), now)
+if code == 1 then
+  return {1, 0, unpack(others)}
+elseif code == 12 then
+  return {12, wait, unpack(others)}
 end
 return {0, 0, unpack(others)}

@@ -17,19 +17,10 @@
 ]]
 --- @include "common"
 
-local meta_key, holders_key, messages_key, ticket = KEYS[1], KEYS[2], KEYS[3], ARGV[1]
-local raw = redis.call('HGET', holders_key, ticket)
-local holder = raw and decode_holder(raw)
-if holder and holder.state == 'r' then
+local code, dispatch, message, pushed = grant_for_pool(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1], tonumber(ARGV[2]), now_ms())
+if code == 6 then
   return {6, 0, '', 0}
-end
-if not holder or holder.state == 'b' then
+elseif code == 2 then
   return {2, 0, '', 0}
 end
-holder.state = 'g'
-holder.dispatch = holder.dispatch + 1
-holder.deadline = now_ms() + tonumber(ARGV[2])
-redis.call('HSET', holders_key, ticket, encode_holder(holder))
-redis.call('HDEL', meta_key, 'pool:' .. ticket)
-local pushed = push_reply(KEYS[4], ticket, holder.dispatch)
-return {0, holder.dispatch, redis.call('HGET', messages_key, ticket) or '', pushed}
+return {0, dispatch, message, pushed}

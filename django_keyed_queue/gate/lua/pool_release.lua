@@ -11,11 +11,8 @@
 ]]
 --- @include "pool"
 
-local running_key, ready_key, meta_key = KEYS[1], KEYS[2], KEYS[3]
+local members = {}
 for i = 2, #ARGV do
-  redis.call('ZREM', running_key, ARGV[i])
-  redis.call('ZREM', ready_key, ARGV[i])
-  redis.call('HDEL', meta_key, 'at:' .. ARGV[i])
+  members[#members + 1] = ARGV[i]
 end
-local limit = pool_settings(meta_key, nil, nil)
-return pool_refill(running_key, ready_key, meta_key, limit, tonumber(ARGV[1]), pool_now_ms())
+return pool_give_back(KEYS[1], KEYS[2], KEYS[3], members, tonumber(ARGV[1]), pool_now_ms())

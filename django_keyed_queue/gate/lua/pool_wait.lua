@@ -16,15 +16,8 @@
 ]]
 --- @include "common"
 
-local meta_key, holders_key, ticket = KEYS[1], KEYS[2], ARGV[1]
-local raw = redis.call('HGET', holders_key, ticket)
-local holder = raw and decode_holder(raw)
-if not holder or holder.state ~= 'g' or holder.dispatch ~= tonumber(ARGV[2]) then
+local code, deadline = wait_for_pool(KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]), now_ms())
+if code == 2 then
   return {2, 0}
 end
-holder.state = 'w'
-holder.deadline = now_ms() + tonumber(ARGV[4])
-redis.call('HSET', holders_key, ticket, encode_holder(holder))
-forget_marks(meta_key, holders_key, 'pool', ticket)
-redis.call('HSET', meta_key, 'pool:' .. ticket, ARGV[3])
-return {0, holder.deadline}
+return {0, deadline}

@@ -3,6 +3,7 @@
   then start its lease on the server's clock and hand out a fencing token.
 
   KEYS[1] meta      KEYS[2] holders      KEYS[3] messages
+  KEYS[4] pool's running   KEYS[5] pool's ready   KEYS[6] pool's meta   (includes/pool.lua; only with ARGV[8])
   ARGV[1] ticket
   ARGV[2] dispatch: dispatch generation carried by the message
   ARGV[3] lease_ms: lease
@@ -15,18 +16,32 @@
           sooner than that after the key's last one is refused, and the holder's dispatch
           deadline moved past the time it may start, so the reaper publishes it again if
           the message that waits for that time is lost
+  ARGV[8] pool: the pool whose slot the ticket also needs, asked here, on the keys' own server ('' = none,
+          or asked apart; see includes/pool_here.lua): a ticket its pool has no slot for waits for its pool
+          (pool_wait.lua), and one its pool's rate does not let start yet is TOO_EARLY
+  ARGV[9] pool_member: its member in the pool, "<ticket>|<key>"
+  ARGV[10] pool_limit: the pool's limit as the task gives it (0 = none)
+  ARGV[11] pool_interval_ms: least ms between two starts of the pool's tasks (0 = none)
+  ARGV[12] pool_hold_ms: how long the slot is held from now without a renew (the lease and a margin)
+  ARGV[13] dispatch_timeout_ms: how long a slot the pool gives another ticket is held for its start
 
-  Returns {code, token, attempts, lease_deadline_ms}, or {12, 0, attempts, wait_ms, message}
+  Returns {code, token, attempts, lease_deadline_ms, '', pool grants}, or {12, 0, attempts, wait_ms, message,
+  pool grants}; pool grants: {key, ticket, dispatch, message, pushed, ...} of the tickets a slot the pool
+  freed here went to (publish those not pushed)
     code 0 OK               started
+    code 1 PARKED           it waits for its pool: no slot free (its message is dropped)
     code 2 NOT_GRANTED      the ticket holds no slot (finished, cancelled or still parked), or it
                             failed and blocks its key, or it waits for its pool (pool_wait.lua)
     code 3 ALREADY_STARTED  a message of this ticket already started it
     code 4 STALE_DISPATCH   the message is from an older dispatch (superseded by a retry)
     code 9 FOREIGN_MESSAGE  the message is not the ticket's own (another task id)
-    code 12 TOO_EARLY       not yet: the key's last start was less than ARGV[7] ms ago; it may
-                            start in wait_ms (its stored message is returned, to send for then)
+    code 12 TOO_EARLY       not yet: the key's last start was less than ARGV[7] ms ago, or its pool's
+                            rate does not let it start; it may start in wait_ms (its stored message
+                            is returned, to send for then)
 ]]
 --- @include "common"
+--- @include "pool"
+--- @include "pool_here"
 
 local meta_key, holders_key, messages_key = KEYS[1], KEYS[2], KEYS[3]
 local ticket = ARGV[1]
@@ -59,10 +74,29 @@ if holder.state == 'r' then
 end
 
 local now = now_ms()
+local pool_grants = {}
+local pool = ARGV[8] or ''
+if pool ~= '' then
+  local running_key, ready_key, pool_meta = KEYS[4], KEYS[5], KEYS[6]
+  local timeout = tonumber(ARGV[13])
+  local limit, pool_interval = pool_settings(pool_meta, tonumber(ARGV[10]), tonumber(ARGV[11]))
+  local code, wait, others = pool_take(
+    running_key, ready_key, pool_meta, ARGV[9], limit, pool_interval, tonumber(ARGV[12]), true, timeout, now)
+  grant_members(others, running_key, ready_key, pool_meta, timeout, timeout, now, pool_grants)
+  if code == 1 then
+    wait_for_pool(meta_key, holders_key, ticket, dispatch, pool, timeout, now)
+    return {1, 0, holder.attempts, 0, '', pool_grants}
+  elseif code == 12 then
+    -- Its dispatch deadline moves past then, as a key's rate moves it (rate_wait).
+    holder.deadline = now + wait + lease
+    redis.call('HSET', holders_key, ticket, encode_holder(holder))
+    return {12, 0, holder.attempts, wait, redis.call('HGET', messages_key, ticket), pool_grants}
+  end
+end
 if interval > 0 then
   local wait = rate_wait(meta_key, holders_key, ticket, holder, interval, lease, now)
   if wait > 0 then
-    return {12, 0, holder.attempts, wait, redis.call('HGET', messages_key, ticket)}
+    return {12, 0, holder.attempts, wait, redis.call('HGET', messages_key, ticket), pool_grants}
   end
   redis.call('HSET', meta_key, 'last_start', now, 'interval', interval)
 end
@@ -74,4 +108,4 @@ holder.attempts = holder.attempts + 1
 holder.max_lost = max_lost
 holder.block = block
 redis.call('HSET', holders_key, ticket, encode_holder(holder))
-return {0, holder.token, holder.attempts, deadline}
+return {0, holder.token, holder.attempts, deadline, '', pool_grants}

@@ -368,3 +368,39 @@ local function expire_if_idle(meta_key, queue_key, holders_key, horizon_ms)
   end
   redis.call('PEXPIRE', meta_key, keep)
 end
+
+-- A ticket waits for its pool (pool_wait.lua says when): its granted holder of dispatch `dispatch` no longer
+-- starts, and the reaper asks its pool again at `ask_again_ms` from now. Returns 0, or 2 if it moved on.
+local function wait_for_pool(meta_key, holders_key, ticket, dispatch, pool, ask_again_ms, now)
+  local raw = redis.call('HGET', holders_key, ticket)
+  local holder = raw and decode_holder(raw)
+  if not holder or holder.state ~= 'g' or holder.dispatch ~= dispatch then
+    return 2, 0
+  end
+  holder.state = 'w'
+  holder.deadline = now + ask_again_ms
+  redis.call('HSET', holders_key, ticket, encode_holder(holder))
+  forget_marks(meta_key, holders_key, 'pool', ticket)
+  redis.call('HSET', meta_key, 'pool:' .. ticket, pool)
+  return 0, holder.deadline
+end
+
+-- A ticket's pool gave it a slot (pool_granted.lua says what follows). Returns code (0 granted, 2 it
+-- holds no slot or blocks its key, 6 it runs), its dispatch, its message and the push's reply.
+local function grant_for_pool(meta_key, holders_key, messages_key, wires_key, ticket, dispatch_timeout, now)
+  local raw = redis.call('HGET', holders_key, ticket)
+  local holder = raw and decode_holder(raw)
+  if holder and holder.state == 'r' then
+    return 6, 0, '', 0
+  end
+  if not holder or holder.state == 'b' then
+    return 2, 0, '', 0
+  end
+  holder.state = 'g'
+  holder.dispatch = holder.dispatch + 1
+  holder.deadline = now + dispatch_timeout
+  redis.call('HSET', holders_key, ticket, encode_holder(holder))
+  redis.call('HDEL', meta_key, 'pool:' .. ticket)
+  local pushed = push_reply(wires_key, ticket, holder.dispatch)
+  return 0, holder.dispatch, redis.call('HGET', messages_key, ticket) or '', pushed
+end

@@ -52,3 +52,56 @@ local function pool_refill(running_key, ready_key, meta_key, limit, grant_ms, no
   end
   return granted
 end
+
+-- Ask for a slot for `member` (pool_acquire.lua says how). Returns code (0 OK, 1 PARKED, 12 TOO_EARLY),
+-- the wait (ms, TOO_EARLY), and the other members given slots here, whose keys must be told.
+local function pool_take(running_key, ready_key, meta_key, member, limit, interval, hold, starting, grant_ms, now)
+  local others = {}
+  for _, other in ipairs(pool_refill(running_key, ready_key, meta_key, limit, grant_ms, now)) do
+    if other ~= member then
+      others[#others + 1] = other
+    end
+  end
+  if not redis.call('ZSCORE', running_key, member) then
+    if redis.call('ZCARD', ready_key) > 0 or not pool_has_room(running_key, limit) then
+      if not redis.call('ZSCORE', ready_key, member) then
+        redis.call('ZADD', ready_key, redis.call('HINCRBY', meta_key, 'seq', 1), member)
+      end
+      return 1, 0, others
+    end
+    redis.call('ZADD', running_key, now + hold, member)
+  end
+  if starting and interval > 0 then
+    -- One start per interval, on the server's clock: a member that comes back at the start time it was
+    -- given needs only the interval since the last start; any other waits for every start handed out
+    -- before it too, and is given the next one.
+    local fields = redis.call('HMGET', meta_key, 'last_start', 'reserved', 'at:' .. member)
+    local last, reserved, own = tonumber(fields[1]) or 0, tonumber(fields[2]) or 0, tonumber(fields[3])
+    local earliest = last + interval
+    if not own then
+      earliest = math.max(earliest, reserved + interval)
+    end
+    if now < earliest then
+      local due = math.max(earliest, reserved + interval)
+      redis.call('HSET', meta_key, 'reserved', due, 'at:' .. member, due)
+      redis.call('ZADD', running_key, 'GT', due + hold, member)
+      return 12, due - now, others
+    end
+    redis.call('HSET', meta_key, 'last_start', now)
+    redis.call('HDEL', meta_key, 'at:' .. member)
+  end
+  if starting then
+    redis.call('ZADD', running_key, 'GT', now + hold, member)
+  end
+  return 0, 0, others
+end
+
+-- Give back the slots of `members`; the oldest waiting take the free ones. Returns the members granted.
+local function pool_give_back(running_key, ready_key, meta_key, members, grant_ms, now)
+  for _, member in ipairs(members) do
+    redis.call('ZREM', running_key, member)
+    redis.call('ZREM', ready_key, member)
+    redis.call('HDEL', meta_key, 'at:' .. member)
+  end
+  return pool_refill(running_key, ready_key, meta_key, pool_settings(meta_key, nil, nil), grant_ms, now)
+end
