@@ -29,7 +29,8 @@ HANDOFF_P99_TARGET_MS = 5.0
 PEERS = ("procrastinate",)
 #: What keyed throughput is compared with beside plain Celery: plain tasks that store their results, and the peers.
 BASELINES = ("results", *PEERS)
-VARIANTS = ("plain", "keyed", "bulk", "chain", *BASELINES)
+#: ``pooled`` is the keyed task of a pool with room: keyed plus what a pool costs (bench/userproject.py's).
+VARIANTS = ("plain", "keyed", "bulk", "pooled", "chain", *BASELINES)
 
 
 def per_task(counter: Counter, tasks: int, names=None) -> float:
@@ -64,16 +65,25 @@ def print_rounds(rounds: list, columns: Sequence[tuple[str, Callable[[Any], floa
         )
 
 
+def paired_ratios(over: list, under: list) -> list[float]:
+    """Round by round (the variants alternate), ``over``'s throughput / ``under``'s."""
+    return [o.throughput / u.throughput for u, o in zip(under, over, strict=False)]
+
+
+def cpu_ms(rounds: list) -> float:
+    """Median of ``rounds``' CPU per task, every process counted (ms)."""
+    return median([1000 * sum(r.cpu.values()) / r.tasks for r in rounds])
+
+
 def summarize(rounds: list, targets: dict[str, float] = TARGETS) -> dict:
     """Per scenario of ``targets``: median throughput per variant and the median of the per-round keyed/plain
-    ratios (and keyed/baseline, for each baseline that ran)."""
+    ratios (and keyed/baseline, for each baseline that ran; pooled/plain and pooled/keyed, if pooled ran)."""
     summary = {}
     for scenario in targets:
         of = {v: [r for r in rounds if r.scenario == scenario and r.variant == v] for v in VARIANTS}
-        pairs = list(zip(of["plain"], of["keyed"], strict=False))
-        if not pairs:
+        ratios = paired_ratios(of["keyed"], of["plain"])
+        if not ratios:
             continue
-        ratios = [k.throughput / p.throughput for p, k in pairs]
         summary[scenario] = {
             **{v: median([r.throughput for r in group]) for v, group in of.items() if group},
             "ratios": ratios,
@@ -82,14 +92,11 @@ def summarize(rounds: list, targets: dict[str, float] = TARGETS) -> dict:
             "met": median(ratios) >= targets[scenario],
         }
         if all(r.cpu for r in of["plain"] + of["keyed"]):
-            plain_ms, keyed_ms = (
-                median([1000 * sum(r.cpu.values()) / r.tasks for r in of[v]]) for v in ("plain", "keyed")
-            )
-            summary[scenario]["cpu extra ms"] = keyed_ms - plain_ms
-        bulk_pairs = list(zip(of["plain"], of["bulk"], strict=False))
-        if bulk_pairs:
-            bulk_ratios = [b.throughput / p.throughput for p, b in bulk_pairs]
-            submit_ratios = [p.submit_seconds / b.submit_seconds for p, b in bulk_pairs if b.submit_seconds]
+            summary[scenario]["cpu extra ms"] = cpu_ms(of["keyed"]) - cpu_ms(of["plain"])
+        bulk_ratios = paired_ratios(of["bulk"], of["plain"])
+        if bulk_ratios:
+            pairs = zip(of["plain"], of["bulk"], strict=False)
+            submit_ratios = [p.submit_seconds / b.submit_seconds for p, b in pairs if b.submit_seconds]
             summary[scenario].update(
                 {
                     "bulk ratios": bulk_ratios,
@@ -98,13 +105,15 @@ def summarize(rounds: list, targets: dict[str, float] = TARGETS) -> dict:
                     "bulk met": median(bulk_ratios) >= BULK_TARGET,
                 }
             )
-        for baseline in BASELINES:
-            baseline_pairs = list(zip(of[baseline], of["keyed"], strict=False))
-            if baseline_pairs:
-                baseline_ratios = [k.throughput / b.throughput for b, k in baseline_pairs]
+        compared = [("keyed", baseline) for baseline in BASELINES] + [("pooled", "plain"), ("pooled", "keyed")]
+        for over, under in compared:
+            over_under = paired_ratios(of[over], of[under])
+            if over_under:
                 summary[scenario].update(
-                    {f"keyed/{baseline} ratios": baseline_ratios, f"keyed/{baseline} ratio": median(baseline_ratios)}
+                    {f"{over}/{under} ratios": over_under, f"{over}/{under} ratio": median(over_under)}
                 )
+        if of["pooled"] and all(r.cpu for r in of["pooled"] + of["keyed"]):
+            summary[scenario]["pooled cpu extra ms"] = cpu_ms(of["pooled"]) - cpu_ms(of["keyed"])
         for v in ("keyed", "chain", *PEERS):
             handoffs = [h for r in of[v] for h in r.handoffs_ms]
             if handoffs:
@@ -125,28 +134,30 @@ def print_summary(rounds: list, summary: dict, submit_us: dict[str, list[float]]
 
 
 def print_ratios(summary: dict) -> None:
-    """Per scenario: throughputs, keyed/plain, keyed/peer and bulk/plain ratios, handoff percentiles."""
+    """Per scenario: throughputs, keyed/plain, keyed/peer, bulk/plain and pooled's ratios, handoff percentiles."""
     print()
     for scenario, s in summary.items():
-        ratios = ", ".join(f"{x:.2f}" for x in s["ratios"])
         chain = f"  (plain Celery chain, serial: {s['chain']:.0f} tasks/s)" if "chain" in s else ""
         print(
             f"{scenario:<10} plain {s['plain']:5.0f} tasks/s  keyed {s['keyed']:5.0f} tasks/s  "
-            f"keyed/plain median {s['ratio']:.2f} (rounds: {ratios}){chain}"
+            f"{_median_of(s, 'keyed/plain', 'ratio')}{chain}"
         )
         for baseline in BASELINES:
             if f"keyed/{baseline} ratio" in s:
-                ratios = ", ".join(f"{x:.2f}" for x in s[f"keyed/{baseline} ratios"])
-                print(
-                    f"{'':<10} {baseline} {s[baseline]:5.0f} tasks/s  keyed/{baseline} median "
-                    f"{s[f'keyed/{baseline} ratio']:.2f} (rounds: {ratios})"
-                )
+                print(f"{'':<10} {baseline} {s[baseline]:5.0f} tasks/s  {_median_of(s, f'keyed/{baseline}')}")
         if "bulk ratio" in s:
-            ratios = ", ".join(f"{x:.2f}" for x in s["bulk ratios"])
             print(
-                f"{'':<10} bulk  {s['bulk']:5.0f} tasks/s  bulk/plain median {s['bulk ratio']:.2f} (rounds: {ratios}); "
+                f"{'':<10} bulk  {s['bulk']:5.0f} tasks/s  {_median_of(s, 'bulk/plain', 'bulk ratio')}; "
                 f"submission alone {s['bulk submit ratio']:.2f}x plain's loop"
             )
+        if "pooled/keyed ratio" in s:
+            print(
+                f"{'':<10} pooled {s['pooled']:4.0f} tasks/s  {_median_of(s, 'pooled/plain')}  "
+                f"{_median_of(s, 'pooled/keyed')}"
+            )
+            if "pooled cpu extra ms" in s:
+                extra = s["pooled cpu extra ms"]
+                print(f"{'':<10} CPU per task, pooled over keyed (every process counted): {extra:+.2f} ms")
         for v in ("keyed", "chain", *PEERS):
             h = s.get(f"{v} handoff ms")
             if h:
@@ -154,6 +165,13 @@ def print_ratios(summary: dict) -> None:
                     f"{'':<10} {v} handoff (end of task n -> start of n+1, same key), n={h['n']}: "
                     f"p50 {h['p50']:.1f} ms  p90 {h['p90']:.1f} ms  p99 {h['p99']:.1f} ms  max {h['max']:.1f} ms"
                 )
+
+
+def _median_of(summary: dict, name: str, field: str | None = None) -> str:
+    """``name``'s median ratio and its rounds', kept under ``field`` (``f"{name} ratio"`` by default) and its plural."""
+    field = field or f"{name} ratio"
+    rounds = ", ".join(f"{x:.2f}" for x in summary[f"{field}s"])
+    return f"{name} median {summary[field]:.2f} (rounds: {rounds})"
 
 
 def print_ending(log_problems: list[str], seconds: float, *, failed: bool) -> None:

@@ -1,7 +1,8 @@
 """Throughput of keyed serial tasks against plain Celery tasks in a project made exactly as a user makes one.
 
     python -m bench.userproject [--tasks 2000 --keys 500 --hot-tasks 400 --rounds 3]
-                                [--workload noop|realistic|both] [--no-results] [--no-fairness]
+                                [--workload noop|realistic|both] [--no-bulk] [--no-pooled] [--no-results]
+                                [--no-fairness]
                                 [--fairness-keys 200 --fairness-hot-tasks 5000 --realistic-hot-tasks 1000]
                                 [--database sqlite|sqlite-wal|postgresql] [--peer procrastinate]
                                 [--json PATH] [--keep]
@@ -28,7 +29,13 @@ submits as fast as it can and prints the time of its first submission, of its la
 workload's rounds alternate variants (after a small warm-up of each), in up to three scenarios:
 
 - many keys: ``--tasks`` tasks over ``--keys`` keys in a seeded shuffle, each key's tasks numbered
-  n = 0, 1, 2...; plain, keyed, and (noop) ``bulk``, the same calls in one ``step.apply_async_many``;
+  n = 0, 1, 2...; plain, keyed, and (noop) ``bulk``, the same calls in one ``step.apply_async_many``, and
+  ``pooled`` (noop; ``--no-pooled`` leaves it out): ``roomy_step``, ``step`` in pool "roomy" of the
+  project's ``KEYED_QUEUE_POOLS``, whose limit of 1000 it never reaches, so its rounds cost what keyed's do
+  plus what a pool costs: a slot asked for at each start and given back at each end (see
+  django_keyed_queue/gate/pools.py), and no start made for it by the finish before it (a pool is asked
+  first). Checked as keyed (every task once, each key's in order, each record succeeded); the ratios add
+  pooled/plain and pooled/keyed, and the CPU per task pooled over keyed;
 - one hot key (noop): ``--hot-tasks`` tasks on one key; the keyed rounds' handoffs (end of task n to start
   of n+1) are taken from the history's times;
 - fairness (bench/fairness.py): ``--fairness-hot-tasks`` tasks of one key submitted first (the realistic
@@ -92,6 +99,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of each variant per scenario")
     parser.add_argument("--warm-up", type=int, default=100, help="tasks of the unmeasured first rounds (0 skips)")
     parser.add_argument("--no-bulk", dest="bulk", action="store_false", help="skip apply_async_many on many keys")
+    parser.add_argument(
+        "--no-pooled", dest="pooled", action="store_false", help="skip the keyed task of a pool with room, many keys"
+    )
     parser.add_argument("--workload", choices=(*WORKLOADS, "both"), default="both", help="noop, realistic, or both")
     parser.add_argument(
         "--no-results",
@@ -151,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{version('django-celery-results')} (CELERY_RESULT_BACKEND = 'django-db'), in the same database",
                 flush=True,
             )
+        if any(variant == "pooled" for *_, variant, _ in plan):
+            print("pooled: shop.tasks.roomy_step, step in pool 'roomy' (limit 1000: never full here)", flush=True)
         print(f"{first.name} workload: {first.describe}", flush=True)
         for workload, scenario, index, variant, round_plan in plan:
             if bench.use(workload):

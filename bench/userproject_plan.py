@@ -51,13 +51,14 @@ def schedule(args: argparse.Namespace) -> Schedule:
     results = ("results",) if args.results else ()
     for workload in (NOOP, REALISTIC) if args.workload == "both" else (WORKLOADS[args.workload],):
         peer = (args.peer,) if args.peer and workload is NOOP else ()
+        pooled = ("pooled",) if args.pooled and workload is NOOP else ()
         if args.warm_up:
             warm = many_keys_plan(args.warm_up, max(1, args.warm_up // 5), seed=1)
-            rounds += [(workload, "warm-up", 0, v, warm) for v in ("plain", "keyed", *results, *peer)]
+            rounds += [(workload, "warm-up", 0, v, warm) for v in ("plain", "keyed", *pooled, *results, *peer)]
         if args.tasks:
             plan = many_keys_plan(args.tasks, args.keys)
             bulk = ("bulk",) if args.bulk and workload is NOOP else ()
-            variants = ("plain", "keyed", *bulk, *results, *peer)
+            variants = ("plain", "keyed", *bulk, *pooled, *results, *peer)
             rounds += [(workload, "many-keys", i, v, plan) for i in indices for v in variants]
         if args.hot_tasks and workload is NOOP:
             hot = [("hot", n) for n in range(args.hot_tasks)]

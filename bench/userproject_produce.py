@@ -3,9 +3,10 @@
     python bench_produce.py VARIANT PLAN [WORKLOAD]
 
 VARIANT is ``plain`` (the plain ``@shared_task``'s ``apply_async`` in a loop), ``keyed`` (the keyed task's
-``apply_async`` in a loop), ``bulk`` (one ``apply_async_many`` call of the keyed task) or ``results`` (a plain
-task that stores its result, in a loop). WORKLOAD picks the tasks: ``noop`` (the default: ``plain_step``,
-``step``, ``plain_step_stored``) or ``realistic`` (``plain_sync_step``, ``sync_step``, ``plain_sync_step_stored``).
+``apply_async`` in a loop), ``bulk`` (one ``apply_async_many`` call of the keyed task), ``results`` (a plain
+task that stores its result, in a loop) or, noop only, ``pooled`` (the keyed task of a pool with room,
+in a loop). WORKLOAD picks the tasks: ``noop`` (the default: ``plain_step``, ``step``, ``plain_step_stored``,
+``roomy_step``) or ``realistic`` (``plain_sync_step``, ``sync_step``, ``plain_sync_step_stored``).
 PLAN is a JSON file of ``[key, n]`` pairs (noop), each submitted as ``(key, n, 0.0)``, or of ``[key, n,
 account_id]`` (realistic), submitted as they are; in its order. No sleeps and no retries: a refused submission
 fails the run.
@@ -27,7 +28,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mysite.settings")
 
 #: Each workload's task per variant, by its name in shop/tasks.py (``bulk`` submits the keyed one).
 TASKS = {
-    "noop": {"plain": "plain_step", "keyed": "step", "results": "plain_step_stored"},
+    "noop": {"plain": "plain_step", "keyed": "step", "results": "plain_step_stored", "pooled": "roomy_step"},
     "realistic": {"plain": "plain_sync_step", "keyed": "sync_step", "results": "plain_sync_step_stored"},
 }
 
@@ -54,9 +55,9 @@ def main(variant: str, plan_path: str, workload: str) -> None:
 
 
 if __name__ == "__main__":
-    if not 3 <= len(sys.argv) <= 4 or sys.argv[1] not in ("plain", "keyed", "bulk", "results"):
+    if not 3 <= len(sys.argv) <= 4:
         sys.exit(__doc__)
     workload = sys.argv[3] if len(sys.argv) == 4 else "noop"
-    if workload not in TASKS:
+    if workload not in TASKS or sys.argv[1] not in (*TASKS[workload], "bulk"):
         sys.exit(__doc__)
     main(sys.argv[1], sys.argv[2], workload)

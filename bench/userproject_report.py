@@ -12,7 +12,7 @@ from .stats import median
 
 #: Each variant whose tasks leave a row apiece in the project's database, and what the rows are called.
 ROWS = {
-    "keyed records": ("keyed", "bulk"),
+    "keyed records": ("keyed", "bulk", "pooled"),
     "stored results": ("results",),
     **{f"{peer} jobs": (peer,) for peer in PEERS},
 }

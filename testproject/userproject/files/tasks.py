@@ -99,6 +99,12 @@ def plain_sync_step(self, key: str, n: int, account_id: int) -> int:
     return synced(self.request.id, key, n, account_id)
 
 
+@keyed_serial_task(key="{key}", bind=True, pool="roomy")
+def roomy_step(self, key: str, n: int, seconds: float = 0.0) -> int:
+    """``step`` in pool "roomy", which it never fills: its runs pay the pool's calls and never wait for it."""
+    return logged(self.request.id, key, n, seconds)
+
+
 @shared_task(bind=True, ignore_result=False)
 def plain_step_stored(self, key: str, n: int, seconds: float = 0.0) -> int:
     """``plain_step`` storing its result even where the project ignores results by default."""
