@@ -39,15 +39,17 @@ class Command(KeyCommand):
     def act(self, key: str) -> str:
         said = set_typed(key, self._limit or "", self._rate or "", by=operator("keyed_queue_limit"))
         state = get_gate().inspect(key, waiting_shown=0)
-        limit = state.limit_override or f"{DEFAULT} (its tasks')"
-        rate = rate_said(state.interval_override_ms) if state.interval_override_ms else f"{DEFAULT}"
-        done = f"key {key!r}: " + (f"{said} -> " if said else "")
-        return f"{done}limit {limit}, rate {rate}"
+        return _now(f"key {key!r}", said, state.limit_override, "its tasks'", state.interval_override_ms)
 
     def act_on_pool(self, pool: str) -> str:
         said = set_pool_typed(pool, self._limit or "", self._rate or "", by=operator("keyed_queue_limit"))
         state = get_gate().inspect_pool(pool, waiting_shown=0)
-        limit = state.limit_override or f"{DEFAULT} ({state.task_limit or 'none'}, its tasks')"
-        rate = rate_said(state.interval_override_ms) if state.interval_override_ms else f"{DEFAULT}"
-        done = f"pool {pool!r}: " + (f"{said} -> " if said else "")
-        return f"{done}limit {limit}, rate {rate}; {len(state.running)} running, {state.waiting} waiting"
+        own = f"{state.task_limit or 'none'}, its tasks'"
+        now = _now(f"pool {pool!r}", said, state.limit_override, own, state.interval_override_ms)
+        return f"{now}; {len(state.running)} running, {state.waiting} waiting"
+
+
+def _now(what: str, said: str, limit: int | None, own: str, interval_ms: int | None) -> str:
+    """What was set, then the limit and rate a key or pool has now (an operator's, or ``DEFAULT``)."""
+    rate = rate_said(interval_ms) if interval_ms else DEFAULT
+    return f"{what}: " + (f"{said} -> " if said else "") + f"limit {limit or f'{DEFAULT} ({own})'}, rate {rate}"
