@@ -9,7 +9,10 @@ import time
 
 import pytest
 
-from tests.userproject.run_checks import assert_workers_survived, resume_delays
+from testproject.history_checks import assert_serial
+from tests.userproject.run_checks import accepted_by, assert_workers_survived, resume_delays
+from tests.userproject.test_pools import most_running
+from tests.waiting import wait_until
 
 from .workload import (
     TIER_SETTINGS,
@@ -88,3 +91,23 @@ def test_a_failover_mid_run_without_replica_acknowledgement_keeps_keys_moving(ma
     found = anomalies(run)  # reported, not failed on: which writes a kill loses is chance
     check_followed(run, failover)
     print(f"failover: promoted {failover.promoted_at - failover.killed_at:.1f} s after the kill; found: {found}")
+
+
+def test_a_pool_keeps_its_limit_through_a_failover(make_project, sentinel):
+    """Pool "three" over thirty keys and two workers while the master is killed and a replica promoted:
+    with replica acknowledgement no slot's holder is lost, so never a fourth run, and every task runs."""
+    project = sentinel_project(make_project, sentinel, **FAILOVER_SETTINGS, KEYED_QUEUE_REDIS_WAIT_REPLICAS=1)
+    project.worker("a", concurrency=4)
+    project.worker("b", concurrency=4)
+    producer = project.produce("pooled_step", 150, 30, 0.04, "0.05-0.15", prefix="pooled")
+    wait_until(lambda: sum(e["event"] == "end" for e in project.history()) >= 20, 30, 0.1, "runs before the kill")
+    failover = Failover(sentinel)
+    failover()
+    accepted = accepted_by(producer)
+
+    ids = {a["id"] for a in accepted}
+    wait_until(lambda: ids <= {e["id"] for e in project.history() if e["event"] == "end"}, 120, 0.2, "every task")
+    events = project.history()
+    assert_serial(events)
+    assert most_running(events, ids) == 3, "the pool's three slots used, and never a fourth"
+    assert any(a["t"] > failover.promoted_at for a in accepted), "tasks were submitted after the promotion"
