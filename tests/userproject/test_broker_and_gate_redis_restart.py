@@ -33,11 +33,11 @@ def wait_for_starts(project, count: int, timeout: float = 30) -> None:
         time.sleep(0.05)
 
 
-def run_through_a_restart(project, server) -> None:
+def run_through_a_restart(project, server, task: str = "step") -> list[dict]:
     """Two workers, a producer, ``server`` SIGKILLed mid-run and started again 1 s later; then the checks."""
     project.worker("a")
     project.worker("b")
-    producer = project.produce("step", TASKS, KEYS, INTERVAL, SECONDS)
+    producer = project.produce(task, TASKS, KEYS, INTERVAL, SECONDS)
     wait_for_starts(project, 30)
     server.process.kill()
     server.process.wait()
@@ -50,6 +50,7 @@ def run_through_a_restart(project, server) -> None:
     delays = resume_delays(events, back_at)
     assert sorted(delays) == sorted({f"acct:{k}" for k in range(KEYS)}), "every key ran again after the restart"
     assert max(delays.values()) <= RESUME_BOUND_SECONDS, delays
+    return events
 
 
 @pytest.mark.parametrize("celery_settings", [{}, RECOMMENDED], ids=["celery-defaults", "recommended"])
@@ -79,3 +80,12 @@ def test_connections_cut_by_redis_mid_run_lose_nothing(make_project, user_redis)
     assert_workers_survived(project)
     delays = resume_delays(events, cut_at)
     assert max(delays.values()) <= RESUME_BOUND_SECONDS, delays
+
+
+def test_a_pool_keeps_its_limit_through_a_redis_killed_and_restarted_mid_run(make_project, user_redis):
+    """Its slots persist with the keys (append-only file): never a fourth run of pool "three", none lost."""
+    from tests.userproject.test_pools import most_running
+
+    events = run_through_a_restart(make_project(), user_redis, task="pooled_step")
+
+    assert most_running(events, {e["id"] for e in events}) == 3
