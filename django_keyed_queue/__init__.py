@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from .keyed_task.decorators import keyed_serial_task, pooled_task
     from .keyed_task.task import KeyedSerialTask
     from .ops.explain import explain
-    from .ops.limits import set_key_limit, set_key_rate
+    from .ops.limits import set_key_limit, set_key_rate, set_pool_limit, set_pool_rate
     from .ops.metrics import metrics
     from .ops.rebuild import rebuild
     from .ops.recovery import cancel, pause, reap, release, resume, retry
@@ -58,6 +58,8 @@ __all__ = [
     "run_now",
     "set_key_limit",
     "set_key_rate",
+    "set_pool_limit",
+    "set_pool_rate",
     "stop",
 ]
 
@@ -72,6 +74,8 @@ _LAZY = {
     "explain": ".ops.explain",
     "set_key_limit": ".ops.limits",
     "set_key_rate": ".ops.limits",
+    "set_pool_limit": ".ops.limits",
+    "set_pool_rate": ".ops.limits",
     "rebuild": ".ops.rebuild",
     "run_now": ".ops.run_now",
     "stop": ".ops.stop",

@@ -65,6 +65,19 @@ def set_typed(key: str, limit: str, rate: str, *, by: str = "an operator") -> st
     return ", ".join([*said, *([f"rate {rate}"] if rate else [])])
 
 
+def set_pool_limit(pool: str, limit: int | None, *, by: str = "an operator", app: Celery | None = None) -> Dispatched:
+    """At most ``limit`` tasks of ``pool`` run at once, across every worker, whatever the settings' (None:
+    theirs again); a raised limit gives free slots to waiting tasks now, a lowered one stops no run.
+    Repeating it changes nothing."""
+    return _set_pool(known_pool(pool), _checked_limit(limit, "a pool's"), UNCHANGED, by=by, app=app)
+
+
+def set_pool_rate(pool: str, rate: str | None, *, by: str = "an operator") -> None:
+    """At most ``rate`` starts of ``pool``'s tasks (``"10/s"``, ``"30/m"``, ``"100/h"``), whatever the settings'
+    (None: theirs again), from its next start on. Repeating it changes nothing."""
+    _set_pool(known_pool(pool), UNCHANGED, _checked_interval(rate, "a pool's"), by=by)
+
+
 def set_pool_typed(pool: str, limit: str, rate: str, *, by: str = "an operator", app: Celery | None = None) -> str:
     """A pool's limit and rate as an operator typed them, over its tasks' own, as :func:`set_typed` takes a
     key's: at most ``limit`` of the pool's tasks run at once and at most ``rate`` start, across every worker.
@@ -73,12 +86,20 @@ def set_pool_typed(pool: str, limit: str, rate: str, *, by: str = "an operator",
     number, interval = _typed(limit, rate, "a pool's")
     if number is UNCHANGED and interval is UNCHANGED:
         return ""
-    done = publish_grants(app or current_app, get_gate().set_pool_overrides(pool, limit=number, interval_ms=interval))
-    said = [f"limit {number or DEFAULT_SAID}"] if number is not UNCHANGED else []
-    if interval is not UNCHANGED:
-        said.append(f"rate {rate_said(interval) if interval else DEFAULT_SAID}")
-    logger.info("keyed queue pool %r: %s, set by %s; %s", pool, ", ".join(said), by, done)
+    done = _set_pool(pool, number, interval, by=by, app=app)
     return ", ".join([*([f"limit {limit}; {done}"] if limit else []), *([f"rate {rate}"] if rate else [])])
+
+
+def _set_pool(
+    pool: str, limit: int | None | Unchanged, interval_ms: int | None | Unchanged, *, by: str, app: Celery | None = None
+) -> Dispatched:
+    """Set the pool's overrides in one gate call, publish the tasks a raised limit gave slots, and log it."""
+    done = publish_grants(app or current_app, get_gate().set_pool_overrides(pool, limit=limit, interval_ms=interval_ms))
+    said = [f"limit {limit or DEFAULT_SAID}"] if limit is not UNCHANGED else []
+    if interval_ms is not UNCHANGED:
+        said.append(f"rate {rate_said(interval_ms) if interval_ms else DEFAULT_SAID}")
+    logger.info("keyed queue pool %r: %s, set by %s; %s", pool, ", ".join(said), by, done)
+    return done
 
 
 def known_pool(pool: str) -> str:

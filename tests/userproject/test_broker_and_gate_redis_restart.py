@@ -12,6 +12,7 @@ import redis
 
 from testproject.servers import AOF_ALWAYS, persistent_redis
 from tests.userproject.run_checks import accepted_by, assert_workers_survived, check_run, resume_delays
+from tests.userproject.test_pools import most_running
 from tests.userproject.timings import LEASE_SECONDS
 
 pytestmark = pytest.mark.workers
@@ -84,8 +85,6 @@ def test_connections_cut_by_redis_mid_run_lose_nothing(make_project, user_redis)
 
 def test_a_pool_keeps_its_limit_through_a_redis_killed_and_restarted_mid_run(make_project, user_redis):
     """Its slots persist with the keys (append-only file): never a fourth run of pool "three", none lost."""
-    from tests.userproject.test_pools import most_running
-
     events = run_through_a_restart(make_project(), user_redis, task="pooled_step")
 
     assert most_running(events, {e["id"] for e in events}) == 3
