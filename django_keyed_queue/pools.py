@@ -21,12 +21,22 @@ POOL_FIELDS = ("limit", "rate")
 MAX_POOL_NAME = 200
 
 
+#: The setting last read, and the pools it gave: every pooled start asks, and the setting rarely changes.
+_read: tuple[object, dict[str, Pool]] | None = None
+
+
 def configured_pools() -> dict[str, Pool]:
-    """The pools ``KEYED_QUEUE_POOLS`` names, as the gate takes them; ImproperlyConfigured naming what is wrong."""
+    """The pools ``KEYED_QUEUE_POOLS`` names, as the gate takes them; ImproperlyConfigured naming what is wrong.
+    Read again whenever the setting is another object (``override_settings`` gives one)."""
+    global _read
     pools = settings.POOLS
+    if _read is not None and _read[0] is pools:
+        return dict(_read[1])
     if not isinstance(pools, dict):
         raise ImproperlyConfigured(f"KEYED_QUEUE_POOLS must be a dict of pool name -> options, got {pools!r:.80}")
-    return {name: _pool(name, options) for name, options in pools.items()}
+    parsed = {name: _pool(name, options) for name, options in pools.items()}
+    _read = (pools, parsed)
+    return dict(parsed)
 
 
 def _pool(name: Any, options: Any) -> Pool:

@@ -115,6 +115,7 @@ def finish(
     start_kept: str,
     pool: str = "",
     pool_member: str = "",
+    pool_hold_ms: int = 0,
 ) -> ScriptCall:
     """``pool``: its slot given back in the same call (the keys' own server); its keys are sent then only."""
     n = KeyNames(key)
@@ -124,7 +125,7 @@ def finish(
     ]  # fmt: skip
     if not pool:
         return ScriptCall("finish", keys, args)
-    return ScriptCall("finish", [*keys, *PoolNames(pool).all()], [*args, pool, pool_member])
+    return ScriptCall("finish", [*keys, *PoolNames(pool).all()], [*args, pool, pool_member, pool_hold_ms])
 
 
 def retry(

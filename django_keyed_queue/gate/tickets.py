@@ -275,8 +275,12 @@ class TicketCalls(PoolCalls):
         :meth:`unblock`; it is listed among :meth:`blocked_keys` in the same round trip.
         ``pool``: the run's pool slot goes back (also when it blocks its key), in the same call on one server,
         in one more on a Redis Cluster; the tickets the slot goes to are among the grants, after the key's.
+        On one server a kept grant started here asks its pool here too (after the pool's line was served); on
+        a Redis Cluster a pooled finish starts no kept grant.
         """
         here = pool is not None and not self.pools_apart
+        if pool is not None and not here:
+            start_kept = None  # its pool is apart: the kept grant's own start asks it
         call = calls.finish(
             key, ticket=ticket, token=token, limit=limit, dispatch_timeout_ms=self.dispatch_timeout_ms,
             idle_horizon_ms=self.idle_horizon_ms, task_id=outcome.task_id if outcome else "",
@@ -285,7 +289,8 @@ class TicketCalls(PoolCalls):
                 f"{self.lease_ms}|{start_kept.max_lost}|{int(start_kept.block)}|{start_kept.task_name}"
                 if start_kept and keep_first_seconds > 0 else ""
             ),
-            **({"pool": pool, "pool_member": pool_member(key, ticket)} if here and pool else {}),
+            pool=pool if here and pool else "", pool_member=pool_member(key, ticket) if here else "",
+            pool_hold_ms=self.running_hold_ms if here else 0,
         )  # fmt: skip
         # A kept grant's deadline may be sooner than the index's hint: index it by then.
         within = seconds_to_ms(keep_first_seconds) if keep_first_seconds > 0 else None

@@ -112,13 +112,13 @@ class RunEnd(RunBase):
         keeping = handoff.local().may_keep(request)
         keep_seconds = gate.lease_ms / 1000 if keeping else 0.0
         start_kept = None
-        # Nor a pooled task: its pool is asked before it starts.
+        # A pooled task only where the finish can ask its pool too (one server).
         if (
             keeping
             and not task.serial_interval_ms
             and not task.serial_debounce_ms
             and task.max_recoveries > 0
-            and task.serial_pool is None
+            and (task.serial_pool is None or not gate.pools_apart)
         ):
             start_kept = KeptStart(task.name, task.max_recoveries, task.blocks_on_failure)
         try:

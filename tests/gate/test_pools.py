@@ -7,6 +7,7 @@ goes back (``pool_release``, then its key's ``pool_granted``).
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -275,3 +276,33 @@ def test_a_freed_slot_reaches_a_key_of_any_name(gate, gate_redis, keys):
     assert gate.inspect(second).holders[b].state == "granted"
     gate.cancel(second, b)
     gate_redis.delete(*PoolNames("one").all(), *KeyNames(first).all(), *KeyNames(second).all())
+
+
+def test_a_finish_that_starts_its_kept_grant_asks_its_pool_for_it(gate):
+    """A worker's local handoff: the finish starts the key's next ticket for its caller, with a slot of the
+    pool asked there too, after the pool's line was served; with none left, the kept grant is not started."""
+    from django_keyed_queue.gate import KeptStart
+
+    one = Pool("one", limit=1, interval_ms=0)
+    message = json.dumps({"task": "t", "id": "x"}).encode()
+    first, second = gate.submit("a", message).ticket, gate.submit("a", message).ticket
+    started = gate.start("a", first, 1, pool=one)
+    kept = KeptStart("t", max_lost=1)
+
+    finished = gate.finish("a", first, started.token, pool="one", keep_first_seconds=5, start_kept=kept)
+
+    (grant,) = finished.granted
+    if gate.pools_apart:  # a Redis Cluster: the finish cannot ask the pool, so it starts nothing
+        assert grant.ticket == second and grant.token == 0
+        return
+    assert grant.ticket == second and grant.token > 0, "started with the slot the finish gave back"
+    assert [(k, t) for k, t, _ in gate.inspect_pool("one").running] == [("a", second)]
+
+    b = gate.submit("b", b"m").ticket
+    assert gate.start("b", b, 1, pool=one).code is Code.PARKED
+    third = gate.submit("a", message).ticket
+    finished = gate.finish("a", second, grant.token, pool="one", keep_first_seconds=5, start_kept=kept)
+
+    assert [(g.key, g.ticket, g.token) for g in finished.granted] == [("a", third, 0), ("b", b, 0)], (
+        "the line first: b takes the slot, and a's kept grant is not started"
+    )

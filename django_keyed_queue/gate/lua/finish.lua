@@ -28,6 +28,8 @@
   ARGV[11] pool: the pool whose slot the run held, given back here, on the keys' own server ('' = none, or
           given back apart; see includes/pool_here.lua): the oldest waiting tickets take the freed slot
   ARGV[12] pool_member: the run's member in the pool, "<ticket>|<key>"
+  ARGV[13] pool_hold_ms: how long a kept grant started here (ARGV[10]) holds the slot its pool gives it,
+          asked here too, after the freed slot went to the pool's line: no slot, and it is kept unstarted
 
   Returns {code, token, attempts, record, message, pool grants, ticket1, dispatch1, message1, pushed1, ticket2, ...}
     code 0 OK           finished; the listed tickets are now granted: those not pushed must be published.
@@ -80,9 +82,24 @@ drop_message(messages_key, KEYS[6], ticket)
 local kept_ms = tonumber(ARGV[9])
 local lease, max_lost, block, task = string.match(ARGV[10], '^(%d+)|(%d+)|([01])|(.+)$')
 local out = {0, 0, 0, unwritten, stored, pool_grants}
+-- The kept grant's slot of the pool, asked as its own start would (after the line was served): true if it
+-- holds one and may start now.
+local function pool_slot_for(kept)
+  if (ARGV[11] or '') == '' then
+    return true
+  end
+  local running_key, ready_key, pool_meta = KEYS[8], KEYS[9], KEYS[10]
+  local timeout = tonumber(ARGV[4])
+  local limit, interval = pool_settings(pool_meta, nil, nil)
+  local member = kept .. '|' .. string.match(ARGV[12], '^%d+|(.*)$')
+  local code, _, others = pool_take(
+    running_key, ready_key, pool_meta, member, limit, interval, tonumber(ARGV[13]), true, timeout, now)
+  grant_members(others, running_key, ready_key, pool_meta, timeout, timeout, now, pool_grants)
+  return code == 0
+end
 local function keep(kept)
   if lease and effective_interval(meta_key, 0) == 0 then  -- a key paced by an operator: its start decides
-    if message_names(redis.call('HGET', messages_key, kept)) == task then
+    if message_names(redis.call('HGET', messages_key, kept)) == task and pool_slot_for(kept) then
       local holder = new_holder('r', next_token(meta_key), now + tonumber(lease), 1, tonumber(max_lost), tonumber(block))
       out[2], out[3] = holder.token, holder.attempts
       -- For a caller whose reply is lost: which run it ended started which ticket (Gate.kept_by).
