@@ -306,3 +306,16 @@ def test_a_finish_that_starts_its_kept_grant_asks_its_pool_for_it(gate):
     assert [(g.key, g.ticket, g.token) for g in finished.granted] == [("a", third, 0), ("b", b, 0)], (
         "the line first: b takes the slot, and a's kept grant is not started"
     )
+
+
+def test_a_ticket_asking_again_before_its_start_time_keeps_it(gate):
+    paced = Pool("paced", limit=0, interval_ms=300)
+    a, b, c = (_granted(gate, key)[0] for key in ("a", "b", "c"))
+    assert gate.pool_acquire(paced, "a", a).ok
+    first = gate.pool_acquire(paced, "b", b)
+
+    again = gate.pool_acquire(paced, "b", b)  # a copy of its message, or a second ask
+    third = gate.pool_acquire(paced, "c", c)
+
+    assert again.code is Code.TOO_EARLY and abs(again.wait_seconds - first.wait_seconds) < 0.05
+    assert 0.5 < third.wait_seconds <= 0.6, "no second start time taken: c's is the next"

@@ -77,6 +77,9 @@ local function pool_take(running_key, ready_key, meta_key, member, limit, interv
     -- before it too, and is given the next one.
     local fields = redis.call('HMGET', meta_key, 'last_start', 'reserved', 'at:' .. member)
     local last, reserved, own = tonumber(fields[1]) or 0, tonumber(fields[2]) or 0, tonumber(fields[3])
+    if own and now < own then
+      return 12, own - now, others  -- asked again before its time (a copy, a second ask): the same time
+    end
     local earliest = last + interval
     if not own then
       earliest = math.max(earliest, reserved + interval)
