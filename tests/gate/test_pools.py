@@ -319,3 +319,23 @@ def test_a_ticket_asking_again_before_its_start_time_keeps_it(gate):
 
     assert again.code is Code.TOO_EARLY and abs(again.wait_seconds - first.wait_seconds) < 0.05
     assert 0.5 < third.wait_seconds <= 0.6, "no second start time taken: c's is the next"
+
+
+def test_a_pooled_task_with_room_makes_no_call_more_than_a_keyed_one(gate, monkeypatch):
+    """On one server its start asks its pool and its finish gives the slot back, in their own calls."""
+    if gate.pools_apart:
+        pytest.skip("on a Redis Cluster the pool is asked in calls of its own: two more")
+    sent = []
+    round_trip = gate._transport.round_trip
+    monkeypatch.setattr(
+        gate._transport, "round_trip", lambda commands: sent.append(len(commands)) or round_trip(commands)
+    )
+    roomy = Pool("roomy", limit=100, interval_ms=0)
+    trips = {}
+    for key, pool in (("warm", None), ("warm-pooled", roomy), ("keyed", None), ("pooled", roomy)):  # scripts loaded
+        sent.clear()
+        ticket = gate.submit(key, b"m").ticket
+        started = gate.start(key, ticket, 1, pool=pool)
+        gate.finish(key, ticket, started.token, pool=pool.name if pool else None)
+        trips[key] = (len(sent), sum(sent))
+    assert trips["pooled"] == trips["keyed"], "as many round trips, as many commands"
