@@ -19,17 +19,12 @@
                        those not pushed must be published
 ]]
 --- @include "common"
+--- @include "overrides"
 
 local meta_key, queue_key, messages_key, holders_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local task_interval = tonumber(redis.call('HGET', meta_key, 'interval') or '0')
 local interval_before = effective_interval(meta_key, task_interval)
-for i, field in ipairs({'limit_override', 'interval_override'}) do
-  if ARGV[i] == '' then
-    redis.call('HDEL', meta_key, field)
-  elseif ARGV[i] ~= '-' then
-    redis.call('HSET', meta_key, field, tonumber(ARGV[i]))
-  end
-end
+set_overrides(meta_key, ARGV[1], ARGV[2])
 local limit = tonumber(redis.call('HGET', meta_key, 'limit') or '1')
 local held = redis.call('HGETALL', holders_key)
 local excess = #held / 2 - effective_limit(meta_key, limit)

@@ -12,14 +12,9 @@
   Returns {member granted 1, member granted 2, ...}: their keys must publish them (pool_granted)
 ]]
 --- @include "pool"
+--- @include "overrides"
 
 local running_key, ready_key, meta_key = KEYS[1], KEYS[2], KEYS[3]
-for i, field in ipairs({'limit_override', 'interval_override'}) do
-  if ARGV[i] == '' then
-    redis.call('HDEL', meta_key, field)
-  elseif ARGV[i] ~= '-' then
-    redis.call('HSET', meta_key, field, tonumber(ARGV[i]))
-  end
-end
+set_overrides(meta_key, ARGV[1], ARGV[2])
 local limit = pool_settings(meta_key, nil, nil)
 return pool_refill(running_key, ready_key, meta_key, limit, tonumber(ARGV[3]), pool_now_ms())
