@@ -68,6 +68,8 @@ class GateBase:
         self.unwritten_index = Index(UNWRITTEN_INDEX, shards)
         #: Reads whether each grant's message was pushed, and tells a refused push (once per cause).
         self.pushes = Pushes(username(client))
+        #: The pools this gate has named among the pools (``keys.POOLS``) that the reaper's pass visits.
+        self.named_pools: set[str] = set()
 
     def _call(self, call: ScriptCall) -> Any:
         """Run one script call; its reply."""

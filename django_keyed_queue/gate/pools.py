@@ -102,6 +102,9 @@ class PoolAcquired:
     wait_seconds: float = 0.0
     #: Other tickets the pool gave a slot meanwhile (an expired one's), their keys told: publish those not pushed.
     granted: list[Grant] = field(default_factory=list)
+    #: The slot it holds was given by this ask (it held none before): if its key refuses the message that asked,
+    #: the slot is the ticket's all the same (``PoolCalls.pool_granted``), not the message's.
+    given: bool = False
 
     @property
     def ok(self) -> bool:
@@ -123,8 +126,9 @@ class PoolCalls(GateBase):
             hold_ms=self.running_hold_ms if starting else self.dispatch_timeout_ms, starting=starting,
             grant_ms=self.dispatch_timeout_ms,
         )  # fmt: skip
-        code, wait_ms, *others = self._pipelined([call], also=[("SADD", POOLS, pool.name)])[0]
-        result = PoolAcquired(Code(code), ms_to_seconds(int(wait_ms)), self.pool_granted(pool.name, others))
+        code, wait_ms, given, *others = self._pipelined([call], also=[("SADD", POOLS, pool.name)])[0]
+        granted = self.pool_granted(pool.name, others)
+        result = PoolAcquired(Code(code), ms_to_seconds(int(wait_ms)), granted, given=bool(int(given)))
         logger.debug("pool_acquire pool=%r key=%r ticket=%s: %s", pool.name, key, ticket, result.code.name)
         return result
 

@@ -14,8 +14,8 @@ from typing import Any
 
 from . import calls
 from .base import grants, stored_text, text
-from .keys import BLOCKED_KEYS, KeyNames, pool_member
-from .pools import Pool, PoolCalls
+from .keys import BLOCKED_KEYS, POOLS, KeyNames, pool_member
+from .pools import Pool, PoolAcquired, PoolCalls
 from .results import (
     FinishResult,
     KeptStart,
@@ -35,6 +35,10 @@ logger = logging.getLogger(__name__)
 
 #: A submission retried after its reply was lost finds its ticket for at least this long.
 RECENT_SUBMISSION_SECONDS = 30.0
+
+
+#: How many times a start asked apart of its pool asks again if its slot went back before its key's start.
+POOL_TRIES = 3
 
 
 class TicketCalls(PoolCalls):
@@ -182,9 +186,13 @@ class TicketCalls(PoolCalls):
             block=block, interval_ms=interval_ms,
             **(self._pool_asked_here(pool, key, ticket) if pool is not None else {}),
         )  # fmt: skip
-        # Indexed too: this process's lease may be shorter than the one the granting process assumed.
+        # Indexed too: this process's lease may be shorter than the one the granting process assumed. A pool is
+        # named among the pools once per gate, for the reaper's pass (its start and finish never name it).
+        also = [("SADD", POOLS, pool.name)] if pool is not None and pool.name not in self.named_pools else []
         # A refusal of the key's (no slot, another dispatch ...) is the first four fields alone.
-        code, token, attempts, deadline, *rest = self._call_and_index(call, key)
+        code, token, attempts, deadline, *rest = self._pipelined([call], index=key, also=also)[0]
+        if pool is not None:
+            self.named_pools.add(pool.name)
         message, pooled = (rest[0], rest[1]) if rest else (None, [])
         granted = self.pool_grants(pooled)
         if code == Code.TOO_EARLY:
@@ -215,13 +223,39 @@ class TicketCalls(PoolCalls):
         task_id: str,
         interval_ms: int,
     ) -> StartResult:
-        """:meth:`start` of a pooled ticket on a Redis Cluster: the pool first, in a call of its own, then the key.
-        A slot given to a message its key refuses goes where the pool meant it: to the ticket, published again,
-        if it still holds its key (a copy of a waiting ticket's message), else to the next in the pool's line."""
+        """:meth:`start` of a pooled ticket on a Redis Cluster: the pool first, in a call of its own, then the key."""
         acquired = self.pool_acquire(pool, key, ticket)
+        started = self.start_after_pool(
+            acquired, key, ticket, dispatch, pool, max_lost=max_lost, block=block, task_id=task_id,
+            interval_ms=interval_ms,
+        )  # fmt: skip
+        return replace(started, granted=[*acquired.granted, *started.granted])
+
+    def start_after_pool(
+        self,
+        acquired: PoolAcquired,
+        key: str,
+        ticket: int,
+        dispatch: int,
+        pool: Pool,
+        *,
+        max_lost: int = 0,
+        block: bool = False,
+        task_id: str = "",
+        interval_ms: int = 0,
+        tries: int = POOL_TRIES,
+    ) -> StartResult:
+        """The rest of a start whose pool was asked apart (:meth:`_start_pooled_apart`), once the pool said
+        ``acquired``: it waits for its pool, waits for the pool's rate, or its key is asked. Its ``granted`` are
+        the tickets given slots after that answer (``acquired.granted`` are the caller's to publish).
+
+        Other calls may come between the pool's answer and the key's. A slot given to a message its key refuses
+        goes where the pool meant it: to the ticket (published again) while it holds its key, else on. The slot
+        is checked once the key has started the ticket: a start whose slot went back meanwhile (a copy of its
+        message ran and was requeued; its slot expired) is undone and the pool asked again, ``tries`` times."""
         if acquired.code is Code.PARKED:
             self.pool_wait(key, ticket, dispatch, pool=pool.name)
-            return StartResult(Code.PARKED, granted=acquired.granted)
+            return StartResult(Code.PARKED)
         if acquired.code is Code.TOO_EARLY:
             stored = self.client.hget(KeyNames(key).messages, ticket)
             message = stored.encode() if isinstance(stored, str) else stored
@@ -229,14 +263,26 @@ class TicketCalls(PoolCalls):
             delay_ms = seconds_to_ms(acquired.wait_seconds) + self.lease_ms
             move = calls.republish_soon(key, ticket=ticket, dispatch=dispatch, delay_ms=delay_ms, later=True)
             self._pipelined([move], index=key, index_within_ms=delay_ms)
-            return StartResult(
-                Code.TOO_EARLY, wait_seconds=acquired.wait_seconds, message=message, granted=acquired.granted
-            )
+            return StartResult(Code.TOO_EARLY, wait_seconds=acquired.wait_seconds, message=message)
         started = self.start(key, ticket, dispatch, max_lost=max_lost, block=block, task_id=task_id,
                              interval_ms=interval_ms)  # fmt: skip
-        if started.code is not Code.NOT_GRANTED:
-            return replace(started, granted=acquired.granted)
-        return replace(started, granted=[*acquired.granted, *self.pool_granted(pool.name, [pool_member(key, ticket)])])
+        if started.ok:
+            lease = Lease(key, ticket, started.token)
+            if self.pool_renew(pool.name, [lease])[lease]:
+                return started
+            self.requeue(key, ticket, started.token, unstarted=True)
+            if tries <= 1:  # its message is dropped: the reaper publishes the ticket again at its dispatch timeout
+                logger.warning("key=%r ticket=%s lost its pool slot at each of %d starts", key, ticket, POOL_TRIES)
+                return StartResult(Code.NOT_GRANTED)
+            again = self.pool_acquire(pool, key, ticket)
+            retried = self.start_after_pool(
+                again, key, ticket, dispatch, pool, max_lost=max_lost, block=block, task_id=task_id,
+                interval_ms=interval_ms, tries=tries - 1,
+            )  # fmt: skip
+            return replace(retried, granted=[*again.granted, *retried.granted])
+        if started.code is Code.NOT_GRANTED or (acquired.given and started.code is not Code.ALREADY_STARTED):
+            return replace(started, granted=self.pool_granted(pool.name, [pool_member(key, ticket)]))
+        return started
 
     def wait_to_start(self, key: str, ticket: int, dispatch: int, *, interval_ms: int) -> tuple[float, bytes | None]:
         """Seconds before the message of ``dispatch`` may start ``ticket`` under a rate of one start per

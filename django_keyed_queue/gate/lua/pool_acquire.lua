@@ -12,10 +12,11 @@
   ARGV[5] starting: 1 = a worker starts it now: the rate is checked and the start counted
   ARGV[6] grant_ms: how long a slot given to a waiting member is held for its start
 
-  Returns {code, wait_ms, granted member 1, granted member 2, ...}
+  Returns {code, wait_ms, given, granted member 1, granted member 2, ...}
     code 0 OK          it holds a slot (and, starting, may start now)
     code 1 PARKED      no slot free: it waits in ready (its position follows: wait_ms is unused)
     code 12 TOO_EARLY  it holds a slot, but the pool's rate lets it start only in wait_ms
+    given: 1 = the slot it holds was given here (it held none before: it was in the line, or new)
     granted: other waiting members that took slots freed here (an expired one's); their keys must
     publish them (pool_granted)
 ]]
@@ -23,11 +24,11 @@
 
 local now = pool_now_ms()
 local limit, interval = pool_settings(KEYS[3], tonumber(ARGV[2]), tonumber(ARGV[3]))
-local code, wait, others = pool_take(
+local code, wait, others, given = pool_take(
   KEYS[1], KEYS[2], KEYS[3], ARGV[1], limit, interval, tonumber(ARGV[4]), ARGV[5] == '1', tonumber(ARGV[6]), now)
 if code == 1 then
-  return {1, 0, unpack(others)}
+  return {1, 0, 0, unpack(others)}
 elseif code == 12 then
-  return {12, wait, unpack(others)}
+  return {12, wait, given and 1 or 0, unpack(others)}
 end
-return {0, 0, unpack(others)}
+return {0, 0, given and 1 or 0, unpack(others)}

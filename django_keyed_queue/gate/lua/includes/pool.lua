@@ -54,8 +54,10 @@ local function pool_refill(running_key, ready_key, meta_key, limit, grant_ms, no
 end
 
 -- Ask for a slot for `member` (pool_acquire.lua says how). Returns code (0 OK, 1 PARKED, 12 TOO_EARLY),
--- the wait (ms, TOO_EARLY), and the other members given slots here, whose keys must be told.
+-- the wait (ms, TOO_EARLY), the other members given slots here, whose keys must be told, and whether the
+-- slot it holds was given here (it held none before).
 local function pool_take(running_key, ready_key, meta_key, member, limit, interval, hold, starting, grant_ms, now)
+  local given = not redis.call('ZSCORE', running_key, member)
   local others = {}
   for _, other in ipairs(pool_refill(running_key, ready_key, meta_key, limit, grant_ms, now)) do
     if other ~= member then
@@ -67,7 +69,7 @@ local function pool_take(running_key, ready_key, meta_key, member, limit, interv
       if not redis.call('ZSCORE', ready_key, member) then
         redis.call('ZADD', ready_key, redis.call('HINCRBY', meta_key, 'seq', 1), member)
       end
-      return 1, 0, others
+      return 1, 0, others, false
     end
     redis.call('ZADD', running_key, now + hold, member)
   end
@@ -78,7 +80,7 @@ local function pool_take(running_key, ready_key, meta_key, member, limit, interv
     local fields = redis.call('HMGET', meta_key, 'last_start', 'reserved', 'at:' .. member)
     local last, reserved, own = tonumber(fields[1]) or 0, tonumber(fields[2]) or 0, tonumber(fields[3])
     if own and now < own then
-      return 12, own - now, others  -- asked again before its time (a copy, a second ask): the same time
+      return 12, own - now, others, given  -- asked again before its time (a copy, a second ask): the same time
     end
     local earliest = last + interval
     if not own then
@@ -88,7 +90,7 @@ local function pool_take(running_key, ready_key, meta_key, member, limit, interv
       local due = math.max(earliest, reserved + interval)
       redis.call('HSET', meta_key, 'reserved', due, 'at:' .. member, due)
       redis.call('ZADD', running_key, 'GT', due + hold, member)
-      return 12, due - now, others
+      return 12, due - now, others, given
     end
     redis.call('HSET', meta_key, 'last_start', now)
     redis.call('HDEL', meta_key, 'at:' .. member)
@@ -96,7 +98,7 @@ local function pool_take(running_key, ready_key, meta_key, member, limit, interv
   if starting then
     redis.call('ZADD', running_key, 'GT', now + hold, member)
   end
-  return 0, 0, others
+  return 0, 0, others, given
 end
 
 -- Give back the slots of `members`; the oldest waiting take the free ones. Returns the members granted.
