@@ -324,7 +324,7 @@ def test_a_ticket_asking_again_before_its_start_time_keeps_it(gate):
 def test_a_pooled_task_with_room_makes_no_call_more_than_a_keyed_one(gate, monkeypatch):
     """On one server its start asks its pool and its finish gives the slot back, in their own calls."""
     if gate.pools_apart:
-        pytest.skip("on a Redis Cluster the pool is asked in calls of its own: two more")
+        pytest.skip("on a Redis Cluster the pool is asked in calls of its own: three more")
     sent = []
     round_trip = gate._transport.round_trip
     monkeypatch.setattr(
