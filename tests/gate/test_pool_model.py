@@ -16,7 +16,7 @@ import itertools
 import json
 from dataclasses import dataclass
 
-from hypothesis import HealthCheck, Phase, seed, settings
+from hypothesis import seed, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -29,6 +29,7 @@ from hypothesis.stateful import (
 
 from django_keyed_queue.gate import Code, Gate, Lease, Pool, PoolAcquired, RecoveryAction
 from django_keyed_queue.gate.keys import POOLS, KeyNames, PoolNames, pool_member
+from tests.gate.test_model import MODEL_SETTINGS
 
 #: Four keys of limit 1 share one pool: more keys than slots, so tickets wait for the pool.
 KEY_COUNT = 4
@@ -446,16 +447,8 @@ class PoolModel(RuleBasedStateMachine):
         assert self.gate.client.zcard(self.names.ready) == 0, "the pool's line is empty once nothing waits"
 
 
-#: No deadline: a step is a few round trips, on a loaded machine too. No explain phase: it traces every line.
-POOL_MODEL_SETTINGS = settings(
-    max_examples=100,
-    stateful_step_count=50,
-    deadline=None,
-    database=None,  # no .hypothesis directory
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-    phases=[Phase.explicit, Phase.generate, Phase.shrink],
-    report_multiple_bugs=False,
-)
+#: The key model's settings (no deadline, no explain phase, no example database), fewer and shorter examples.
+POOL_MODEL_SETTINGS = settings(MODEL_SETTINGS, max_examples=100, stateful_step_count=50)
 
 #: The same examples on every run of the same test selection.
 SEED = 5
