@@ -121,7 +121,7 @@ class LiveKeysPages(OperatorPages):
         with self._refusals(request):
             typed = (request.POST.get(name, "").strip() for name in ("limit", "rate"))
             text = f"Pool {pool!r}: {limits.set_pool_typed(pool, *typed, by=by) or 'nothing changed'}, set by {by}"
-            _log_key(request, f"pool {pool}", text)
+            _log_action(request, f"pool {pool}", text)
             self.message_user(request, text, messages.SUCCESS)
         return _back_to_page(request)
 
@@ -146,7 +146,7 @@ class LiveKeysPages(OperatorPages):
                 recovery.release(key, ticket, dispatch=dispatch, task_id=task_id or None, by=by)
                 whose = f" (task {task_id})" if task_id else ""
                 text = f"Ticket {ticket}{whose} of key {key!r} released by {by}"
-            _log_key(request, key, text)
+            _log_action(request, f"key {key}", text)
             self.message_user(request, text, level)
 
 
@@ -156,14 +156,15 @@ def _back_to_page(request: HttpRequest) -> HttpResponse:
     return HttpResponseRedirect(reverse("admin:keyed_queue_keys") + (f"?{urlencode({'key': shown})}" if shown else ""))
 
 
-def _log_key(request: HttpRequest, key: str, text: str) -> None:
-    """An action on a key, not on one task: logged against the keyed task model, with the key."""
+def _log_action(request: HttpRequest, on: str, text: str) -> None:
+    """An action on a key or a pool (``on``: "key account:7", "pool payments"), not on one task: logged
+    against the keyed task model, naming what it acted on."""
     assert request.user.is_authenticated  # the admin's views let only staff in
     LogEntry.objects.create(
         user_id=request.user.pk,
         content_type=ContentType.objects.get_for_model(KeyedTask),
         object_id=None,
-        object_repr=f"key {key}"[:200],
+        object_repr=on[:200],
         action_flag=CHANGE,
         change_message=text,
     )

@@ -226,6 +226,7 @@ def test_the_live_keys_page_shows_each_pool_and_sets_its_limit(gate_redis, broke
         "Pool 'one': limit 2; 1 dispatched, set by lena",
         "Pool 'one': limit 2; 0 dispatched, set by lena",
     ]
+    assert {e.object_repr for e in LogEntry.objects.all()} == {"pool one"}, "a pool, not a key, is named"
 
 
 @override_settings(KEYED_QUEUE_POOLS=POOLS)
