@@ -321,6 +321,27 @@ def test_a_ticket_asking_again_before_its_start_time_keeps_it(gate):
     assert 0.5 < third.wait_seconds <= 0.6, "no second start time taken: c's is the next"
 
 
+def test_a_ticket_back_at_its_time_after_a_late_start_keeps_its_place_in_line(gate):
+    """The start before it ran late: it waits out only the interval since that start, not every time handed out."""
+    paced = Pool("paced", limit=0, interval_ms=300)
+    a, b, c, d = (_granted(gate, key)[0] for key in "abcd")
+    assert gate.pool_acquire(paced, "a", a).ok
+    b_wait = gate.pool_acquire(paced, "b", b).wait_seconds
+    c_wait = gate.pool_acquire(paced, "c", c).wait_seconds
+    assert gate.pool_acquire(paced, "d", d).code is Code.TOO_EARLY  # the last start time handed out: 900 ms on
+
+    time.sleep(b_wait + 0.1)
+    assert gate.pool_acquire(paced, "b", b).ok, "b starts 100 ms after its time"
+    time.sleep(c_wait - b_wait - 0.1)  # c's own time, 200 ms after b's start
+    back = gate.pool_acquire(paced, "c", c)
+
+    assert back.ok or (back.code is Code.TOO_EARLY and back.wait_seconds <= 0.15), (
+        f"c waits {back.wait_seconds:.3f} s: sent behind d's time, not 300 ms after b's start"
+    )
+    time.sleep(back.wait_seconds)
+    assert back.ok or gate.pool_acquire(paced, "c", c).ok
+
+
 def test_a_pooled_task_with_room_makes_no_call_more_than_a_keyed_one(gate, monkeypatch):
     """On one server its start asks its pool and its finish gives the slot back, in their own calls."""
     if gate.pools_apart:

@@ -75,8 +75,8 @@ local function pool_take(running_key, ready_key, meta_key, member, limit, interv
   end
   if starting and interval > 0 then
     -- One start per interval, on the server's clock: a member that comes back at the start time it was
-    -- given needs only the interval since the last start; any other waits for every start handed out
-    -- before it too, and is given the next one.
+    -- given needs only the interval since the last start, and keeps its place in line when the start
+    -- before it ran late; any other waits for every start handed out before it too, and is given the next.
     local fields = redis.call('HMGET', meta_key, 'last_start', 'reserved', 'at:' .. member)
     local last, reserved, own = tonumber(fields[1]) or 0, tonumber(fields[2]) or 0, tonumber(fields[3])
     if own and now < own then
@@ -87,8 +87,12 @@ local function pool_take(running_key, ready_key, meta_key, member, limit, interv
       earliest = math.max(earliest, reserved + interval)
     end
     if now < earliest then
-      local due = math.max(earliest, reserved + interval)
-      redis.call('HSET', meta_key, 'reserved', due, 'at:' .. member, due)
+      local due = earliest
+      if own then
+        redis.call('HSET', meta_key, 'at:' .. member, due)
+      else
+        redis.call('HSET', meta_key, 'reserved', due, 'at:' .. member, due)
+      end
       redis.call('ZADD', running_key, 'GT', due + hold, member)
       return 12, due - now, others, given
     end
