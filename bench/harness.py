@@ -10,19 +10,25 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import sys
 import tempfile
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
+from testproject.servers import free_port
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+
+def wait_for(condition: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
+    """Poll ``condition`` until it holds (True) or ``timeout`` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)
+    return True
 
 
 #: The records' databases the benchmarks compare: SQLite as `startproject` makes it (rollback journal),

@@ -19,17 +19,16 @@ p99 of each, and the count. See docs/benchmarks.md, "Pools".
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
+import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from testproject.servers import RedisServer
+from testproject.servers import RedisServer, free_port
 from testproject.userproject.project import UserProject
 
-from .harness import free_port
+from .harness import wait_for
 from .stats import median, percentile
 
 POOL, POOL_LIMIT = "three", 3
@@ -64,17 +63,12 @@ def key_handoffs(history: list[dict], key: str) -> list[float]:
     ]
 
 
-def wait_for_ends(project: UserProject, ids: set[str], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not ids <= {e["id"] for e in project.history() if e["event"] == "end"}:
-        if time.monotonic() > deadline:
-            raise SystemExit(f"not every task ended within {timeout} s")
-        time.sleep(0.2)
-
-
-def submitted(producer) -> set[str]:
-    out, _ = producer.communicate(timeout=120)
-    return {json.loads(line)["id"] for line in out.splitlines()}
+def run_all(project: UserProject, producer: subprocess.Popen, timeout: float = 120) -> set[str]:
+    """Ids of the producer's accepted tasks, once every one of them ended (or exits if one did not in time)."""
+    ids = {a["id"] for a in project.accepted(producer)}
+    if not wait_for(lambda: ids <= project.ended(), timeout, 0.2):
+        raise SystemExit(f"not every task ended within {timeout} s")
+    return ids
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,10 +87,9 @@ def main(argv: list[str] | None = None) -> int:
         project.build()
         project.worker("a", concurrency=4)
         project.worker("b", concurrency=4)
-        pooled = submitted(project.produce("pooled_step", args.tasks, args.keys, 0, args.seconds, prefix="pooled"))
-        wait_for_ends(project, pooled, 120)
-        hot = submitted(project.produce("step", args.hot_tasks, 1, 0, args.seconds, prefix="hot"))
-        wait_for_ends(project, hot, 120)
+        pooling = project.produce("pooled_step", args.tasks, args.keys, 0, args.seconds, prefix="pooled")
+        pooled = run_all(project, pooling)
+        run_all(project, project.produce("step", args.hot_tasks, 1, 0, args.seconds, prefix="hot"))
         history = project.history()
         rows = (("pool 'three' (full)", pool_handoffs(history, pooled)), ("one key", key_handoffs(history, "hot:0")))
         print(f"{'handoff':20} {'count':>6} {'p50 ms':>8} {'p99 ms':>8}")

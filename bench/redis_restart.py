@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from testproject.history_checks import start_counts
-from testproject.servers import AOF_ALWAYS, RedisServer
+from testproject.servers import AOF_ALWAYS, RedisServer, free_port
 from testproject.userproject.project import UserProject
 
-from .harness import free_port
+from .harness import wait_for
 from .stats import median
 
 TASKS, KEYS, INTERVAL, SECONDS = 144, 12, 0.02, 0.12
@@ -59,20 +59,6 @@ class Result:
         return self.ran == self.accepted and not self.twice and self.workers_alive == self.workers
 
 
-def wait_for(condition, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
-def ended(history: list[dict], until: float) -> set[str]:
-    """Ids of the tasks with an end line at ``until`` or before."""
-    return {e["id"] for e in history if e["event"] == "end" and e["t"] <= until}
-
-
 def run(kind: str, settings: dict, directory: Path) -> Result:
     """One fresh Redis and project, one Redis restart under a producer; what ran in the window after it."""
     began = time.monotonic()
@@ -99,10 +85,10 @@ def run(kind: str, settings: dict, directory: Path) -> Result:
             out, _ = producer.communicate()
         accepted = {json.loads(line)["id"] for line in out.splitlines()}
         until = back + WINDOW_SECONDS
-        wait_for(lambda: accepted <= ended(project.history(), until), until - time.time())
+        wait_for(lambda: accepted <= project.ended(until), until - time.time())
         history = project.history()
         starts = start_counts(history, accepted)
-        result = Result(kind, len(accepted), len(accepted & ended(history, until)), sum(n > 1 for n in starts.values()))
+        result = Result(kind, len(accepted), len(accepted & project.ended(until)), sum(n > 1 for n in starts.values()))
         result.workers = len(project.workers)
         result.workers_alive = sum(w.process.poll() is None for w in project.workers)
         for e in history:

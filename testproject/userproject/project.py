@@ -127,11 +127,23 @@ class UserProject:
         command = [sys.executable, "produce.py", task, str(tasks), str(keys), str(interval), str(seconds), prefix]
         return subprocess.Popen(command, cwd=self.directory, env=self.env, stdout=subprocess.PIPE, text=True)
 
+    @staticmethod
+    def accepted(producer: subprocess.Popen, timeout: float = 120) -> list[dict]:
+        """A producer's accepted submissions, once it is done: {"key", "n", "id", "t"} in submission order."""
+        out, _ = producer.communicate(timeout=timeout)
+        if producer.returncode != 0:
+            raise RuntimeError(f"the producer failed (exit {producer.returncode}): see its stderr above")
+        return [json.loads(line) for line in out.splitlines()]
+
     def history(self) -> list[dict]:
         path = self.directory / "history.jsonl"
         if not path.exists():
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+    def ended(self, until: float | None = None) -> set[str]:
+        """Ids of the tasks with an end line in the history (written at ``until`` or before, if given)."""
+        return {e["id"] for e in self.history() if e["event"] == "end" and (until is None or e["t"] <= until)}
 
     def rows(self) -> dict[str, dict]:
         """Every KeyedTask row, by task id, read straight from the project's SQLite file."""

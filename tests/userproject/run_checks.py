@@ -2,19 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-
 from testproject.history_checks import assert_serial, check_once
 from testproject.userproject.project import UserProject
 from tests.waiting import wait_until
 
-
-def accepted_by(producer: subprocess.Popen, timeout: float = 120) -> list[dict]:
-    """The producer's accepted submissions, once it is done: {"key", "n", "id", "t"} in submission order."""
-    out, _ = producer.communicate(timeout=timeout)
-    assert producer.returncode == 0, "the producer failed: see its stderr above"
-    return [json.loads(line) for line in out.splitlines()]
+accepted_by = UserProject.accepted
 
 
 def check_run(
@@ -26,11 +18,7 @@ def check_run(
     """
     ids = {a["id"] for a in accepted}
 
-    def all_ended():
-        ended = {e["id"] for e in project.history() if e["event"] == "end"}
-        return ids <= ended
-
-    wait_until(all_ended, timeout, 0.2, f"{len(ids)} accepted tasks to run")
+    wait_until(lambda: ids <= project.ended(), timeout, 0.2, f"{len(ids)} accepted tasks to run")
     events = [e for e in project.history() if e["id"] in ids]
     wrong = check_once(events, ids, killed=killed, exact=True)
     assert not wrong, (
