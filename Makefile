@@ -3,6 +3,8 @@
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
+# Two pytest-xdist workers, each with a temp dir, a Redis, a database and Celery workers of its own (tests/settings.py).
+PARALLEL := -n 2 --ds=tests.settings
 
 .PHONY: demo test check compat topologies lint docs bench redis-server postgresql chromium
 
@@ -34,13 +36,12 @@ demo: redis-server $(BIN)/.installed
 	$(BIN)/python -m testproject.demo.run
 
 test: redis-server postgresql chromium $(BIN)/.installed lint
-	$(BIN)/python -m pytest
-	KEYED_QUEUE_TESTS_DATABASE=postgresql $(BIN)/python -m pytest tests/django
+	$(BIN)/python -m pytest $(PARALLEL)
+	KEYED_QUEUE_TESTS_DATABASE=postgresql $(BIN)/python -m pytest $(PARALLEL) tests/django
 
-# Lint, then the gate's tier, the in-process Django tier (no worker process), the history checks and the docs,
-# over two pytest-xdist workers, each with a Redis and a database of its own (tests/settings.py).
+# Lint, then the gate's tier, the in-process Django tier (no worker process), the history checks and the docs.
 check: redis-server $(BIN)/.installed lint
-	$(BIN)/python -m pytest -n 2 --ds=tests.settings -m "not compat and not topologies and not workers" \
+	$(BIN)/python -m pytest $(PARALLEL) -m "not compat and not topologies and not workers" \
 		tests/gate tests/django tests/test_history_checks.py tests/test_docs.py
 
 # Celery's documented task behaviours on plain tasks and their keyed twins, side by side (tests/compat).
@@ -51,7 +52,7 @@ compat: redis-server $(BIN)/.installed
 # the gate and django tiers again with the gate on the cluster, then the user's project on each, with a
 # failover (tests/topologies).
 topologies: redis-server $(BIN)/.installed
-	KEYED_QUEUE_TESTS_GATE_REDIS=cluster $(BIN)/python -m pytest tests/gate tests/django
+	KEYED_QUEUE_TESTS_GATE_REDIS=cluster $(BIN)/python -m pytest $(PARALLEL) tests/gate tests/django
 	$(BIN)/python -m pytest -m topologies tests/topologies
 
 # Style, then the layers' import contract (pyproject.toml), then the types.

@@ -24,6 +24,23 @@ def _counts_added_when_a_test_says():
     totals.FLUSH_SECONDS = every
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _records_written_when_a_test_says():
+    """This process writes its buffered records only when a test flushes them. A test's transaction holds
+    SQLite's write lock: the recorder's pass in the background, on a connection of its own, would wait out
+    the database's timeout (30 s) on it, and the test's flush would wait for that pass."""
+    from django.conf import settings as django_settings
+
+    name = "KEYED_QUEUE_RECORD_FLUSH_SECONDS"
+    every = getattr(django_settings, name, None)
+    setattr(django_settings, name, 3600.0)
+    yield
+    if every is None:
+        delattr(django_settings, name)
+    else:
+        setattr(django_settings, name, every)
+
+
 @pytest.fixture(autouse=True)
 def _gate_without_workers(request, redis_server, settings, gate_db):
     """This tier's gate is a database the session's workers do not reap (or a cluster they do not know)."""
