@@ -123,7 +123,8 @@ class UserProject:
         self, task: str, tasks: int, keys: int, interval: float, seconds: float | str, prefix: str = "acct"
     ) -> subprocess.Popen:
         """A producer process submitting round-robin over keys ``prefix:0``, ``prefix:1``... (see files/produce.py);
-        each task lasts ``seconds``, or a random time in a ``"LOW-HIGH"`` range."""
+        each task lasts ``seconds``, or a random time in a ``"LOW-HIGH"`` range, or the i-th of a list ``"8,0.1"``
+        (the rest its last)."""
         command = [sys.executable, "produce.py", task, str(tasks), str(keys), str(interval), str(seconds), prefix]
         return subprocess.Popen(command, cwd=self.directory, env=self.env, stdout=subprocess.PIPE, text=True)
 

@@ -2,6 +2,7 @@
 their tickets, and every page, command, action and log entry still names the task that truly holds it."""
 
 import io
+import re
 from datetime import timedelta
 
 import pytest
@@ -66,7 +67,10 @@ def test_why_a_task_waits_names_the_new_holder_not_the_old_record_of_its_ticket(
     why = explain(behind)
     [holder] = why.holders
     assert holder.task is not None and holder.task.task_id == new
-    assert f"{STEP}[{new}] (#1) holds the key: running for 20.0 s on celery@w1" in why.reasons[0]
+    # Running for 20 s when the fixture ended, and a little more since (a busy machine: seconds more).
+    assert re.search(
+        rf"{re.escape(f'{STEP}[{new}]')} \(#1\) holds the key: running for 2\d\.\d s on celery@w1", why.reasons[0]
+    )
     assert old not in str(why) and "celery@w2" not in str(why)
 
     mine = explain(new)
@@ -97,7 +101,7 @@ def test_the_live_page_release_and_the_admin_log_name_the_new_holder(restarted, 
     confirm_url = reverse("admin:keyed_queue_task_act", args=[new_row.pk, "release"])
     confirm = staff_client.get(confirm_url).content.decode()
     assert f"{STEP}[{new}]" in confirm
-    assert "run for 20" in confirm
+    assert re.search(r"run for 2\d\.\d s", confirm)
     assert old not in confirm
 
     holder_now = get_gate().inspect(KEY).holders[1]

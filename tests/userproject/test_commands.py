@@ -131,7 +131,7 @@ def test_resume_never_unpickles_a_parked_message_rewritten_in_redis(make_project
 def test_status_of_a_task_says_what_holds_it_with_real_workers(make_project):
     project = make_project()
     project.worker("a")
-    accepted = accepted_by(project.produce("step", 3, 1, 0, 8.0))  # the holder runs while the commands look
+    accepted = accepted_by(project.produce("step", 3, 1, 0, "8,0.1"))  # the holder runs while the commands look
     holder, _, last = (a["id"] for a in accepted)
     wait_until(lambda: any(e["event"] == "start" for e in project.history()), 20, 0.1, "the first task to start")
     project.manage("keyed_queue_pause", "acct:0")

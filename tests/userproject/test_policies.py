@@ -13,7 +13,8 @@ pytestmark = pytest.mark.workers
 def test_coalesce_runs_the_running_task_then_only_the_latest_of_those_submitted_meanwhile(make_project):
     project = make_project()
     project.worker("a")
-    [running] = accepted_by(project.produce("latest_step", 1, 1, 0, 2.0, prefix="sync"))
+    # Long enough for the next producer to start and submit on a busy machine while it runs.
+    [running] = accepted_by(project.produce("latest_step", 1, 1, 0, 6.0, prefix="sync"))
     wait_until(lambda: any(e["event"] == "start" for e in project.history()), 30, 0.05, "task 0 to start")
     meanwhile = accepted_by(project.produce("latest_step", 5, 1, 0, 0.0, prefix="sync"))
     other = accepted_by(project.produce("step", 3, 1, 0, 0.0, prefix="free"))

@@ -72,7 +72,7 @@ def test_a_hung_holder_is_stopped_and_its_key_moves_on_only_after_its_process_en
 def test_stop_is_refused_where_the_pool_cannot_end_a_run_and_for_a_task_that_does_not_run(make_project):
     project = make_project()
     project.worker("t", pool="threads")
-    hung, after = accepted_by(project.produce("step", 2, 1, 0, 8))
+    hung, after = accepted_by(project.produce("step", 2, 1, 0, "8,0.1"))
     wait_until(lambda: events(project, hung["id"], "start"), timeout=20)
     wait_until(lambda: project.rows().get(hung["id"], {}).get("worker"), timeout=20)
 

@@ -2,7 +2,8 @@
 
     python produce.py TASK TASKS KEYS INTERVAL SECONDS [PREFIX]
 
-Each step lasts SECONDS, or a random time between LOW and HIGH when SECONDS is ``LOW-HIGH``.
+Each step lasts SECONDS, or a random time between LOW and HIGH when SECONDS is ``LOW-HIGH``; when
+SECONDS is a list (``8,0.1``), step i lasts its i-th, and the rest its last.
 
 A submission refused while Redis is away is tried again. Prints one JSON line per
 accepted task: {"key", "n", "id", "t"}.
@@ -28,10 +29,11 @@ def main(task_name: str, tasks: int, keys: int, interval: float, seconds: str, p
 
     task = getattr(shop_tasks, task_name)
     low, _, high = seconds.partition("-")
+    listed = [] if high else [float(s) for s in seconds.split(",")]
     durations = random.Random(tasks)
     for i in range(tasks):
         key, n = f"{prefix}:{i % keys}", i // keys
-        duration = durations.uniform(float(low), float(high)) if high else float(low)
+        duration = durations.uniform(float(low), float(high)) if high else listed[min(i, len(listed) - 1)]
         while True:
             try:
                 result = task.delay(key, n, duration)
