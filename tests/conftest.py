@@ -29,10 +29,9 @@ def redis_server():
 def pytest_unconfigure(config):
     """After every fixture (the test database too) is torn down: keep the logs, drop the temp dir."""
     from django_keyed_queue.process.state import current
-    from django_keyed_queue.records.recorder import Recorder
     from tests.settings import stop_database_server
 
-    current().recorder = Recorder()  # the database is gone: the exit-time flush of what was buffered would fail
+    current().recorder.discard()  # the database is gone: the exit-time flush of what was buffered would fail
     stop_database_server()  # before its log is copied and its socket's directory goes
     data_dir = Path(os.environ["TESTPROJECT_DATA_DIR"])
     if not data_dir.exists():

@@ -70,6 +70,12 @@ class Recorder:
                 self._thread = threading.Thread(target=self._run, name="keyed-queue-records", daemon=True)
                 self._thread.start()
 
+    def discard(self) -> list[Transition]:
+        """Drop what is buffered and not yet written (a process whose database is gone); returns it."""
+        with self._lock:
+            dropped, self._pending = list(self._pending.values()), {}
+        return dropped
+
     def peek(self, submission: tuple[str, str, int]) -> Transition | None:
         """What is buffered for ``(task_id, key, ticket)``."""
         with self._lock:

@@ -42,6 +42,16 @@ def _records_written_when_a_test_says():
 
 
 @pytest.fixture(autouse=True)
+def _records_buffered_in_a_test_end_with_it():
+    """What a test buffered and did not flush names rows its transaction rolled back: a later test's flush
+    would write it among its own."""
+    from django_keyed_queue.process.state import current
+
+    yield
+    current().recorder.discard()
+
+
+@pytest.fixture(autouse=True)
 def _gate_without_workers(request, redis_server, settings, gate_db):
     """This tier's gate is a database the session's workers do not reap (or a cluster they do not know)."""
     if ON_CLUSTER:
