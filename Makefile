@@ -46,14 +46,14 @@ check: redis-server $(BIN)/.installed lint
 
 # Celery's documented task behaviours on plain tasks and their keyed twins, side by side (tests/compat).
 compat: redis-server $(BIN)/.installed
-	$(BIN)/python -m pytest -m compat tests/compat
+	$(BIN)/python -m pytest $(PARALLEL) -m compat tests/compat
 
 # The gate on a real local Redis Cluster (3 masters) and behind Sentinel (1 master, 1 replica, 3 sentinels):
 # the gate and django tiers again with the gate on the cluster, then the user's project on each, with a
 # failover (tests/topologies).
 topologies: redis-server $(BIN)/.installed
 	KEYED_QUEUE_TESTS_GATE_REDIS=cluster $(BIN)/python -m pytest $(PARALLEL) tests/gate tests/django
-	$(BIN)/python -m pytest -m topologies tests/topologies
+	$(BIN)/python -m pytest $(PARALLEL) -m topologies tests/topologies
 
 # Style, then the layers' import contract (pyproject.toml), then the types.
 lint: $(BIN)/.installed
