@@ -2,6 +2,7 @@ import pytest
 import redis
 from django.conf import settings
 from django.contrib.auth.models import Permission, User
+from django.test import override_settings
 
 from tests.django.queues import QUEUE
 from tests.gate_redis import ON_CLUSTER, WORKERLESS_GATE_DB
@@ -29,16 +30,8 @@ def _records_written_when_a_test_says():
     """This process writes its buffered records only when a test flushes them. A test's transaction holds
     SQLite's write lock: the recorder's pass in the background, on a connection of its own, would wait out
     the database's timeout (30 s) on it, and the test's flush would wait for that pass."""
-    from django.conf import settings as django_settings
-
-    name = "KEYED_QUEUE_RECORD_FLUSH_SECONDS"
-    every = getattr(django_settings, name, None)
-    setattr(django_settings, name, 3600.0)
-    yield
-    if every is None:
-        delattr(django_settings, name)
-    else:
-        setattr(django_settings, name, every)
+    with override_settings(KEYED_QUEUE_RECORD_FLUSH_SECONDS=3600.0):
+        yield
 
 
 @pytest.fixture(autouse=True)
