@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
-from contextlib import nullcontext
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, nullcontext
 from datetime import datetime
 from functools import cache
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
@@ -53,6 +53,17 @@ PAIRS_PER_QUERY = 400
 #: What a database raises for one row's values (NUL in text, a value over its column's length, a
 #: constraint): that row is refused, and the database still serves the others.
 ROW_REFUSED = (DataError, IntegrityError)
+
+#: PostgreSQL's SQLSTATE for a lock not granted within ``lock_timeout``.
+LOCK_NOT_AVAILABLE = "55P03"
+
+
+def gave_way_to_a_lock(error: BaseException) -> bool:
+    """Whether ``error`` is a write that stopped waiting for a lock another transaction holds
+    (``apply``'s ``lock_wait``), rather than a failure of the database."""
+    cause = error.__cause__
+    sqlstate = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)  # psycopg 3, psycopg2
+    return sqlstate == LOCK_NOT_AVAILABLE or "database is locked" in str(error)
 
 
 class KeyedTaskQuerySet(models.QuerySet["KeyedTask"]):
@@ -205,7 +216,13 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
             if ticket is None or not made_by_worker.update(enqueued_at=row["enqueued_at"], arguments=row["arguments"]):
                 raise
 
-    def apply(self, *transitions: Transition, new: bool = False, create_after: float | None = None) -> list[Transition]:
+    def apply(
+        self,
+        *transitions: Transition,
+        new: bool = False,
+        create_after: float | None = None,
+        lock_wait: float | None = None,
+    ) -> list[Transition]:
         """Apply transitions now, in one transaction; each moves its submission's row forward or fills its gaps,
         and one with ``create`` makes the row if there is none yet (``new``: rows are expected to be missing,
         so each is inserted first, and updated only if it was there).
@@ -218,12 +235,17 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
         in one order, each row's statements together, so that concurrent writers
         wait for each other instead of deadlocking (PostgreSQL aborts one of two
         transactions that lock rows in opposite orders).
+
+        ``lock_wait``: seconds to wait for a lock another transaction holds, then raise
+        (``gave_way_to_a_lock``); by default the database's own wait.
         """
         db = connections[self.db_for_write()]
         ordered = sorted(transitions, key=lambda t: t.submission)
         update = _update_sql(self.model, db.alias)
         now, waiting = time.monotonic(), list[Transition]()
-        with transaction.atomic(using=db.alias), db.cursor() as cursor:
+        with _waiting_for_locks_at_most(db, lock_wait), transaction.atomic(using=db.alias), db.cursor() as cursor:
+            if lock_wait is not None and db.vendor == "postgresql":
+                cursor.execute(f"SET LOCAL lock_timeout = {max(1, round(lock_wait * 1000))}")
             if all(t.create is None for t in ordered):
                 cursor.executemany(update, [_update_params(self.model, t, db) for t in ordered])
                 return waiting
@@ -235,13 +257,18 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
         return waiting
 
     def apply_setting_aside(
-        self, transitions: list[Transition], *, new: bool = False, create_after: float | None = None
+        self,
+        transitions: list[Transition],
+        *,
+        new: bool = False,
+        create_after: float | None = None,
+        lock_wait: float | None = None,
     ) -> list[Transition]:
         """``apply``, so that a row the database refuses holds back no other: if the batch is refused,
         each transition is applied alone, and one refused alone is set aside, with an error logged
         once, naming its task and key. An error of the database itself is raised."""
         try:
-            return self.apply(*transitions, new=new, create_after=create_after)
+            return self.apply(*transitions, new=new, create_after=create_after, lock_wait=lock_wait)
         except ROW_REFUSED as exc:
             if len(transitions) == 1:
                 _set_aside(transitions[0], exc)
@@ -249,7 +276,7 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
         waiting = []
         for t in transitions:
             try:
-                waiting += self.apply(t, new=new, create_after=create_after)
+                waiting += self.apply(t, new=new, create_after=create_after, lock_wait=lock_wait)
             except ROW_REFUSED as exc:
                 _set_aside(t, exc)
         return waiting
@@ -306,6 +333,24 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
             for name, value in fields.items()
         }
         return unfinished.update(status=status, **fields)
+
+
+@contextmanager
+def _waiting_for_locks_at_most(db: BaseDatabaseWrapper, seconds: float | None) -> Iterator[None]:
+    """SQLite's wait for its write lock is the connection's, set before ``BEGIN`` (which takes the lock
+    in ``IMMEDIATE`` mode), and given back after. PostgreSQL's is set inside the transaction, in ``apply``."""
+    if seconds is None or db.vendor != "sqlite":
+        yield
+        return
+    with db.cursor() as cursor:
+        cursor.execute("PRAGMA busy_timeout")
+        (before,) = cursor.fetchone()
+        cursor.execute(f"PRAGMA busy_timeout = {max(1, round(seconds * 1000))}")
+    try:
+        yield
+    finally:
+        with db.cursor() as cursor:
+            cursor.execute(f"PRAGMA busy_timeout = {int(before)}")
 
 
 def _all_at_once(

@@ -20,6 +20,7 @@ from dataclasses import replace
 from django.db import close_old_connections, connections, router
 
 from ..conf import settings
+from .manager import gave_way_to_a_lock
 from .models import KeyedTask
 from .transitions import Transition
 
@@ -28,6 +29,12 @@ logger = logging.getLogger(__name__)
 #: How long past the record delay a transition waits for its submission's row before it makes the row
 #: itself (the record kept for it in the gate was lost with Redis, or no worker's main process writes rows).
 CREATE_MISSING_GRACE_SECONDS = 2.0
+
+
+#: How long the background pass waits for a lock another transaction holds before it puts its batch back
+#: for the next pass. That transaction may be the very one a ``flush()`` waits in, for this pass to end
+#: (an operator's action under ``ATOMIC_REQUESTS``): a longer wait would hold the request as long.
+BACKGROUND_LOCK_WAIT_SECONDS = 1.0
 
 
 #: Rows a process remembers it made: a later transition of one of them updates it without trying to insert.
@@ -81,7 +88,7 @@ class Recorder:
         with self._lock:
             return self._pending.get(submission)
 
-    def flush(self, *, wait_for_rows: bool = True, held_too: bool = True) -> None:
+    def flush(self, *, wait_for_rows: bool = True, held_too: bool = True, lock_wait: float | None = None) -> None:
         """Write everything buffered so far; ``wait_for_rows=False`` (at shutdown) makes missing rows now;
         ``held_too=False`` (the background thread's passes) leaves those not to be tried yet.
 
@@ -90,11 +97,14 @@ class Recorder:
         the submission's row, which a worker's ``RecordWriter`` writes once the record is
         ``KEYED_QUEUE_RECORD_DELAY_SECONDS`` old, for at most ``create_missing_after()``; then one that
         can makes the row itself. One that cannot (a grant's dispatch) is not tried before the delay.
+
+        ``lock_wait`` (the background thread's passes): seconds to wait for a lock another transaction
+        holds; then the batch is buffered again, and the flush returns.
         """
         with self._flushing:
-            self._flush(wait_for_rows, held_too)
+            self._flush(wait_for_rows, held_too, lock_wait)
 
-    def _flush(self, wait_for_rows: bool, held_too: bool) -> None:
+    def _flush(self, wait_for_rows: bool, held_too: bool, lock_wait: float | None) -> None:
         now = time.monotonic()
         with self._lock:
             batch, self._pending = self._pending, {}
@@ -105,17 +115,27 @@ class Recorder:
         if not batch:
             return
         try:
-            self._write(batch, wait_for_rows)
+            self._write(batch, wait_for_rows, lock_wait)
         finally:
             with self._lock:
                 self._making = set()
 
-    def _write(self, batch: dict[tuple[str, str, int], Transition], wait_for_rows: bool) -> None:
+    def _write(
+        self, batch: dict[tuple[str, str, int], Transition], wait_for_rows: bool, lock_wait: float | None
+    ) -> None:
         try:
             create_after = create_missing_after() if wait_for_rows else None
             # A transition refused is set aside (logged): written again, it would only be refused again.
-            waiting = KeyedTask.objects.apply_setting_aside(list(batch.values()), create_after=create_after)
-        except Exception:
+            waiting = KeyedTask.objects.apply_setting_aside(
+                list(batch.values()), create_after=create_after, lock_wait=lock_wait
+            )
+        except Exception as exc:
+            if lock_wait is not None and gave_way_to_a_lock(exc):
+                logger.info(
+                    "writing %d keyed task records waited %.1f s for a lock; will try again", len(batch), lock_wait
+                )
+                self._put_back(batch.values())
+                return
             logger.exception("writing %d keyed task records failed; will try again", len(batch))
             self._put_back(batch.values())
             raise
@@ -145,6 +165,8 @@ class Recorder:
         """Stop the background thread and write what is left."""
         self._stop.set()
         self.flush(wait_for_rows=False)
+        if self._thread is not None:
+            self._thread.join(BACKGROUND_LOCK_WAIT_SECONDS + 1.0)
 
     def _run(self) -> None:
         while not self._stop.wait(settings.RECORD_FLUSH_SECONDS):
@@ -152,7 +174,7 @@ class Recorder:
                 # The thread's connection is kept while there is work: reconnecting
                 # every pass cost about 0.5 ms (SQLite) each time.
                 if self._pending:
-                    self.flush(held_too=False)  # logs its own failure
+                    self.flush(held_too=False, lock_wait=BACKGROUND_LOCK_WAIT_SECONDS)  # logs its own failure
                 else:
                     close_old_connections()
             except Exception:  # the thread must outlive a database that is down: retry on a new connection
@@ -161,3 +183,4 @@ class Recorder:
                     connections[router.db_for_write(KeyedTask)].close()
                 except Exception:
                     pass
+        connections.close_all()  # this thread's own: a server's connection ends with the thread

@@ -27,9 +27,9 @@ def _counts_added_when_a_test_says():
 
 @pytest.fixture(autouse=True, scope="session")
 def _records_written_when_a_test_says():
-    """This process writes its buffered records only when a test flushes them. A test's transaction holds
-    SQLite's write lock: the recorder's pass in the background, on a connection of its own, would wait out
-    the database's timeout (30 s) on it, and the test's flush would wait for that pass."""
+    """This process writes its buffered records only when a test flushes them, in the test's transaction:
+    the recorder's pass in the background writes on a connection of its own, outside it (rows a later test
+    would find), and waits up to ``BACKGROUND_LOCK_WAIT_SECONDS`` for the lock the test's transaction holds."""
     with override_settings(KEYED_QUEUE_RECORD_FLUSH_SECONDS=3600.0):
         yield
 

@@ -5,7 +5,7 @@ import time
 from datetime import timedelta
 
 import pytest
-from django.db import connections
+from django.db import connections, transaction
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -161,6 +161,32 @@ def test_a_flush_waits_for_the_background_flush_that_took_its_batch(monkeypatch)
     background.join(5)
     recorder.close()
     assert KeyedTask.objects.get().status == "running"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_flush_in_a_transaction_holding_its_row_s_lock_waits_only_as_the_background_pass_gives_way(caplog):
+    """An operator's action under ``ATOMIC_REQUESTS``: its transaction wrote the row a transition names and
+    flushes, while the background pass, on its own connection, has taken the batch and waits for that lock.
+    The pass gives way after ``BACKGROUND_LOCK_WAIT_SECONDS`` and the flush writes here (it waited for the
+    database's timeout on SQLite, and for good on PostgreSQL)."""
+    make_row(status="dispatched")
+    recorder = Recorder()
+    caplog.set_level("INFO", logger=recorder_module.__name__)
+    try:
+        with override_settings(KEYED_QUEUE_RECORD_FLUSH_SECONDS=0.05), transaction.atomic():
+            KeyedTask.objects.filter(task_id="t1").update(worker="operator")  # holds the row (SQLite: the database)
+            recorder.buffer(Transition("t1", "k", 1, "running", 1))
+            wait_until(lambda: recorder.peek(("t1", "k", 1)) is None, timeout=10, message="the pass took the batch")
+            began = time.monotonic()
+            recorder.flush()
+            waited = time.monotonic() - began
+            assert KeyedTask.objects.get().status == "running", "written by the flush, in this transaction"
+    finally:
+        recorder.close()
+    assert waited < recorder_module.BACKGROUND_LOCK_WAIT_SECONDS + 3, f"the flush waited {waited:.1f} s"
+    row = KeyedTask.objects.get()
+    assert (row.status, row.worker) == ("running", "operator")
+    assert "waited 1.0 s for a lock; will try again" in caplog.text
 
 
 def test_a_record_the_database_refuses_is_dropped_and_the_rest_of_its_batch_written():
