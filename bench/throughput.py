@@ -22,12 +22,13 @@ order or exclusion, or a round timed out. See docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
 import sys
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -217,6 +218,25 @@ def handoffs_ms(events: list[dict]) -> list[float]:
     for e in events:
         (end_t if e["event"] == "end" else start_t)[(e["key"], e["n"])] = e["t"]
     return [(start_t[(k, n + 1)] - t) * 1000 for (k, n), t in end_t.items() if (k, n + 1) in start_t]
+
+
+def pool_process_ms(events: list[dict]) -> tuple[list[float], list[float]]:
+    """Where a pool process's time goes: each task's body (its start to its end), and each gap between the
+    end of one task and the start of the next in the same process (the worker's own work around a task:
+    Celery's, and a keyed task's gate calls and records), in ms."""
+    bodies, gaps, by_process = [], [], defaultdict(list)
+    started = {}
+    for e in events:
+        by_process[e["pid"]].append(e)
+        if e["event"] == "start":
+            started[e["id"]] = e["t"]
+        elif e["id"] in started:
+            bodies.append((e["t"] - started[e["id"]]) * 1000)
+    for process_events in by_process.values():
+        process_events.sort(key=lambda e: e["t"])
+        pairs = itertools.pairwise(process_events)
+        gaps += [(b["t"] - a["t"]) * 1000 for a, b in pairs if a["event"] == "end" and b["event"] == "start"]
+    return bodies, gaps
 
 
 def many_keys_plan(tasks: int, keys: int, seed: int = 7) -> list[tuple[str, int]]:

@@ -5,7 +5,7 @@
                                 [--no-fairness]
                                 [--fairness-keys 200 --fairness-hot-tasks 5000 --realistic-hot-tasks 1000]
                                 [--database sqlite|sqlite-wal|postgresql] [--peer procrastinate]
-                                [--json PATH] [--keep]
+                                [--setting NAME=JSON ...] [--json PATH] [--keep]
 
 The project is testproject/userproject/project.py's: ``django-admin startproject mysite``, ``startapp shop``,
 the README's install blocks (Celery's documented Django layout, Celery's default settings, ONE redis-server for
@@ -125,9 +125,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=sorted(PEERS),
         help="add a peer's rounds to each noop scenario: procrastinate, each task locked by its key (PostgreSQL only)",
     )
+    parser.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="NAME=JSON",
+        help="a setting added to the project, its value in JSON (what a setting changes: KEYED_QUEUE_...=1.0); "
+        "none by default, the project as a user makes it",
+    )
     parser.add_argument("--json", type=Path, help="write the raw figures here")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (project, logs, history, database)")
     args = parser.parse_args(argv)
+    args.settings = {}
+    for setting in args.setting:
+        name, _, value = setting.partition("=")
+        try:
+            args.settings[name] = json.loads(value)
+        except ValueError:
+            parser.error(f'--setting {setting!r}: give NAME=VALUE, the value in JSON (1.0, true, "text")')
+        if not name.isidentifier() or not name.isupper():
+            parser.error(f"--setting {setting!r}: {name!r} is not a settings name (upper case, like KEYED_QUEUE_...)")
     if args.peer and args.database != "postgresql":
         parser.error(f"--peer {args.peer} runs on PostgreSQL: add --database postgresql")
     return args
@@ -153,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{os.cpu_count()} CPUs; setup {time.monotonic() - started:.1f} s; load average {os.getloadavg()[0]:.2f}",
             flush=True,
         )
+        if args.settings:
+            print(f"settings added: {', '.join(f'{name} = {value!r}' for name, value in args.settings.items())}")
         if bench.peer is not None:
             print(f"peer: {bench.peer.describe()}; its jobs on the same database", flush=True)
         if args.results:

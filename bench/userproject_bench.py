@@ -22,7 +22,7 @@ from .fairness import waits_ms
 from .harness import cpu_seconds
 from .peer_procrastinate import ProcrastinatePeer
 from .project_database import KEYED_RECORDS, STORED_RESULTS, ProjectDatabase, with_missing
-from .throughput import Round, check_events, handoffs_ms
+from .throughput import Round, check_events, handoffs_ms, pool_process_ms
 from .userproject_plan import NOOP, REALISTIC, ProjectRound, Workload, with_accounts
 
 PRODUCER = Path(__file__).resolve().parent / "userproject_produce.py"
@@ -138,7 +138,7 @@ class Bench:
                     "PORT": str(self.postgres.port),
                 }
             }
-        self.project.settings = settings
+        self.project.settings = {**settings, **self.args.settings}
         self.project.build()  # startproject migrated the SQLite file; a PostgreSQL database is migrated here
         if self.peer is not None:
             self.peer.install()  # before migrate, which makes its tables too
@@ -237,6 +237,8 @@ class Bench:
             result.settle_seconds = self.wait_recorded(rows, sent["ids"], deadline, result) - sent["first"]
         if scenario == "hot-key" and variant not in UNORDERED:
             result.handoffs_ms = handoffs_ms(events)
+        if scenario == "many-keys":
+            result.bodies_ms, result.gaps_ms = pool_process_ms(events)
         if scenario == "fairness" and sent.get("submitted"):
             result.waits_ms = waits_ms(events, plan, sent["submitted"])
         if workload is REALISTIC:

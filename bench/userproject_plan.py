@@ -33,6 +33,9 @@ class ProjectRound(Round):
     waits_ms: list[float] = field(default_factory=list)
     #: Realistic rounds: the account updates a concurrent task of the same account overwrote.
     lost_updates: int | None = None
+    #: Many-keys rounds: each task's body, and each gap between two tasks of one pool process (ms).
+    bodies_ms: list[float] = field(default_factory=list)
+    gaps_ms: list[float] = field(default_factory=list)
 
 
 def with_accounts(plan: list[tuple[str, int]]) -> list[tuple[str, int, int]]:

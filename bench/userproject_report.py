@@ -8,7 +8,7 @@ from typing import Any
 from . import report
 from .fairness import print_fairness, summarize_fairness
 from .report import PEERS, print_cpu, print_ratios, print_targets, summarize
-from .stats import median
+from .stats import median, percentile
 
 #: Each variant whose tasks leave a row apiece in the project's database, and what the rows are called.
 ROWS = {
@@ -30,6 +30,7 @@ def report_workload(rounds: list, targets: dict[str, float], cpu_extra_target: f
     print_cpu(rounds)
     print_settle(rounds)
     print_lost_updates(rounds)
+    print_pool_process(rounds)
     fairness = summarize_fairness([r for r in measured if r.scenario == "fairness"])
     if fairness:
         print_fairness(fairness)
@@ -71,3 +72,18 @@ def print_lost_updates(rounds: list) -> None:
             for variant in dict.fromkeys(r.variant for r in of_scenario)
         ]
         print(f"  {scenario:<10} {'; '.join(cells)}")
+
+
+def print_pool_process(rounds: list) -> None:
+    """Where a many-keys task's time in a pool process goes, per variant: its body, and the gap to the next
+    task's start in that process (the worker's own work around a task), medians of rounds."""
+    measured = [r for r in rounds if r.bodies_ms and r.gaps_ms and not r.problems]
+    if not measured:
+        return
+    print("a many-keys task in a pool process, ms (medians of rounds): body mean / p99; gap to its next task mean")
+    for variant in dict.fromkeys(r.variant for r in measured):
+        of_variant = [r for r in measured if r.variant == variant]
+        body = median(sum(r.bodies_ms) / len(r.bodies_ms) for r in of_variant)
+        body_p99 = median(percentile(r.bodies_ms, 99) for r in of_variant)
+        gap = median(sum(r.gaps_ms) / len(r.gaps_ms) for r in of_variant)
+        print(f"  {variant:<8} body {body:6.2f} / {body_p99:6.1f}   gap {gap:5.2f}")
