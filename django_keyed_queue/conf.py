@@ -41,8 +41,10 @@ DEFAULTS: dict[str, Any] = {
     # Every worker runs the reaper in a thread (several reapers are safe); False leaves it
     # to the beat entry (added to `celery beat` unless it has one) and the command.
     "WORKER_REAPER": True,
-    # Worker-side record writes are batched and flushed at this interval.
-    "RECORD_FLUSH_SECONDS": 0.2,
+    # Worker-side record writes are batched and flushed at this interval. Each flush of each
+    # worker process is a transaction: on SQLite it holds the whole database's write lock, and the
+    # project's own tasks wait for it (0.2 s cost them 4-9 ms a task under load; see docs/benchmarks.md).
+    "RECORD_FLUSH_SECONDS": 1.0,
     # A submission's row is written by the workers once its record in Redis is this old; a run that
     # ends sooner writes its row once, in its final state. A loss of Redis' data within it loses the
     # submission's record (see docs/guarantees.md). At most 5.
