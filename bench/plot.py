@@ -4,6 +4,7 @@ runs' throughputs side by side; and the fairness rounds' waits of the one-task k
     python -m bench.plot docs/benchmarks-userproject.png "SQLite (startproject)=A.json" "SQLite WAL=B.json" \
         "PostgreSQL=C.json"                   # bench.userproject's --json files, side by side
     python -m bench.plot --fairness docs/benchmarks-fairness.png "SQLite=A.json" ...   # their fairness waits
+    python -m bench.plot --pool-process docs/benchmarks-pool-process.png "SQLite=A.json" ...  # a realistic task's time
 
 ``python -m bench.throughput --plot OUT.png`` draws the first kind from its own run.
 """
@@ -151,23 +152,60 @@ def plot_fairness(summaries: dict[str, dict], path: Path) -> None:
     plt.close(fig)
 
 
+def plot_pool_process(summaries: dict[str, dict], path: Path) -> None:
+    """Where a realistic many-keys task's time goes in a pool process, in several runs of bench.userproject
+    (its ``--json`` summaries): per run, plain and keyed, the task's body and the gap to the next task in
+    that process (the worker's own work around a task), stacked, medians of rounds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = {name: s["realistic"]["pool process"] for name, s in summaries.items() if "realistic" in s}
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(runs) + 2), 4.4))
+    colors = {"plain": "#8c8c8c", "keyed": "#2c7fb8"}
+    width = 0.38
+    for i, process in enumerate(runs.values()):
+        for j, variant in enumerate(("plain", "keyed")):
+            if variant not in process:
+                continue
+            body, gap = process[variant]["body ms"], process[variant]["gap ms"]
+            x = i + (j - 0.5) * width
+            ax.bar(x, body, width, color=colors[variant], label=f"{variant}: body" if i == 0 else None)
+            ax.bar(x, gap, width, bottom=body, color=colors[variant], alpha=0.45, hatch="//",
+                   label=f"{variant}: gap to its next task" if i == 0 else None)  # fmt: skip
+            ax.text(x, body + gap, f"{body:.1f}\n+{gap:.1f}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(runs)), list(runs), fontsize=8)
+    ax.set_ylabel("ms per task in a pool process (means, medians of rounds)")
+    ax.set_title("A task that reads and updates a row, then waits 10 ms: its body, and the worker's work around it",
+                 fontsize=9)  # fmt: skip
+    ax.margins(y=0.15)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """``python -m bench.plot [--fairness] OUT.png NAME=RUN.json ...``: the runs' summaries side by side (with
-    ``--fairness``, bench.userproject's fairness waits)."""
+    """``python -m bench.plot [--fairness|--pool-process] OUT.png NAME=RUN.json ...``: the runs' summaries side
+    by side (with ``--fairness``, bench.userproject's fairness waits; with ``--pool-process``, where a realistic
+    task's time goes in a pool process)."""
     import json
     import sys
 
     args = argv if argv is not None else sys.argv[1:]
-    fairness = args[:1] == ["--fairness"]
-    given = args[1:] if fairness else args
+    kinds = {"--fairness": plot_fairness, "--pool-process": plot_pool_process}
+    draw = kinds.get(args[0], plot_databases) if args else plot_databases
+    given = args[1:] if args and args[0] in kinds else args
     if len(given) < 2 or given[0].startswith("-") or not all("=" in run for run in given[1:]):
-        sys.exit("usage: python -m bench.plot [--fairness] OUT.png NAME=RUN.json [NAME=RUN.json ...]")
+        sys.exit("usage: python -m bench.plot [--fairness|--pool-process] OUT.png NAME=RUN.json [NAME=RUN.json ...]")
     out, *runs = given
     summaries = {}
     for run in runs:
         name, file = run.split("=", 1)
         summaries[name] = json.loads(Path(file).read_text())["summary"]
-    (plot_fairness if fairness else plot_databases)(summaries, Path(out))
+    draw(summaries, Path(out))
 
 
 if __name__ == "__main__":

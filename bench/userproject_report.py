@@ -30,7 +30,10 @@ def report_workload(rounds: list, targets: dict[str, float], cpu_extra_target: f
     print_cpu(rounds)
     print_settle(rounds)
     print_lost_updates(rounds)
-    print_pool_process(rounds)
+    pool_process = summarize_pool_process(rounds)
+    if pool_process:
+        print_pool_process(pool_process)
+        summary["pool process"] = pool_process
     fairness = summarize_fairness([r for r in measured if r.scenario == "fairness"])
     if fairness:
         print_fairness(fairness)
@@ -74,16 +77,22 @@ def print_lost_updates(rounds: list) -> None:
         print(f"  {scenario:<10} {'; '.join(cells)}")
 
 
-def print_pool_process(rounds: list) -> None:
-    """Where a many-keys task's time in a pool process goes, per variant: its body, and the gap to the next
-    task's start in that process (the worker's own work around a task), medians of rounds."""
+def summarize_pool_process(rounds: list) -> dict[str, dict[str, float]]:
+    """Where a many-keys task's time goes in a pool process, per variant: its body (mean and p99), and the gap
+    to the next task's start in that process (the worker's own work around a task), medians of rounds."""
     measured = [r for r in rounds if r.bodies_ms and r.gaps_ms and not r.problems]
-    if not measured:
-        return
-    print("a many-keys task in a pool process, ms (medians of rounds): body mean / p99; gap to its next task mean")
+    summary = {}
     for variant in dict.fromkeys(r.variant for r in measured):
         of_variant = [r for r in measured if r.variant == variant]
-        body = median(sum(r.bodies_ms) / len(r.bodies_ms) for r in of_variant)
-        body_p99 = median(percentile(r.bodies_ms, 99) for r in of_variant)
-        gap = median(sum(r.gaps_ms) / len(r.gaps_ms) for r in of_variant)
-        print(f"  {variant:<8} body {body:6.2f} / {body_p99:6.1f}   gap {gap:5.2f}")
+        summary[variant] = {
+            "body ms": median(sum(r.bodies_ms) / len(r.bodies_ms) for r in of_variant),
+            "body p99 ms": median(percentile(r.bodies_ms, 99) for r in of_variant),
+            "gap ms": median(sum(r.gaps_ms) / len(r.gaps_ms) for r in of_variant),
+        }
+    return summary
+
+
+def print_pool_process(summary: dict[str, dict[str, float]]) -> None:
+    print("a many-keys task in a pool process, ms (medians of rounds): body mean / p99; gap to its next task mean")
+    for variant, s in summary.items():
+        print(f"  {variant:<8} body {s['body ms']:6.2f} / {s['body p99 ms']:6.1f}   gap {s['gap ms']:5.2f}")

@@ -164,11 +164,14 @@ def test_a_flush_waits_for_the_background_flush_that_took_its_batch(monkeypatch)
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_flush_in_a_transaction_holding_its_row_s_lock_waits_only_as_the_background_pass_gives_way(caplog):
+def test_a_flush_in_a_transaction_holding_its_row_s_lock_waits_only_as_the_background_pass_gives_way(
+    caplog, monkeypatch
+):
     """An operator's action under ``ATOMIC_REQUESTS``: its transaction wrote the row a transition names and
     flushes, while the background pass, on its own connection, has taken the batch and waits for that lock.
     The pass gives way after ``BACKGROUND_LOCK_WAIT_SECONDS`` and the flush writes here (it waited for the
     database's timeout on SQLite, and for good on PostgreSQL)."""
+    monkeypatch.setattr(recorder_module, "BACKGROUND_LOCK_WAIT_SECONDS", 0.5)
     make_row(status="dispatched")
     recorder = Recorder()
     caplog.set_level("INFO", logger=recorder_module.__name__)
@@ -186,7 +189,7 @@ def test_a_flush_in_a_transaction_holding_its_row_s_lock_waits_only_as_the_backg
     assert waited < recorder_module.BACKGROUND_LOCK_WAIT_SECONDS + 3, f"the flush waited {waited:.1f} s"
     row = KeyedTask.objects.get()
     assert (row.status, row.worker) == ("running", "operator")
-    assert "waited 1.0 s for a lock; will try again" in caplog.text
+    assert "waited 0.5 s for a lock; will try again" in caplog.text
 
 
 def test_a_record_the_database_refuses_is_dropped_and_the_rest_of_its_batch_written():
