@@ -115,6 +115,11 @@ class UnwrittenCalls(GateBase):
         elif deleted:
             self._run(deleted)
 
+    def kept_outcome(self, key: str, field: str) -> bytes | None:
+        """The record of a run's end kept with ``key`` under ``field`` until its worker writes it, if any."""
+        (kept,) = self._run([("HGET", KeyNames(key).outcomes, field)])
+        return kept.partition(b"|")[2] if kept is not None else None  # "<finished ms>|<record>"
+
     def forget_outcomes(self, written: Iterable[tuple[str, str]], *, records: Iterable[tuple[str, int]] = ()) -> None:
         """Delete the outcomes of runs whose records are written: (key, task id) pairs, and the submission
         records of ``records`` ((key, ticket) pairs) whose rows a run wrote itself; one round trip.

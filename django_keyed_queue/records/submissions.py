@@ -23,14 +23,15 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+import redis
 from django.db import close_old_connections
 
 from ..conf import settings
 from ..gate import Unwritten
 from . import idempotency
 from .models import KeyedTask
-from .statuses import Status
-from .transitions import Transition
+from .statuses import ACTIVE_STATUSES, Status
+from .transitions import Transition, outcome_field
 
 if TYPE_CHECKING:
     from ..gate import Gate
@@ -162,6 +163,29 @@ def write_key(gate: Gate, key: str) -> int:
     """Write now the rows of ``key``'s submissions kept in the gate (before acting on its rows): one
     step's worth; a deeper key's other records are written by the next pass of any writer."""
     return write(gate, [key])
+
+
+def with_kept_end(gate: Gate, row: KeyedTask) -> KeyedTask:
+    """``row``, its run's end written first where the gate keeps one its worker has yet to write (within
+    ``KEYED_QUEUE_RECORD_FLUSH_SECONDS``): a page or an action then sees the run ended, as the gate does
+    (a key blocked by a failed task offers its retry). One read of the gate for a row whose run is under
+    way; its worker still writes the end, which then changes nothing, and forgets it."""
+    if row.status not in ACTIVE_STATUSES or row.ticket is None:
+        return row
+    try:
+        kept = gate.kept_outcome(row.key, outcome_field(row.task_id, row.ticket))
+    except redis.RedisError:
+        return row  # the page says Redis is out of reach where it asks the gate itself
+    if kept is None:
+        return row
+    try:
+        end = Transition.from_json(kept)
+    except (ValueError, TypeError, KeyError):
+        return row  # the reaper reports a kept outcome that is not a record
+    if end.submission == (row.task_id, row.key, row.ticket):  # not another submission of this task id
+        KeyedTask.objects.apply_setting_aside([end])
+        row.refresh_from_db()
+    return row
 
 
 def write_page(gate: Gate) -> int:

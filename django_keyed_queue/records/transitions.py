@@ -62,6 +62,11 @@ def _described(create: dict[str, Any]) -> dict[str, Any]:
     return described
 
 
+def outcome_field(task_id: str, ticket: int) -> str:
+    """The name the gate keeps the outcome of a run of submission ``(task_id, key, ticket)`` under, in its key."""
+    return f"{task_id}#{ticket}"
+
+
 @dataclass
 class Transition:
     """A submission's record moving to ``status`` in attempt ``attempts``; applied only if it moves the row forward.
@@ -105,7 +110,7 @@ class Transition:
     @property
     def outcome_field(self) -> str:
         """The name the gate keeps this run's outcome under, within its key."""
-        return f"{self.task_id}#{self.ticket}"
+        return outcome_field(self.task_id, self.ticket)
 
     @property
     def order(self) -> tuple[int, int]:

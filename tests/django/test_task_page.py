@@ -12,10 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from django_keyed_queue import ActionRefused, explain
+from django_keyed_queue.gate import Lease
 from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records.models import IdempotencyKey, KeyedTask
 from django_keyed_queue.testing import write_submission_rows
-from testproject.demo.tasks import charge, step
+from django_keyed_queue.worker.run import Run
+from testproject.demo.tasks import charge, ledger_entry, step
 from tests.django.queues import QUEUE
 
 pytestmark = pytest.mark.django_db
@@ -221,3 +223,29 @@ def test_a_failed_task_that_blocks_its_key_offers_retry_and_cancel_on_its_page(g
     page = admin_client.get(page_of(failed)).content.decode()
     assert 'id="act-retry"' in page and 'id="act-cancel"' in page and 'id="act-release"' not in page
     assert "(#1) failed and blocks the key" in admin_client.get(page_of(waiting)).content.decode()
+
+
+def test_a_run_that_failed_and_blocks_its_key_shows_so_before_its_worker_writes_its_end(
+    gate_redis, broker, admin_client
+):
+    """Its worker writes the run's end within a pass (``KEYED_QUEUE_RECORD_FLUSH_SECONDS``); the gate keeps the
+    end from the finish on, and names the key blocked by it. The task's page and its retry say so at once."""
+    failed = ledger_entry.apply_async(("ledger:7", 1), queue=QUEUE)
+    write_submission_rows()
+    gate = get_gate()
+    started = gate.start("ledger:7", 1, 1, task_id=failed.id)
+    ledger_entry.push_request(id=failed.id)
+    try:
+        Run(ledger_entry, Lease("ledger:7", 1, started.token), attempts=1).fail(RuntimeError("the ledger refused it"))
+    finally:
+        ledger_entry.pop_request()
+    assert gate.inspect("ledger:7").blocked is not None
+    row = KeyedTask.objects.get(task_id=failed.id)
+    assert row.status == "dispatched", "its worker's writes are still in its buffer"
+
+    page = admin_client.get(page_of(row)).content.decode()
+    assert 'id="act-retry"' in page and 'id="act-cancel"' in page
+    retry = admin_client.get(reverse("admin:keyed_queue_task_act", args=[row.pk, "retry"])).content.decode()
+    assert "runs again first, as itself" in retry
+    row.refresh_from_db()
+    assert (row.status, row.attempts) == ("failed", 1) and "the ledger refused it" in row.error
