@@ -43,7 +43,8 @@ DEFAULTS: dict[str, Any] = {
     "WORKER_REAPER": True,
     # Worker-side record writes are batched and flushed at this interval. Each flush of each
     # worker process is a transaction: on SQLite it holds the whole database's write lock, and the
-    # project's own tasks wait for it (0.2 s cost them 4-9 ms a task under load; see docs/benchmarks.md).
+    # project's own tasks wait for it (at 0.2 s a busy project's task took 6 ms longer on SQLite and
+    # 9 ms on PostgreSQL; see docs/benchmarks.md).
     "RECORD_FLUSH_SECONDS": 1.0,
     # A submission's row is written by the workers once its record in Redis is this old; a run that
     # ends sooner writes its row once, in its final state. A loss of Redis' data within it loses the

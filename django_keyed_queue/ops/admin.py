@@ -98,7 +98,7 @@ class KeyedTaskAdmin(LiveKeysPages, _PagesOfOurs):
     def get_object(self, request, object_id, from_field=None):
         """The task, its run's end written first where the gate keeps one (its page and its actions)."""
         task = super().get_object(request, object_id, from_field)
-        return task if task is None else submissions.with_kept_end(get_gate(), task)
+        return task if task is None else submissions.with_kept_end(get_gate, task)
 
     @admin.display(description=_("task id"))
     def short_id(self, task: KeyedTask) -> str:
@@ -238,7 +238,7 @@ class KeyedTaskAdmin(LiveKeysPages, _PagesOfOurs):
 
     def _each_task(self, request, queryset, action: str) -> None:
         for task in queryset.defer("message", "arguments"):
-            self._act_on_task(request, submissions.with_kept_end(get_gate(), task), action)
+            self._act_on_task(request, submissions.with_kept_end(get_gate, task), action)
 
     def _act_on_task(
         self,

@@ -87,7 +87,7 @@ def latest_row(task_id: str) -> KeyedTask:
         row = latest.first()
     if row is None:
         raise ActionRefused(f"no keyed task has the id {task_id!r}")
-    return submissions.with_kept_end(get_gate(), row)
+    return submissions.with_kept_end(get_gate, row)
 
 
 def registered_task(app, name: str):

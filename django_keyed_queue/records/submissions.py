@@ -165,15 +165,16 @@ def write_key(gate: Gate, key: str) -> int:
     return write(gate, [key])
 
 
-def with_kept_end(gate: Gate, row: KeyedTask) -> KeyedTask:
+def with_kept_end(gate: Callable[[], Gate], row: KeyedTask) -> KeyedTask:
     """``row``, its run's end written first where the gate keeps one its worker has yet to write (within
     ``KEYED_QUEUE_RECORD_FLUSH_SECONDS``): a page or an action then sees the run ended, as the gate does
     (a key blocked by a failed task offers its retry). One read of the gate for a row whose run is under
-    way; its worker still writes the end, which then changes nothing, and forgets it."""
+    way (``gate`` makes the client only then: a cluster's connects as it is made); its worker still writes
+    the end, which then changes nothing, and forgets it."""
     if row.status not in ACTIVE_STATUSES or row.ticket is None:
         return row
     try:
-        kept = gate.kept_outcome(row.key, outcome_field(row.task_id, row.ticket))
+        kept = gate().kept_outcome(row.key, outcome_field(row.task_id, row.ticket))
     except redis.RedisError:
         return row  # the page says Redis is out of reach where it asks the gate itself
     if kept is None:
