@@ -47,7 +47,7 @@ def carry_out(app: Celery, recovery: Recovery, reason: str = "", *, stopped_stat
         # A run finished but its worker died before writing the record.
         try:
             end = Transition.from_json(recovery.message or b"{}")
-        except (ValueError, TypeError, KeyError):
+        except ValueError:
             logger.error("keyed queue key=%r keeps an outcome that is not a record: %r", recovery.key, recovery.message)
             return True
         what = f"recording an outcome of key={recovery.key!r}"

@@ -238,7 +238,7 @@ class KeyedTaskAdmin(LiveKeysPages, _PagesOfOurs):
 
     def _each_task(self, request, queryset, action: str) -> None:
         for task in queryset.defer("message", "arguments"):
-            self._act_on_task(request, submissions.with_kept_end(get_gate, task), action)
+            self._act_on_task(request, task, action)
 
     def _act_on_task(
         self,

@@ -133,7 +133,10 @@ class Recorder:
         except Exception as exc:
             if lock_wait is not None and gave_way_to_a_lock(exc):
                 logger.info(
-                    "writing %d keyed task records waited %.1f s for a lock; will try again", len(batch), lock_wait
+                    "writing %d keyed task records gave way to a lock another transaction holds"
+                    " (waited at most %.1f s); will try again",
+                    len(batch),
+                    lock_wait,
                 )
                 self._put_back(batch.values())
                 return

@@ -181,7 +181,7 @@ def with_kept_end(gate: Callable[[], Gate], row: KeyedTask) -> KeyedTask:
         return row
     try:
         end = Transition.from_json(kept)
-    except (ValueError, TypeError, KeyError):
+    except ValueError:
         return row  # the reaper reports a kept outcome that is not a record
     if end.submission == (row.task_id, row.key, row.ticket):  # not another submission of this task id
         KeyedTask.objects.apply_setting_aside([end])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from django.utils.module_loading import import_string
@@ -60,6 +61,24 @@ def _described(create: dict[str, Any]) -> dict[str, Any]:
         ),
     )  # fmt: skip
     return described
+
+
+def _typed(values: Any, names: tuple[str, ...], raw: bytes) -> dict[str, Any]:
+    """Those of ``values`` named in ``names`` (others are dropped), each of its column's type; else ValueError."""
+    if not isinstance(values, dict):
+        raise ValueError(f"a keyed task transition's fields are an object: {raw[:200]!r}")
+    typed = {}
+    for name, value in values.items():
+        if name not in names:
+            continue
+        if name.endswith("_at"):  # a time; only the enqueue time is never empty
+            fits = isinstance(value, datetime) or (value is None and name != "enqueued_at")
+        else:
+            fits = isinstance(value, str)
+        if not fits:
+            raise ValueError(f"a keyed task transition's {name} is not of its column's type: {raw[:200]!r}")
+        typed[name] = value
+    return typed
 
 
 def outcome_field(task_id: str, ticket: int) -> str:
@@ -160,17 +179,23 @@ class Transition:
 
     @classmethod
     def from_json(cls, raw: bytes) -> Transition:
-        """A transition the gate kept (written by a worker of this project, decoded as JSON only)."""
-        data = kombu_loads(raw)  # kombu's JSON gives datetimes back as datetimes
-        if not isinstance(data, dict) or data.get("status") not in STATUS_RANK:
+        """A transition the gate kept (written by a worker of this project, decoded as JSON only); the gate's
+        Redis may hold anything there: ValueError for what is not one, each value of its column's type."""
+        try:
+            data = kombu_loads(raw)  # kombu's JSON gives datetimes back as datetimes
+        except (TypeError, KeyError, AttributeError) as exc:  # its object hook on a malformed "__type__"
+            raise ValueError(f"not a keyed task transition: {raw[:200]!r}") from exc
+        if not isinstance(data, dict) or not isinstance(data.get("status"), str) or data["status"] not in STATUS_RANK:
             raise ValueError(f"not a keyed task transition: {raw[:200]!r}")
-        if not (isinstance(data.get("key"), str) and isinstance(data.get("ticket"), int)):
+        if not (isinstance(data.get("key"), str) and type(data.get("ticket")) is int):
             raise ValueError(f"a keyed task transition names its key and ticket: {raw[:200]!r}")
-        fields = {name: value for name, value in (data.get("fields") or {}).items() if name in FIELDS}
+        if not (isinstance(data.get("task_id"), str) and type(data.get("attempts")) is int):
+            raise ValueError(f"a keyed task transition names its task id and attempt: {raw[:200]!r}")
+        fields = _typed(data.get("fields") or {}, FIELDS, raw)
         create = data.get("create")
         if create is not None:
-            create = {name: value for name, value in create.items() if name in CREATE_FIELDS}
+            create = _typed(create, CREATE_FIELDS, raw)
         return cls(
-            str(data["task_id"]), data["key"], data["ticket"], data["status"], int(data["attempts"]),
+            data["task_id"], data["key"], data["ticket"], data["status"], data["attempts"],
             fields, create, joins=bool(data.get("joins")),
         )  # fmt: skip

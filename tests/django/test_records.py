@@ -2,18 +2,22 @@
 
 import threading
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from django.db import connections, transaction
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kombu.utils.json import dumps as kombu_json
 
 from django_keyed_queue.records import recorder as recorder_module
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.records.recorder import Recorder
-from django_keyed_queue.records.transitions import Transition, describe_arguments
+from django_keyed_queue.records.statuses import STATUS_RANK
+from django_keyed_queue.records.transitions import CREATE_FIELDS, FIELDS, Transition, describe_arguments
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.django_db
@@ -189,7 +193,7 @@ def test_a_flush_in_a_transaction_holding_its_row_s_lock_waits_only_as_the_backg
     assert waited < recorder_module.BACKGROUND_LOCK_WAIT_SECONDS + 3, f"the flush waited {waited:.1f} s"
     row = KeyedTask.objects.get()
     assert (row.status, row.worker) == ("running", "operator")
-    assert "waited 0.5 s for a lock; will try again" in caplog.text
+    assert "gave way to a lock another transaction holds (waited at most 0.5 s); will try again" in caplog.text
 
 
 def test_a_record_the_database_refuses_is_dropped_and_the_rest_of_its_batch_written():
@@ -339,3 +343,47 @@ def test_submission_rows_written_in_one_batch_merge_with_rows_a_worker_made_firs
     KeyedTask.objects.apply(*rows, new=True)  # written again (a writer's claim ran out): no change, no new row
     assert KeyedTask.objects.count() == 3
     assert {r.task_id: (r.status, r.attempts, r.worker, r.enqueued_at) for r in KeyedTask.objects.all()} == found
+
+
+HOSTILE = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True), st.text(), st.text(min_size=5000),
+    st.just("\x00"), st.lists(st.integers(), max_size=3),
+    st.dictionaries(st.text(max_size=5), st.integers(), max_size=3),
+)  # fmt: skip
+KEPT_NAMES = ("task_id", "key", "ticket", "status", "attempts", "fields", "joins", "create")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    data=st.one_of(
+        st.fixed_dictionaries({}, optional={name: HOSTILE for name in KEPT_NAMES}),
+        st.fixed_dictionaries(
+            {
+                "task_id": st.just("t1"),
+                "key": st.just("k"),
+                "ticket": st.just(1),
+                "status": st.just("failed"),
+                "attempts": st.just(1),
+            },
+            optional={
+                "fields": st.dictionaries(st.sampled_from(FIELDS), HOSTILE, max_size=4),
+                "create": st.dictionaries(st.sampled_from(CREATE_FIELDS), HOSTILE, max_size=3),
+            },
+        ),  # fmt: skip
+        HOSTILE,
+    ),
+    raw=st.binary(max_size=64),
+)
+def test_an_outcome_read_back_from_the_gate_is_a_transition_of_its_fields_types_or_refused_by_name(data, raw):
+    """The gate's Redis may hold anything under a kept outcome (the reaper and a task's page read it back):
+    it decodes to a transition whose every value has its column's type, or ValueError; nothing else."""
+    for kept in (kombu_json(data).encode(), raw):
+        try:
+            t = Transition.from_json(kept)
+        except ValueError:
+            continue
+        assert isinstance(t.task_id, str) and isinstance(t.key, str) and isinstance(t.ticket, int)
+        assert isinstance(t.attempts, int) and t.status in STATUS_RANK
+        for name, value in {**t.fields, **(t.create or {})}.items():
+            nullable = name.endswith("_at") and name != "enqueued_at"  # as the row's columns
+            assert isinstance(value, datetime if name.endswith("_at") else str) or (nullable and value is None), name

@@ -13,8 +13,10 @@ from hypothesis import strategies as st
 
 from django_keyed_queue import ActionRefused, explain
 from django_keyed_queue.gate import Lease
+from django_keyed_queue.gate.keys import KeyNames
 from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records.models import IdempotencyKey, KeyedTask
+from django_keyed_queue.records.transitions import outcome_field
 from django_keyed_queue.testing import write_submission_rows
 from django_keyed_queue.worker.run import Run
 from testproject.demo.tasks import charge, ledger_entry, step
@@ -249,3 +251,12 @@ def test_a_run_that_failed_and_blocks_its_key_shows_so_before_its_worker_writes_
     assert "runs again first, as itself" in retry
     row.refresh_from_db()
     assert (row.status, row.attempts) == ("failed", 1) and "the ledger refused it" in row.error
+
+
+@pytest.mark.parametrize("kept", [b"1|{not json", b"1|" + b'{"status": [], "fields": []}', b"no bar", b"1|\x00" * 1000])
+def test_a_kept_end_that_is_not_a_record_leaves_the_task_s_page_as_its_row_says(gate_redis, broker, admin_client, kept):
+    """The gate's Redis may hold anything where a run's end is kept: the page reads the row as it is."""
+    task = submitted("k", 1)
+    get_gate().client.hset(KeyNames("k").outcomes, outcome_field(task.task_id, task.ticket), kept)
+    assert admin_client.get(page_of(task)).status_code == 200
+    assert KeyedTask.objects.get(pk=task.pk).status == task.status
