@@ -64,6 +64,28 @@ def group_cpu_seconds(groups: dict[str, list[int]]) -> dict[str, float]:
     return used
 
 
+def own_cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of process ``pid`` alone, not of its children; 0.0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def split_worker(cpu: dict[str, float], main: float) -> dict[str, float]:
+    """``cpu`` with its worker's share split in two, in its place: the worker's main process (``main``: it
+    takes the broker's messages and hands them to its pool) and its pool processes (they run the tasks)."""
+    split = {}
+    for name, used in cpu.items():
+        if name == "worker":
+            split["worker main"], split["pool processes"] = main, used - main
+        else:
+            split[name] = used
+    return split
+
+
 class History:
     """The project's history.jsonl, read as it grows (only the new bytes on each read)."""
 
@@ -213,7 +235,7 @@ class Bench:
             # comes a minute in, and a round planned on an empty table's ran a peer's job fetches 8x slower.
             self.database.execute("ANALYZE")
         syncs_before = self.account_syncs() if workload is REALISTIC else 0
-        cpu0 = group_cpu_seconds(self.cpu_groups)
+        cpu0, main0 = group_cpu_seconds(self.cpu_groups), self.worker_main_cpu_seconds()
         sent = self.produce(workload, variant, result)
         if sent is None:
             return result
@@ -247,8 +269,8 @@ class Bench:
                 result.problems.append(f"{result.lost_updates} account updates lost: a key's tasks ran at once")
         if not self.wait_idle(deadline):
             result.problems.append("the worker was still busy at the round's deadline")
-        cpu1 = group_cpu_seconds(self.cpu_groups)
-        result.cpu.update({name: cpu1[name] - cpu0[name] for name in cpu0})
+        cpu1, main1 = group_cpu_seconds(self.cpu_groups), self.worker_main_cpu_seconds()
+        result.cpu.update(split_worker({name: cpu1[name] - cpu0[name] for name in cpu0}, main1 - main0))
         return result
 
     def produce(self, workload: Workload, variant: str, result: Round) -> dict | None:
@@ -315,6 +337,9 @@ class Bench:
         if counts != Counter({rows.succeeded: len(ids)}):
             result.problems.append(f"{rows.noun} not all {rows.succeeded}: {dict(counts)}")
         return settled
+
+    def worker_main_cpu_seconds(self) -> float:
+        return own_cpu_seconds(self.cpu_groups["worker"][0])
 
     def wait_idle(self, deadline: float, window: float = 0.25, busy_cpu: float = 0.01) -> bool:
         """Until the worker's processes used under ``busy_cpu`` s of CPU in each of two ``window``s in a row."""
