@@ -243,9 +243,7 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
         ordered = sorted(transitions, key=lambda t: t.submission)
         update = _update_sql(self.model, db.alias)
         now, waiting = time.monotonic(), list[Transition]()
-        with _waiting_for_locks_at_most(db, lock_wait), transaction.atomic(using=db.alias), db.cursor() as cursor:
-            if lock_wait is not None and db.vendor == "postgresql":
-                cursor.execute(f"SET LOCAL lock_timeout = {max(1, round(lock_wait * 1000))}")
+        with _transaction(db, lock_wait) as cursor:
             if all(t.create is None for t in ordered):
                 cursor.executemany(update, [_update_params(self.model, t, db) for t in ordered])
                 return waiting
@@ -336,21 +334,31 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
 
 
 @contextmanager
-def _waiting_for_locks_at_most(db: BaseDatabaseWrapper, seconds: float | None) -> Iterator[None]:
-    """SQLite's wait for its write lock is the connection's, set before ``BEGIN`` (which takes the lock
-    in ``IMMEDIATE`` mode), and given back after. PostgreSQL's is set inside the transaction, in ``apply``."""
-    if seconds is None or db.vendor != "sqlite":
-        yield
-        return
+def _transaction(db: BaseDatabaseWrapper, lock_wait: float | None) -> Iterator[Any]:
+    """A transaction on ``db`` and its cursor, waiting at most ``lock_wait`` seconds for a lock another
+    transaction holds (None: the database's own wait). SQLite's wait is the connection's: set before
+    ``BEGIN`` (which takes the lock in ``IMMEDIATE`` mode) and given back after. PostgreSQL's is the
+    transaction's own."""
+    sqlite_before = None
+    if lock_wait is not None and db.vendor == "sqlite":
+        sqlite_before = _sqlite_busy_timeout_ms(db, max(1, round(lock_wait * 1000)))
+    try:
+        with transaction.atomic(using=db.alias), db.cursor() as cursor:
+            if lock_wait is not None and db.vendor == "postgresql":
+                cursor.execute(f"SET LOCAL lock_timeout = {max(1, round(lock_wait * 1000))}")
+            yield cursor
+    finally:
+        if sqlite_before is not None:
+            _sqlite_busy_timeout_ms(db, sqlite_before)
+
+
+def _sqlite_busy_timeout_ms(db: BaseDatabaseWrapper, ms: int) -> int:
+    """Set the SQLite connection's wait for a lock; the wait it had."""
     with db.cursor() as cursor:
         cursor.execute("PRAGMA busy_timeout")
         (before,) = cursor.fetchone()
-        cursor.execute(f"PRAGMA busy_timeout = {max(1, round(seconds * 1000))}")
-    try:
-        yield
-    finally:
-        with db.cursor() as cursor:
-            cursor.execute(f"PRAGMA busy_timeout = {int(before)}")
+        cursor.execute(f"PRAGMA busy_timeout = {int(ms)}")
+    return int(before)
 
 
 def _all_at_once(
