@@ -15,6 +15,7 @@ from django_keyed_queue.messaging.message import HEADER
 from django_keyed_queue.ops import recovery
 from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records.models import KeyedTask
+from django_keyed_queue.records.transitions import outcome_field
 from django_keyed_queue.testing import write_submission_rows
 from testproject.demo.tasks import step
 from tests.django.queues import QUEUE
@@ -150,3 +151,50 @@ def test_racing_confirmations_on_the_task_page_release_once_and_retry_once(gate_
     [again] = KeyedTask.objects.exclude(pk=task.pk)
     assert sum("Retried by admin as <a href=" in s and f">{again.task_id}</a>" in s for s in said) == 1, said
     assert sum(f"was retried already: it runs again as task {again.task_id}" in s for s in said) == 3, said
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["succeeded", "failed and blocks its key"])
+def test_pages_writing_a_kept_end_racing_its_worker_s_write_leave_the_end_once(gate_redis, broker, fails):
+    """A run's end is written by its worker's records pass, and by a page or action that reads the row first
+    (``with_kept_end``) while the gate keeps the end: both at once, several times over, write it once."""
+    from django_keyed_queue.process.state import current
+    from django_keyed_queue.records.submissions import with_kept_end
+    from django_keyed_queue.worker.run import Run
+    from django_keyed_queue.worker.run_end import failure_text
+    from testproject.demo.tasks import ledger_entry
+
+    task_of, refused = (ledger_entry if fails else step), RuntimeError("the ledger refused it")
+    for n in range(4):
+        key = f"ledger:{n}"
+        result = task_of.apply_async((key, 1), queue=QUEUE)
+        write_submission_rows()
+        row = KeyedTask.objects.get(task_id=result.id)
+        started = get_gate().start(key, row.ticket, 1, task_id=result.id)
+        task_of.push_request(id=result.id)
+        try:
+            run = Run(task_of, Lease(key, row.ticket, started.token), attempts=1)
+            assert run.fail(refused) if fails else run.succeed()
+        finally:
+            task_of.pop_request()
+        assert KeyedTask.objects.get(pk=row.pk).status == "dispatched", "the end is in its worker's buffer"
+
+        def page(pk: int = row.pk) -> object:
+            try:
+                return with_kept_end(get_gate, KeyedTask.objects.get(pk=pk))
+            except Exception as error:  # the race's threads would only print it
+                return error
+
+        def worker() -> object:
+            try:
+                return current().recorder.flush()
+            except Exception as error:
+                return error
+
+        outcomes = race(page, page, worker)
+        assert not [o for o in outcomes if isinstance(o, Exception)], outcomes
+        after = KeyedTask.objects.get(pk=row.pk)
+        assert (after.status, after.attempts, after.notes) == ("failed" if fails else "succeeded", 1, "")
+        assert after.error == (failure_text(refused) if fails else ""), "written once, not appended to"
+        assert after.finished_at is not None
+        assert get_gate().kept_outcome(key, outcome_field(result.id, row.ticket)) is None, "the worker forgot it"
+        assert with_kept_end(get_gate, after) == after and KeyedTask.objects.get(pk=row.pk).error == after.error
