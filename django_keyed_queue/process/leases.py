@@ -61,6 +61,10 @@ class LeaseKeeper:
             self._held.pop(lease, None)
             self._lost.discard(lease)
 
+    def _holds(self, lease: Lease) -> bool:
+        with self._lock:
+            return lease in self._held
+
     def is_lost(self, lease: Lease) -> bool:
         """True once a renewal found the lease gone: another holder may own the key."""
         with self._lock:
@@ -79,7 +83,9 @@ class LeaseKeeper:
                 pooled.setdefault(run.pool, []).append(lease)
         for pool, leases in pooled.items():
             for lease, kept in gate.pool_renew(pool, leases).items():
-                if not kept:  # its slot went back: the pool may let another run beside it
+                # Its slot went back: the pool may let another run beside it. Not so for a run that ended
+                # meanwhile (its finish gave the slot back, after it was let go here).
+                if not kept and self._holds(lease):
                     logger.warning("pool slot lost pool=%r key=%r ticket=%s", pool, lease.key, lease.ticket)
         now = timezone.now()
         with self._lock:

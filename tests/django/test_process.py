@@ -86,3 +86,55 @@ def test_each_renewal_moves_the_records_heartbeat_until_the_lease_is_lost():
         assert recorder.peek(("hb-1", "heartbeat", lease.ticket)) is None  # a lost lease proves nothing
     finally:
         keeper.close()
+
+
+class _EndsBeforePoolRenewal:
+    """The gate, but the run ``lease`` ends for real (its worker's finish, its keeper told first) between
+    the renewal of the leases and that of the pools' slots: a run ending while its process renews."""
+
+    def __init__(self, gate, keeper: LeaseKeeper, lease: Lease, pool: str) -> None:
+        self._gate, self._keeper, self._lease, self._pool = gate, keeper, lease, pool
+
+    def __getattr__(self, name: str):
+        return getattr(self._gate, name)
+
+    def pool_renew(self, pool, leases):
+        self._keeper.stop_renewing(self._lease)  # as RunEnd.finish lets go before it finishes
+        assert self._gate.finish(self._lease.key, self._lease.ticket, self._lease.token, pool=self._pool).ok
+        return self._gate.pool_renew(pool, leases)
+
+
+@pytest.mark.django_db
+def test_a_pooled_run_ending_while_its_process_renews_is_no_lost_slot_and_a_slot_taken_from_it_is(caplog):
+    """A renewal finds the pool slot of a run that ended meanwhile given back: that run is no longer held,
+    so nothing is lost. A slot given back under a run still held is (the pool may let another beside it)."""
+    from django_keyed_queue.gate.pools import Pool
+
+    gate, pool = process.get_gate(), Pool("roomy", limit=2, interval_ms=0)
+    leases = []
+    for key in ("pooled-a", "pooled-b"):
+        submitted = gate.submit(key, b"m")
+        started = gate.start(key, submitted.ticket, 1, pool=pool)
+        assert started.ok
+        leases.append(Lease(key, submitted.ticket, started.token))
+    ending, held = leases
+    recorder = Recorder()
+    renewing = LeaseKeeper(lambda: _EndsBeforePoolRenewal(gate, renewing, ending, pool.name), recorder)
+    keeper = LeaseKeeper(lambda: gate, recorder)
+    try:
+        for lease in leases:
+            renewing.hold(lease, lease.key, 1, pool.name)
+        with caplog.at_level("WARNING", logger="django_keyed_queue.process.leases"):
+            renewing.renew_now()
+        assert "pool slot lost" not in caplog.text, "the run ended: its slot went back with it"
+        assert not renewing.is_lost(held)
+
+        gate.pool_release(pool.name, [(held.key, held.ticket)])  # its slot, taken while it runs
+        keeper.hold(held, held.key, 1, pool.name)
+        with caplog.at_level("WARNING", logger="django_keyed_queue.process.leases"):
+            keeper.renew_now()
+        assert f"pool slot lost pool='roomy' key='pooled-b' ticket={held.ticket}" in caplog.text
+    finally:
+        renewing.close()
+        keeper.close()
+        recorder.close()
