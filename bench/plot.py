@@ -5,6 +5,7 @@ runs' throughputs side by side; and the fairness rounds' waits of the one-task k
         "PostgreSQL=C.json"                   # bench.userproject's --json files, side by side
     python -m bench.plot --fairness docs/benchmarks-fairness.png "SQLite=A.json" ...   # their fairness waits
     python -m bench.plot --pool-process docs/benchmarks-pool-process.png "SQLite=A.json" ...  # a realistic task's time
+    python -m bench.plot --cpu docs/benchmarks-cpu.png "SQLite=A.json" ...  # a many-keys task's CPU, process by process
 
 ``python -m bench.throughput --plot OUT.png`` draws the first kind from its own run.
 """
@@ -187,24 +188,83 @@ def plot_pool_process(summaries: dict[str, dict], path: Path) -> None:
     plt.close(fig)
 
 
+#: The process groups of bench.userproject's CPU figures, bottom to top, and their colours.
+CPU_GROUPS = (
+    ("producer", "#fdae6b"),
+    ("worker main", "#9ecae1"),
+    ("pool processes", "#3182bd"),
+    ("redis", "#d62728"),
+    ("postgres", "#756bb1"),
+)
+
+
+def plot_cpu(runs: dict[str, dict], path: Path) -> None:
+    """CPU per many-keys task, plain and keyed, stacked by process (the producer, the worker's main process,
+    its pool processes, Redis, PostgreSQL), medians of rounds, for each workload of several runs of
+    bench.userproject (its ``--json`` files)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .stats import median
+
+    ran = {r["workload"] for run in runs.values() for r in run["rounds"]}
+    workloads = [w for w in ("noop", "realistic") if w in ran]
+    fig, axes = plt.subplots(1, len(workloads), figsize=(5.2 * len(workloads) + 1, 4.6), squeeze=False)
+    width = 0.38
+    for ax, workload in zip(axes[0], workloads, strict=True):
+        tallest = 0.0
+        for i, run in enumerate(runs.values()):
+            for j, variant in enumerate(("plain", "keyed")):
+                rounds = [
+                    r for r in run["rounds"]
+                    if (r["workload"], r["scenario"], r["variant"]) == (workload, "many-keys", variant) and r["cpu"]
+                ]  # fmt: skip
+                if not rounds:
+                    continue
+                x, bottom = i + (j - 0.5) * width, 0.0
+                for group, color in CPU_GROUPS:
+                    ms = median([1000 * r["cpu"].get(group, 0.0) / r["tasks"] for r in rounds])
+                    label = group if i == 0 and j == 0 else None
+                    ax.bar(x, ms, width, bottom=bottom, color=color, alpha=1.0 if variant == "keyed" else 0.55,
+                           edgecolor="white", linewidth=0.5, label=label)  # fmt: skip
+                    bottom += ms
+                ax.text(x, bottom, f"{variant}\n{bottom:.2f}", ha="center", va="bottom", fontsize=7)
+                tallest = max(tallest, bottom)
+        ax.set_xticks(range(len(runs)), list(runs), fontsize=8)
+        ax.set_title(f"{workload}: CPU per many-keys task, every process (pale: plain Celery)", fontsize=9)
+        ax.set_ylabel("ms of CPU per task (medians of rounds)")
+        ax.set_ylim(0, tallest * 1.15)
+        ax.grid(True, axis="y", alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=len(CPU_GROUPS))
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """``python -m bench.plot [--fairness|--pool-process] OUT.png NAME=RUN.json ...``: the runs' summaries side
-    by side (with ``--fairness``, bench.userproject's fairness waits; with ``--pool-process``, where a realistic
-    task's time goes in a pool process)."""
+    """``python -m bench.plot [--fairness|--pool-process|--cpu] OUT.png NAME=RUN.json ...``: the runs' summaries
+    side by side (with ``--fairness``, bench.userproject's fairness waits; with ``--pool-process``, where a
+    realistic task's time goes in a pool process; with ``--cpu``, a many-keys task's CPU, process by process)."""
     import json
     import sys
 
     args = argv if argv is not None else sys.argv[1:]
-    kinds = {"--fairness": plot_fairness, "--pool-process": plot_pool_process}
+    kinds = {"--fairness": plot_fairness, "--pool-process": plot_pool_process, "--cpu": plot_cpu}
     draw = kinds.get(args[0], plot_databases) if args else plot_databases
     given = args[1:] if args and args[0] in kinds else args
     if len(given) < 2 or given[0].startswith("-") or not all("=" in run for run in given[1:]):
-        sys.exit("usage: python -m bench.plot [--fairness|--pool-process] OUT.png NAME=RUN.json [NAME=RUN.json ...]")
+        sys.exit(
+            "usage: python -m bench.plot [--fairness|--pool-process|--cpu] OUT.png NAME=RUN.json [NAME=RUN.json ...]"
+        )
     out, *runs = given
     summaries = {}
     for run in runs:
         name, file = run.split("=", 1)
-        summaries[name] = json.loads(Path(file).read_text())["summary"]
+        loaded = json.loads(Path(file).read_text())
+        summaries[name] = loaded if draw is plot_cpu else loaded["summary"]  # the CPU plot reads the rounds
     draw(summaries, Path(out))
 
 
