@@ -339,13 +339,12 @@ def _transaction(db: BaseDatabaseWrapper, lock_wait: float | None) -> Iterator[A
     transaction holds (None: the database's own wait). SQLite's wait is the connection's: set before
     ``BEGIN`` (which takes the lock in ``IMMEDIATE`` mode) and given back after. PostgreSQL's is the
     transaction's own."""
-    sqlite_before = None
-    if lock_wait is not None and db.vendor == "sqlite":
-        sqlite_before = _sqlite_busy_timeout_ms(db, max(1, round(lock_wait * 1000)))
+    wait_ms = None if lock_wait is None else max(1, round(lock_wait * 1000))
+    sqlite_before = _sqlite_busy_timeout_ms(db, wait_ms) if wait_ms is not None and db.vendor == "sqlite" else None
     try:
         with transaction.atomic(using=db.alias), db.cursor() as cursor:
-            if lock_wait is not None and db.vendor == "postgresql":
-                cursor.execute(f"SET LOCAL lock_timeout = {max(1, round(lock_wait * 1000))}")
+            if wait_ms is not None and db.vendor == "postgresql":
+                cursor.execute(f"SET LOCAL lock_timeout = {wait_ms}")
             yield cursor
     finally:
         if sqlite_before is not None:
