@@ -153,6 +153,16 @@ class StoredMessage:
         return task_id, self.message.replace(self.task_id.encode(), task_id.encode())
 
 
+def proc_stat(pid: int | str) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command's name (``fields[0]`` is its state, ``fields[11]``
+    and ``fields[12]`` its user and system CPU ticks); None for a process that is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
 def cpu_seconds(groups: dict[str, list[int]]) -> dict[str, float]:
     """CPU time (user + system) of each group of processes and all their live descendants, from /proc."""
     tick = os.sysconf("SC_CLK_TCK")
@@ -160,10 +170,8 @@ def cpu_seconds(groups: dict[str, list[int]]) -> dict[str, float]:
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
+        fields = proc_stat(entry)
+        if fields is None:
             continue
         pid = int(entry)
         parent[pid] = int(fields[1])

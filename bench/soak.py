@@ -37,7 +37,7 @@ from pathlib import Path
 
 from testproject.servers import AOF_ALWAYS
 
-from .harness import Cluster
+from .harness import Cluster, proc_stat
 from .soak_checks import (
     BOUNDS,
     DEFAULT_FAULTS,
@@ -71,11 +71,8 @@ class RoundResult:
 
 
 def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
+    fields = proc_stat(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
 
 
 class Soak:

@@ -19,7 +19,7 @@ from testproject.servers import PostgresServer, RedisServer, Worker, free_port
 from testproject.userproject.project import UserProject
 
 from .fairness import waits_ms
-from .harness import cpu_seconds
+from .harness import cpu_seconds, proc_stat
 from .peer_procrastinate import ProcrastinatePeer
 from .project_database import KEYED_RECORDS, STORED_RESULTS, ProjectDatabase, with_missing
 from .throughput import Round, check_events, handoffs_ms, pool_process_ms
@@ -55,10 +55,8 @@ def group_cpu_seconds(groups: dict[str, list[int]]) -> dict[str, float]:
     used = cpu_seconds(groups)
     for name, roots in groups.items():
         for pid in roots:
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
+            fields = proc_stat(pid)
+            if fields is None:
                 continue
             used[name] += (int(fields[13]) + int(fields[14])) / tick  # cutime + cstime: children waited for
     return used
@@ -66,12 +64,8 @@ def group_cpu_seconds(groups: dict[str, list[int]]) -> dict[str, float]:
 
 def own_cpu_seconds(pid: int) -> float:
     """CPU time (user + system) of process ``pid`` alone, not of its children; 0.0 if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    fields = proc_stat(pid)
+    return 0.0 if fields is None else (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def split_worker(cpu: dict[str, float], main: float) -> dict[str, float]:
