@@ -263,7 +263,8 @@ def test_finish_of_an_unknown_or_finished_ticket_is_stale(gate):
 
 def test_fencing_tokens_strictly_increase_across_starts_and_retries(gate):
     tokens = []
-    first = gate.submit("k", b"m1", start=True)
+    # With a task id: the drained key keeps its counters a minute (inspected at the end), not a millisecond.
+    first = gate.submit("k", b"m1", start=True, task_id="t1")
     tokens.append(first.token)
     for n in range(2, 6):
         gate.submit("k", f"m{n}".encode())
