@@ -5,7 +5,7 @@
                                 [--no-fairness]
                                 [--fairness-keys 200 --fairness-hot-tasks 5000 --realistic-hot-tasks 1000]
                                 [--database sqlite|sqlite-wal|postgresql] [--peer procrastinate]
-                                [--setting NAME=JSON ...] [--json PATH] [--keep]
+                                [--setting NAME=JSON ...] [--json PATH] [--profile DIR] [--keep]
 
 The project is testproject/userproject/project.py's: ``django-admin startproject mysite``, ``startapp shop``,
 the README's install blocks (Celery's documented Django layout, Celery's default settings, ONE redis-server for
@@ -88,6 +88,7 @@ from .harness import DATABASES
 from .report import DATABASE_CPU_EXTRA_TARGET_MS, DATABASE_TARGETS, print_ending
 from .userproject_bench import PEERS, Bench
 from .userproject_plan import NOOP, REALISTIC, WORKLOADS, ProjectRound, schedule
+from .userproject_profile import report as profile_report
 from .userproject_report import report_workload
 
 
@@ -134,8 +135,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "none by default, the project as a user makes it",
     )
     parser.add_argument("--json", type=Path, help="write the raw figures here")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="sample the worker's processes with py-spy in each many-keys round, into DIR, and print the CPU per "
+        "task of each piece (bench/userproject_profile.py); a profiled run's throughput is not a figure",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (project, logs, history, database)")
     args = parser.parse_args(argv)
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
     args.settings = {}
     for setting in args.setting:
         name, _, value = setting.partition("=")
@@ -225,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
                 summary.update(figures)
             else:
                 summary[workload.name] = figures
+    if args.profile:
+        profile_report(bench.profiles)
     print_ending(log_problems, time.monotonic() - started, failed=failed)
 
     if args.json:

@@ -24,6 +24,7 @@ from .peer_procrastinate import ProcrastinatePeer
 from .project_database import KEYED_RECORDS, STORED_RESULTS, ProjectDatabase, with_missing
 from .throughput import Round, check_events, handoffs_ms, pool_process_ms
 from .userproject_plan import NOOP, REALISTIC, ProjectRound, Workload, with_accounts
+from .userproject_profile import sampled
 
 PRODUCER = Path(__file__).resolve().parent / "userproject_produce.py"
 #: The producer's name in the project's directory.
@@ -127,6 +128,8 @@ class Bench:
         self.cpu_groups: dict[str, list[int]] = {}
         self.worker: Worker | None = None
         self.peer = PEERS[args.peer](self.project, NOOP.concurrency) if args.peer else None
+        #: The sampled rounds (``--profile``): variant, profile, the worker's main pid, tasks, CPU by group.
+        self.profiles: list[tuple[str, Path, int, int, dict[str, float]]] = []
 
     def start(self, accounts: int) -> None:
         """Everything but the worker (:meth:`use`); ``accounts`` rows of the user's Account model made."""
@@ -207,6 +210,13 @@ class Bench:
         self, workload: Workload, scenario: str, index: int, variant: str, plan: list[tuple[str, int]]
     ) -> ProjectRound:
         peer = self.peer_of(variant)
+        if peer is None and self.args.profile and scenario == "many-keys":
+            assert self.worker is not None and self.worker.process is not None
+            pid, path = self.worker.process.pid, self.args.profile / f"{workload.name}-{variant}-{index}.txt"
+            with sampled(pid, path):
+                result = self.measure_round(workload, scenario, index, variant, plan)
+            self.profiles.append((f"{workload.name} {variant}", path, pid, len(plan), result.cpu))
+            return result
         if peer is None:
             return self.measure_round(workload, scenario, index, variant, plan)
         with peer.worker() as pid:  # started and ready before the round's first submission
