@@ -1,18 +1,18 @@
 """Where the worker's CPU goes, piece by piece: ``bench.userproject --profile DIR``.
 
 During each measured many-keys round, ``py-spy`` samples the worker's main process and its pool
-processes (``--subprocesses``) and writes their stacks to ``DIR/<workload>-<variant>-<round>.txt``
-(py-spy's collapsed format: one stack a line, with its count). It samples with ``--gil``: only the
-thread holding a process's GIL, so a thread blocked on a socket, a pipe or a lock is not counted.
-A thread holding the GIL while it waits for a core is, so the samples give each piece's share of a
-process group's time, not its CPU: each share is applied to the CPU the bench measured for that group
-in the same rounds (from /proc), giving ms of CPU per task.
+processes (``--subprocesses``, ``--nonblocking``: never paused) and writes their stacks to
+``DIR/<workload>-<variant>-<round>.txt`` (py-spy's collapsed format: one stack a line, with its
+count). It samples with ``--gil``: only the thread holding a process's GIL, so a thread blocked on a
+socket, a pipe or a lock is not counted. A thread holding the GIL while it waits for a core is, so the
+samples give each piece's share of a process group's time, not its CPU: each share is applied to the
+CPU the bench measured for that group in the same rounds (from /proc), giving ms of CPU per task.
 
 Each stack goes to one piece: walking from its innermost frame out, the first frame one of ``PIECES``
 names. Redis's client, JSON and kombu's serializers count under whoever called them (the keyed
 queue's gate calls under the start or finish that made them); a stack none names, but with a frame of
-the keyed queue's, is "keyed: other". py-spy runs on the same cores as the
-worker, so a profiled run's throughput is not a benchmark figure.
+the keyed queue's, is "keyed: other". py-spy runs on the same cores as the worker, so a profiled
+run's throughput is not a benchmark figure.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ PIECES: list[tuple[str, str]] = [
 #: A stack no piece names, with a frame of the keyed queue's.
 KEYED_OTHER = ("keyed: other", "django_keyed_queue/")
 
-#: The processes a profile's stacks come from: (the bench's name for them, as in its CPU lines).
+#: The worker's processes, named as the bench's CPU lines name them.
 GROUPS = ("worker main", "pool processes")
 
 _PROCESS = re.compile(r'^process (\d+):"')
