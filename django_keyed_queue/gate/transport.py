@@ -117,11 +117,8 @@ class ServerTransport:
     def _on_held(self, pool: redis.ConnectionPool, commands: Sequence[Command]) -> list[Any]:
         conn, pid = self._held, os.getpid()
         if conn is None or self._held_by != pid:  # never a parent's socket
-            try:
-                conn = pool.get_connection()
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                raise NotSent(str(exc)) from exc
-            self._held, self._held_by = conn, pid
+            conn = self._held = _borrowed(pool)
+            self._held_by = pid
         try:
             conn.connect()  # at once if connected; after a failed round trip, connects again
             try:
@@ -259,11 +256,16 @@ def _failed(message: str, *, nothing_ran: bool) -> redis.ConnectionError:
     return (NotSent if nothing_ran else redis.ConnectionError)(message)
 
 
-def _on_connection(pool: redis.ConnectionPool, commands: Sequence[Command]) -> list[Any]:
+def _borrowed(pool: redis.ConnectionPool) -> Connection:
+    """A connection of ``pool``, connected; ``NotSent`` if it cannot be."""
     try:
-        conn = pool.get_connection()  # connects if it must
+        return pool.get_connection()  # connects if it must
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise NotSent(str(exc)) from exc
+
+
+def _on_connection(pool: redis.ConnectionPool, commands: Sequence[Command]) -> list[Any]:
+    conn = _borrowed(pool)
     try:
         return _send(conn, commands)
     finally:
