@@ -10,8 +10,8 @@ and p95 of the whole request (wall clock), its median CPU time in this process
 (what other load on the machine barely moves), the median and p95 of the page's
 SELECT alone (with a search, its lookups too), and the query plans (SQLite
 ``EXPLAIN QUERY PLAN``, PostgreSQL ``EXPLAIN (ANALYZE, BUFFERS)``).
-The keys' later words, which the search reads, are written after the bulk load by
-migration 0011's own function, timed, as when a project with these rows upgrades.
+The keys' later words, which the search reads, are written after the bulk load, timed, as
+the records' writer writes them with a key's first row.
 Each database runs in a child process of its own, since Django is configured once.
 """
 
@@ -38,6 +38,12 @@ SEARCH_TARGET_MS = 200  # a search's p95: it looks its term up before it reads t
 RARE_KEYS = 20  # rows given keys refund:0..refund:19, spread over the table: a key family that is rare
 #: Rows given keys region:N:eu, spread over the table: a word ("eu") of more keys than the search reads.
 WORD_OF_MANY_KEYS = 2000
+#: Rows given keys of 100 one-letter words, each parted by other separators: for every separator of a
+#: term of one-letter words, many readings that some key has, the costliest term the search can be sent.
+MANY_WORD_KEYS = 32
+SEPARATORS = " :/-_.|#,;=+@"
+#: 199 characters: 100 one-letter words with a space between each (an unbounded search read 99 separators).
+WORST_TERM = " ".join("x" * 100)
 
 
 # -- the child: one database, filled and measured --
@@ -82,6 +88,11 @@ def scenarios(client, rows: int) -> list[tuple[str, str]]:
         ("search a number of no key (88888: task ids that begin so)", "?q=88888"),
         (f"search a word of {WORD_OF_MANY_KEYS:,} keys (eu, walked)", "?q=eu"),
         ("search from the box, one task: its page opens (302)", f"?q={task_id}&_searched=1"),
+        (
+            f"search the worst term (199 characters of 'x x x ...', {MANY_WORD_KEYS} keys of 100 words)",
+            "?q=" + quote(WORST_TERM),
+        ),  # fmt: skip
+        ("search the worst term with its separators mixed", "?q=" + quote(many_word_key(5))),
         ("hot key + failed + mid cursor", f"?q=tenant:3&status__exact=failed&cursor={middle}"),
         ("failed + name + mid cursor", f"?status__exact=failed&task_name={TASKS[0][0]}&cursor={middle}"),
     ]
@@ -106,20 +117,36 @@ def word_of_many_keys(rows: int) -> None:
         KeyedTask.objects.filter(pk=pk).update(key=f"region:{n}:eu")
 
 
-def write_key_words() -> dict:
-    """The keys' later words, written by migration 0011's own function: what an upgrade takes."""
-    import importlib
-    from types import SimpleNamespace
+def many_word_key(n: int) -> str:
+    """A key of 100 one-letter words, parted by the separators in turn from the ``n``-th."""
+    return "".join(f"x{sep}" for sep in (SEPARATORS * 20)[n : n + 99]) + "x"
 
-    from django.apps import apps
+
+def many_word_keys(rows: int) -> None:
+    """Re-key ``MANY_WORD_KEYS`` rows spread evenly over the table to keys of many words."""
+    from django_keyed_queue.records.models import KeyedTask
+
+    step = max(rows // MANY_WORD_KEYS, 1)
+    for n, pk in enumerate(range(13, rows + 1, step)):
+        KeyedTask.objects.filter(pk=pk).update(key=many_word_key(n % len(SEPARATORS) + n // len(SEPARATORS)))
+
+
+def write_key_words() -> dict:
+    """The keys' later words for rows made by ``bulk_create`` (the records' writer writes them with a key's
+    first row): ``key_words.remember`` over the keys there, in key order, ``CHUNK`` keys a transaction."""
     from django.db import connection, transaction
 
-    from django_keyed_queue.records.models import KeyWord
+    from django_keyed_queue.records import key_words
+    from django_keyed_queue.records.models import KeyedTask, KeyWord
 
-    migration = importlib.import_module("django_keyed_queue.migrations.0011_key_words")
+    chunk_size, last = 10_000, None
+    keys = KeyedTask.objects.order_by("key").values_list("key", flat=True).distinct()
     began = time.perf_counter()
-    with transaction.atomic():
-        migration.words_of_the_keys_there(apps, SimpleNamespace(connection=connection))
+    while chunk := list((keys if last is None else keys.filter(key__gt=last))[:chunk_size]):
+        last = chunk[-1]
+        key_words.KNOWN.clear()
+        with transaction.atomic():
+            key_words.remember(connection.alias, chunk)
     took = time.perf_counter() - began
     with connection.cursor() as cursor:
         cursor.execute(f"VACUUM ANALYZE {KeyWord._meta.db_table}" if connection.vendor == "postgresql" else "ANALYZE")
@@ -244,6 +271,7 @@ def child(rows: int, repeat: int) -> dict:
     filled = fill(rows)
     rare_keys(rows)
     word_of_many_keys(rows)
+    many_word_keys(rows)
     words = write_key_words()
     user = get_user_model().objects.create_superuser("bench", "bench@example.com", "bench")
     client = Client(HTTP_HOST="127.0.0.1")

@@ -21,6 +21,8 @@ import json
 import sys
 import time
 
+from django_keyed_queue.gate import Finish, Start, Submission
+
 from .harness import Cluster, cpu_seconds
 
 # A stored task message as the producer writes it (compact, its name and id first), about the size of one
@@ -61,18 +63,22 @@ def main(argv: list[str] | None = None) -> int:
                 raise RuntimeError(f"{call} of {key} refused")
 
         def start(key: str, pool: Pool | None = None) -> None:
-            started = gate.start(key, 1, 1, task_id="0" * 36, pool=pool)  # a granted ticket's first dispatch is 1
+            started = gate.start(
+                Start(key, 1, 1, task_id="0" * 36, pool=pool)
+            )  # a granted ticket's first dispatch is 1
             accepted(started.ok, "start", key)
             tokens[key] = started.token
 
         def finish(key: str, pool: str | None = None) -> None:
-            accepted(gate.finish(key, 1, tokens[key], outcome=Outcome(key, OUTCOME), pool=pool).ok, "finish", key)
+            accepted(
+                gate.finish(Finish(key, 1, tokens[key], outcome=Outcome(key, OUTCOME), pool=pool)).ok, "finish", key
+            )
 
         kinds = {  # in a pooled task's order: its worker asks the pool before start, gives back after finish
             "PING": lambda key: gate.client.ping(),
             "script returning 1": lambda key: trivial(),
             "submit (free key, granted)": lambda key: accepted(
-                gate.submit(key, MESSAGE, task_id=key).granted, "submit", key
+                gate.submit(Submission(key, MESSAGE, task_id=key)).granted, "submit", key
             ),
             "pool_acquire (room)": lambda key: accepted(gate.pool_acquire(roomy, key, 1).ok, "pool_acquire", key),
             "start": start,
@@ -80,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             "pool_release": lambda key: gate.pool_release(roomy.name, [(key, 1)]),
             # On one server a pooled task's start and finish ask and give back in their own call.
             "submit, pooled key": lambda key: accepted(
-                gate.submit(f"p{key}", MESSAGE, task_id=key).granted, "submit", key
+                gate.submit(Submission(f"p{key}", MESSAGE, task_id=key)).granted, "submit", key
             ),
             "start, pool in it": lambda key: start(f"p{key}", roomy),
             "finish, pool in it": lambda key: finish(f"p{key}", roomy.name),

@@ -7,9 +7,12 @@ same addresses.
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -19,6 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from testproject.servers import free_port
+
+#: The repository's root: a benchmark's child processes run from it, as python -m bench.<name>.
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
@@ -151,6 +157,37 @@ class StoredMessage:
         """A fresh task id, and the message with it in place of the original's."""
         task_id = str(uuid.uuid4())
         return task_id, self.message.replace(self.task_id.encode(), task_id.encode())
+
+
+def main_per_database(
+    module: str,
+    parser: argparse.ArgumentParser,
+    argv: list[str] | None,
+    child: Callable[[argparse.Namespace], dict],
+    report: Callable[[list[dict], argparse.Namespace], str],
+) -> int:
+    """A benchmark's ``main`` that measures on each database in a process of its own: with ``--database`` it is
+    that child (``child`` measures, its JSON printed), else it runs one per ``--databases`` and prints
+    ``report`` of their results."""
+    parser.add_argument("--databases", default="sqlite,postgresql")
+    parser.add_argument("--database", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.database:
+        print(json.dumps(child(args)))
+        return 0
+    print(report(per_database(module, argv or sys.argv[1:], args.databases), args))
+    return 0
+
+
+def per_database(module: str, argv: list[str], databases: str) -> list[dict]:
+    """Run ``python -m module *argv --database D`` for each of ``databases`` (comma-separated), each in a
+    process of its own (Django is configured once per process); the JSON each printed last."""
+    results = []
+    for database in databases.split(","):
+        command = [sys.executable, "-m", module, *argv, "--database", database]
+        done = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, check=True, text=True, env=dict(os.environ))
+        results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return results
 
 
 def proc_stat(pid: int | str) -> list[str] | None:

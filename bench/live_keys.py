@@ -16,16 +16,14 @@ page found, and the plans of its record queries.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
 import time
-from pathlib import Path
 
+from django_keyed_queue.gate import Start
+
+from .harness import main_per_database
 from .stats import median, percentile
 
-ROOT = Path(__file__).resolve().parent.parent
 QUEUE = "bench-live-keys"
 
 
@@ -69,7 +67,7 @@ def live(args: argparse.Namespace, gate) -> None:
     keys = [f"ledger:{n}" for n in range(args.live)]
     step.apply_async_many([(key, n) for key in keys for n in (1, 2, 3)], queue=QUEUE)
     for key in keys:
-        assert gate.start(key, 1, 1).ok
+        assert gate.start(Start(key, 1, 1)).ok
     while write_submission_rows():
         pass
     index = gate.deadlines.names[0]
@@ -148,19 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--live", type=int, default=10_000, help="keys with a running task and two waiting")
     parser.add_argument("--drained", type=int, default=50_000, help="keys in the deadline index holding nothing")
     parser.add_argument("--repeat", type=int, default=20)
-    parser.add_argument("--databases", default="sqlite,postgresql")
-    parser.add_argument("--database", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.database:
-        print(json.dumps(child(args)))
-        return 0
-    results = []
-    for database in args.databases.split(","):
-        command = [sys.executable, "-m", "bench.live_keys", *(argv or sys.argv[1:]), "--database", database]
-        done = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, check=True, text=True, env=dict(os.environ))
-        results.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    print(report(results, args))
-    return 0
+    return main_per_database("bench.live_keys", parser, argv, child, report)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ import json
 import sys
 import time
 
+from django_keyed_queue.gate import Finish, Start, Submission
+
 from .harness import Cluster, StoredMessage
 
 QUEUE = "bench-memory"
@@ -68,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
                 pipe.execute()
 
         def to_idle(g: Gate, key: str, ticket: int) -> None:
-            started = g.start(key, ticket, 1)
-            g.finish(key, ticket, started.token)
+            started = g.start(Start(key, ticket, 1))
+            g.finish(Finish(key, ticket, started.token))
 
         print(f"Redis {client.info('server')['redis_version']}, {args.keys} keys, message of {len(message)} bytes")
         coalescing_key(gate, copy, used, args.coalesce_submissions)
@@ -79,11 +81,11 @@ def main(argv: list[str] | None = None) -> int:
         base = used()
         for key in keys:
             task_id, copied = copy()
-            gate.submit(key, copied, task_id=task_id)
+            gate.submit(Submission(key, copied, task_id=task_id))
         dispatched = used()
         for key in keys:
             task_id, copied = copy()
-            gate.submit(key, copied, task_id=task_id)
+            gate.submit(Submission(key, copied, task_id=task_id))
         waiting = used()
         for key in keys:
             to_idle(gate, key, 1)  # grants ticket 2
@@ -103,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         before_horizon = used()
         for i in range(args.horizon_keys):
             task_id, copied = copy()
-            horizon_gate.submit(f"short:{i}", copied, task_id=task_id)
+            horizon_gate.submit(Submission(f"short:{i}", copied, task_id=task_id))
             to_idle(horizon_gate, f"short:{i}", 1)
         print(f"waiting {RECENT_EXPIRY_SECONDS} s for their idle horizon (2 s) and recent ids ...", flush=True)
         time.sleep(RECENT_EXPIRY_SECONDS)
@@ -120,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             task_id, copied = copy()
             arguments = f"args=('recorded:{i}', 1) kwargs={{}}"
             record = submissions.encode_record(task_id, "testproject.demo.tasks.step", arguments)
-            gate.submit(f"recorded:{i}", copied, task_id=task_id, record=record)
+            gate.submit(Submission(f"recorded:{i}", copied, task_id=task_id, record=record))
         with_records = used()
         written = submissions.write_due(gate)
         records_written = used()
@@ -155,12 +157,12 @@ def coalescing_key(gate, copy, used, n: int) -> None:
     task = json.loads(copy()[1])["task"]  # the stored message's own: the gate coalesces a task's tickets
     for key, coalesce in (("coalesced", task), ("queued", "")):
         before = used()
-        running = gate.submit(key, copy()[1], task_id="running")
-        gate.start(key, running.ticket, 1)
+        running = gate.submit(Submission(key, copy()[1], task_id="running"))
+        gate.start(Start(key, running.ticket, 1))
         for i in range(n):
             task_id, copied = copy()
             record = submissions.encode_record(task_id, task, f"args=('{key}', {i}) kwargs={{}}")
-            gate.submit(key, copied, task_id=task_id, record=record, coalesce=coalesce)
+            gate.submit(Submission(key, copied, task_id=task_id, record=record, coalesce=coalesce))
         kept, messages = used(), gate.client.hlen(KeyNames(key).messages)
         while submissions.write_due(gate):
             pass

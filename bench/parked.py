@@ -26,6 +26,8 @@ import time
 import uuid
 from collections.abc import Callable
 
+from django_keyed_queue.gate import Submission
+
 from .harness import Cluster, StoredMessage
 from .stats import median, percentile
 
@@ -72,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             """``count`` more copies of ``stored`` behind ``key``, each with its own task id."""
             for _ in range(count):
                 task_id, copy = stored.copy()
-                gate.submit(key, copy, task_id=task_id)
+                gate.submit(Submission(key, copy, task_id=task_id))
 
         def bytes_per_task(key: str, n: object, count: int) -> tuple[float, float, int]:
             before = client.info("memory")["used_memory"]
@@ -98,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         def submit_on(key: str) -> Callable[[int], object]:
             def call(_: int) -> object:
                 task_id = str(uuid.uuid4())
-                return gate.submit(key, deep_message, task_id=task_id)
+                return gate.submit(Submission(key, deep_message, task_id=task_id))
 
             return call
 
@@ -108,8 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         shallow_message = client.hget(KeyNames("shallow").messages, 1)
         shallow_id = json.loads(shallow_message)["id"]
         figures["retried submit (lookup)"] = paired(
-            lambda _: gate.submit("shallow", shallow_message, task_id=shallow_id, retried=True),
-            lambda _: gate.submit("deep", stored, task_id=middle_id, retried=True),
+            lambda _: gate.submit(Submission("shallow", shallow_message, task_id=shallow_id), retried=True),
+            lambda _: gate.submit(Submission("deep", stored, task_id=middle_id), retried=True),
             args.samples,
         )
         gate.pause("shallow-2")

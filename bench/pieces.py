@@ -21,6 +21,8 @@ import uuid
 from collections.abc import Callable
 from types import SimpleNamespace
 
+from django_keyed_queue.gate import Finish, Start, Submission
+
 from .harness import DATABASES, Cluster, cpu_seconds
 
 #: A stored message of about the size of the demo ``step``'s.
@@ -70,11 +72,11 @@ def main(argv: list[str] | None = None) -> int:
         def submit() -> None:
             for i in range(n):
                 record = submissions.encode_record(ids[i], "demo.step", f"args=('{keys[i]}', 1) kwargs={{}}")
-                gate.submit(keys[i], MESSAGE, task_id=ids[i], record=record)
+                gate.submit(Submission(keys[i], MESSAGE, task_id=ids[i], record=record))
 
         def start() -> None:
             for i in range(n):
-                tokens[i] = gate.start(keys[i], 1, 1).token
+                tokens[i] = gate.start(Start(keys[i], 1, 1)).token
 
         def write_rows() -> None:
             # Past the record delay, a writer's pass visits each key its runs left: nothing is left to write.
@@ -91,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def finish() -> None:
             for i, end in enumerate(ends):
-                finished = gate.finish(keys[i], 1, tokens[i], outcome=Outcome(end.outcome_field, end.to_json()))
+                finished = gate.finish(Finish(keys[i], 1, tokens[i], outcome=Outcome(end.outcome_field, end.to_json())))
                 assert finished.unwritten is not None, "the run ended before its submission's row was written"
                 ends[i] = submissions.ended_with_record(end, finished.unwritten)
 

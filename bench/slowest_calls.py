@@ -233,7 +233,7 @@ def staff_request() -> Any:
 
 def deep_key(log: Slowlog, gate: Any, messages: Messages, args: argparse.Namespace) -> None:
     """State 1 and every call on it."""
-    from django_keyed_queue.gate import Lease, Outcome
+    from django_keyed_queue.gate import Lease, Outcome, Submission
     from django_keyed_queue.gate.keys import KeyNames
     from django_keyed_queue.ops import rebuild, recovery
     from django_keyed_queue.ops.live import live_keys
@@ -250,7 +250,7 @@ def deep_key(log: Slowlog, gate: Any, messages: Messages, args: argparse.Namespa
 
     def submit(key: str, tid: str) -> None:
         message, record = messages.make(key, tid)
-        gate.submit(key, message, task_id=tid, record=record)
+        gate.submit(Submission(key, message, task_id=tid, record=record))
 
     for i in range(samples):
         call("submit, behind the deep key", submit, DEEP, task_id(0xDEE1, i))

@@ -43,7 +43,7 @@ from typing import Any
 
 import redis
 
-from django_keyed_queue.gate import Gate, RecoveryAction, Submission
+from django_keyed_queue.gate import Finish, Gate, RecoveryAction, Start, Submission
 from django_keyed_queue.gate.clients import connect
 from django_keyed_queue.gate.keys import KeyNames
 from testproject.servers import RedisServer, free_port
@@ -84,7 +84,7 @@ def submission(key: str) -> Submission:
 def warm(gate: Gate, name: str) -> None:
     """Connect and load the script before any clock starts."""
     tid, body = message()
-    gate.submit(f"warm:{name}", body, task_id=tid)
+    gate.submit(Submission(f"warm:{name}", body, task_id=tid))
 
 
 def fill(url: str, cluster: bool, first: int, stop: int, barrier: Any, results: Any) -> None:
@@ -107,7 +107,7 @@ def submit_calls(url: str, cluster: bool, name: str, seconds: float, barrier: An
     t0 = time.perf_counter()
     while (began := time.perf_counter()) < t0 + seconds:
         tid, body = message()
-        gate.submit(f"fresh:{name}:{len(latencies)}", body, task_id=tid)
+        gate.submit(Submission(f"fresh:{name}:{len(latencies)}", body, task_id=tid))
         latencies.append(time.perf_counter() - began)
     results.put((len(latencies) / (time.perf_counter() - t0), latencies))
 
@@ -259,13 +259,13 @@ def cycles(gate: Gate, seconds: float, tag: str, into: dict[str, list[float]]) -
     while time.perf_counter() < end:
         key, (tid, body) = f"cycle:{tag}:{count}", message()
         t0 = time.perf_counter()
-        submitted = gate.submit(key, body, task_id=tid)
+        submitted = gate.submit(Submission(key, body, task_id=tid))
         t1 = time.perf_counter()
         assert submitted is not None and submitted.granted
-        started = gate.start(key, submitted.ticket, 1, task_id=tid)
+        started = gate.start(Start(key, submitted.ticket, 1, task_id=tid))
         t2 = time.perf_counter()
         assert started.ok, started
-        gate.finish(key, submitted.ticket, started.token)
+        gate.finish(Finish(key, submitted.ticket, started.token))
         t3 = time.perf_counter()
         for name, took in zip(CALLS, (t1 - t0, t2 - t1, t3 - t2), strict=True):
             into[name].append(took)

@@ -33,9 +33,8 @@ RATE = 100
 
 #: (piece, a part of a frame that marks it): a stack is the piece of its innermost frame found here.
 PIECES: list[tuple[str, str]] = [
-    ("keyed: start", "django_keyed_queue/worker/run_start.py"),
-    ("keyed: finish", "django_keyed_queue/worker/run_end.py"),
-    ("keyed: retry", "django_keyed_queue/worker/run_retry.py"),
+    ("keyed: start at the gate", "django_keyed_queue/worker/run_start.py"),
+    ("keyed: a run's start, end and retry", "django_keyed_queue/worker/run.py"),
     ("keyed: local handoff", "django_keyed_queue/worker/handoff"),
     ("keyed: records", "django_keyed_queue/records/"),
     ("keyed: lease keeper", "django_keyed_queue/process/leases.py"),

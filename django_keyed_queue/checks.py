@@ -11,7 +11,7 @@ from django.conf import settings as django_settings
 from django.core.checks import CheckMessage, Error, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 
-from .conf import DEFAULTS, MAX_RECORD_DELAY_SECONDS, MAX_TOP_KEYS, PREFIX, settings
+from .conf import DEFAULTS, INTERNAL, MAX_RECORD_DELAY_SECONDS, MAX_TOP_KEYS, PREFIX, settings
 from .gate.clients import SENTINEL_SCHEME, is_sentinel_url
 from .pools import configured_pools
 
@@ -20,7 +20,7 @@ from .pools import configured_pools
 def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
     problems: list[CheckMessage] = []
     for name in dir(django_settings):
-        if name.startswith(PREFIX) and name[len(PREFIX) :] not in DEFAULTS:
+        if name.startswith(PREFIX) and name[len(PREFIX) :] not in DEFAULTS | INTERNAL:
             problems.append(
                 Warning(
                     f"Unknown setting {name}.",

@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import hashlib
+import itertools
 import os
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -10,7 +13,7 @@ import pytest
 import redis
 
 from django_keyed_queue.gate.clients import close
-from testproject.servers import RedisServer, Worker, persistent_redis
+from testproject.servers import PostgresServer, RedisServer, Worker, persistent_redis
 from testproject.userproject.project import UserProject
 from tests.gate_redis import ON_CLUSTER, connect_to
 from tests.redis_connections import disconnect_clients
@@ -147,8 +150,12 @@ def workers(redis_server, django_db_setup, django_db_blocker):
 
 @pytest.fixture
 def workdir(request) -> Path:
-    """Kept with the run's artifacts: the project's worker logs and the Redis log."""
-    return Path(os.environ["TESTPROJECT_DATA_DIR"]) / "userproject" / request.node.name[:80]
+    """Kept with the run's artifacts: the project's worker logs and the Redis log. A long name is cut, with
+    a digest of the whole, so that a test's parameters keep their own directories."""
+    name = request.node.name
+    if len(name) > 80:
+        name = f"{name[:71]}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+    return Path(os.environ["TESTPROJECT_DATA_DIR"]) / "userproject" / name
 
 
 @pytest.fixture
@@ -165,14 +172,37 @@ def project_template(tmp_path_factory) -> Path:
     return directory
 
 
+_project_numbers = itertools.count(1)
+
+
+@pytest.fixture(scope="session")
+def user_postgres(tmp_path_factory) -> Iterator[PostgresServer]:
+    """The PostgreSQL server of the user's projects that ask for one (a database each)."""
+    server = PostgresServer(log_dir=Path(os.environ["TESTPROJECT_DATA_DIR"]) / "userproject-postgresql").start()
+    yield server
+    server.stop()
+
+
 @pytest.fixture
-def make_project(workdir, user_redis, project_template):
-    """Builds the project with the install section's settings, plus ``settings`` a test adds."""
+def make_project(request, workdir, user_redis, project_template):
+    """Builds the project with the install section's settings, plus ``settings`` a test adds; with
+    ``database="postgresql"``, on a PostgreSQL database of its own instead of startproject's SQLite."""
     made: list[UserProject] = []
 
-    def make(**settings) -> UserProject:
+    def make(database: str = "sqlite", **settings) -> UserProject:
         settings = {"KEYED_QUEUE_LEASE_SECONDS": LEASE_SECONDS, **settings}
-        project = UserProject(workdir / "mysite", user_redis.url, settings)
+        if database not in ("sqlite", "postgresql"):
+            raise ValueError(f"database={database!r}: use sqlite or postgresql")
+        databases = None
+        if database == "postgresql":
+            server = request.getfixturevalue("user_postgres")
+            name = f"mysite_{next(_project_numbers)}"  # the server is this process's own
+            server.create_database(name)
+            databases = {
+                "ENGINE": "django.db.backends.postgresql", "NAME": name, "USER": server.user,
+                "HOST": str(server.directory), "PORT": str(server.port),
+            }  # fmt: skip
+        project = UserProject(workdir / "mysite", user_redis.url, settings, databases)
         made.append(project.build(project_template))
         return project
 

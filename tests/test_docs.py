@@ -205,3 +205,20 @@ def test_the_admin_page_shows_the_screenshots_under_docs_screenshots(tmp_path):
     assert "![Live keys 1920](screenshots/live_keys-1920.png)" in shown
     assert "![Task list 1280](screenshots/task-list-1280.png)" in shown
     assert "notes.txt" not in shown
+
+
+def test_the_architecture_names_every_room_and_only_modules_there_are():
+    """docs/architecture.md names each room of the package (its sub-packages) and each top-level module, and
+    every module it names exists: a room added or a module gone fails here, not in a reader's hands."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    package = REPO / "django_keyed_queue"
+    rooms = {p.name for p in package.iterdir() if (p / "__init__.py").exists()} - {"migrations"}
+    assert [room for room in sorted(rooms) if f"{room}/" not in text] == []
+    modules = {p.name for p in package.glob("*.py")} - {"__init__.py"}
+    assert [m for m in sorted(modules) if f"`{m}`" not in text] == []
+    named = set(re.findall(r"`((?:[a-z_]+/)*[a-z_0-9]+\.py)`", text))
+    every = {str(p.relative_to(package)) for p in package.rglob("*.py")} | {
+        str(p.relative_to(REPO)) for p in (REPO / "tests").rglob("*.py")
+    }
+    missing = [n for n in sorted(named) if n not in every and not any(e.endswith(f"/{n}") for e in every)]
+    assert missing == [], f"docs/architecture.md names modules that are gone: {missing}"

@@ -4,6 +4,8 @@
 ``keys`` names every Redis key it uses; ``calls`` builds every script's arguments.
 """
 
+from .cancel import Cancel
+from .finish import Finish
 from .gate import Gate, NotSent, ReplicasBehind
 from .keys import MAX_KEY_LENGTH
 from .operator import UNCHANGED
@@ -21,19 +23,23 @@ from .results import (
     QueueFull,
     Recovery,
     RecoveryAction,
+    RestoredAhead,
     StartResult,
     Stopping,
-    Submission,
     SubmitResult,
     Unwritten,
     UnwrittenRecords,
 )
 from .scripts import Code
+from .start import Start
+from .submit import Submission
 
 __all__ = [
     "MAX_KEY_LENGTH",
     "UNCHANGED",
+    "Cancel",
     "Code",
+    "Finish",
     "FinishResult",
     "Gate",
     "Grant",
@@ -51,6 +57,8 @@ __all__ = [
     "Recovery",
     "RecoveryAction",
     "ReplicasBehind",
+    "RestoredAhead",
+    "Start",
     "StartResult",
     "Stopping",
     "Submission",

@@ -106,7 +106,7 @@ class GateBase:
             commands += [("EVALSHA", script.sha, len(keys), *keys, *args) for _, keys, args in calls]
         if index is not None:
             indexed = [index] if isinstance(index, str) else index
-            commands += index_commands(self.deadlines, indexed, self._deadline_hint_ms(index_within_ms), "LT")
+            commands += index_commands(self.deadlines, indexed, self._deadline_hint_ms(index_within_ms))
         return self._run([*commands, *also], script)[len(before) : len(before) + len(calls)]
 
     def _run(self, commands: Sequence[Command], script: Script | None = None) -> list[Any]:
@@ -135,19 +135,31 @@ class GateBase:
         """The commands scoring ``keys`` in the unwritten index (records kept for them) due after the record
         delay, unless due sooner already (``LT``: a key's first record decides, and a writer's claim made
         meanwhile is released keeping the key); none for no key. On this host's clock, as the deadline hint."""
-        return index_commands(self.unwritten_index, keys, int(time.time() * 1000) + self.record_delay_ms, "LT")
+        return index_commands(self.unwritten_index, keys, int(time.time() * 1000) + self.record_delay_ms)
 
     def _server_time_ms(self) -> int:
         seconds, micros = self.client.time()
         return seconds * 1000 + micros // 1000
 
 
-def index_commands(index: Index, keys: Iterable[str], score: int, *flags: str) -> list[Command]:
-    """``ZADD`` commands scoring ``keys`` ``score`` in ``index``, one per shard that holds any; none for no key."""
+#: What every early move of a key in an index takes off its score (ms; a power of two, so exact), so that a
+#: move that keeps an earlier score still changes it: the reaper's and the writers' reindex then sees the key
+#: touched since they read it, and keeps it (``reindex.lua``).
+TOUCH_MS = 2**-10
+
+
+def index_commands(index: Index, keys: Iterable[str], score: int) -> list[Command]:
+    """The commands moving ``keys`` early in ``index``, to ``score`` unless scored earlier already (``ZADD LT``),
+    and touching each score (``TOUCH_MS``): a reindex that read the score before it cannot then remove the
+    key, or move it later, as if the key were as it read it. One ``ZADD`` per shard that holds any; none for
+    no key."""
     by_shard: dict[str, list[EncodableT]] = {}
+    touches: list[Command] = []
     for key in dict.fromkeys(keys):
-        by_shard.setdefault(index.shard_of(key), []).extend((score, key))
-    return [("ZADD", shard, *flags, *scored) for shard, scored in by_shard.items()]
+        shard = index.shard_of(key)
+        by_shard.setdefault(shard, []).extend((score, key))
+        touches.append(("ZINCRBY", shard, -TOUCH_MS, key))
+    return [*(("ZADD", shard, "LT", *scored) for shard, scored in by_shard.items()), *touches]
 
 
 def grants(key: str, flat: list[Any], pushed: Callable[[Any], bool]) -> list[Grant]:

@@ -6,8 +6,9 @@ names, in the header's order (``tests/gate/test_scripts.py`` checks it), and its
 the header's KEYS. Change a header and its builder together. Builders only build: the gate's
 runner (``base.GateBase._pipelined``) sends what they return.
 
-On the wire a yes/no is 1 or 0, and an absent value is ''; a builder makes that encoding,
-so that a caller passes ``bool`` and ``None``.
+On the wire a yes/no is 1 or 0, and an absent value is ''; a builder makes that encoding
+(``flag``, ``or_empty``: the transitions' own modules use them too), so that a caller passes
+``bool`` and ``None``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from typing import NamedTuple
 from redis.typing import EncodableT
 
 from .keys import Index, KeyNames, PoolNames
-from .results import Lease
 
 
 class ScriptCall(NamedTuple):
@@ -29,149 +29,19 @@ class ScriptCall(NamedTuple):
     args: list[EncodableT]
 
 
-def _flag(value: bool) -> int:
+def flag(value: bool) -> int:
+    """A yes/no as a script takes it: 1 or 0."""
     return 1 if value else 0
 
 
-def _or_empty(value: int | None) -> int | str:
+def or_empty(value: int | None) -> int | str:
+    """An absent value as a script takes it: ''."""
     return "" if value is None else value
-
-
-def submit(
-    key: str,
-    *,
-    message: bytes,
-    limit: int,
-    dispatch_timeout_ms: int,
-    lease_ms: int,
-    join_id: str,
-    idle_horizon_ms: int,
-    max_lost: int,
-    retried: bool,
-    task_id: str,
-    max_waiting: int,
-    generation_ms: int,
-    record: bytes,
-    block: bool,
-    wire: bytes,
-    coalesce: str,
-    debounce_ms: int,
-) -> ScriptCall:
-    n = KeyNames(key)
-    return ScriptCall(
-        "submit",
-        [n.meta, n.queue, n.messages, n.holders, n.joined, n.recent, n.recent_older, n.unwritten, n.wires],
-        [
-            message, limit, dispatch_timeout_ms, lease_ms, join_id, idle_horizon_ms, max_lost,
-            "1" if retried else "", task_id, max_waiting, generation_ms, record, _flag(block), wire, coalesce,
-            debounce_ms,
-        ],
-    )  # fmt: skip
-
-
-def start(
-    key: str,
-    *,
-    ticket: int,
-    dispatch: int,
-    lease_ms: int,
-    max_lost: int,
-    task_id: str,
-    block: bool,
-    interval_ms: int,
-    pool: str = "",
-    pool_member: str = "",
-    pool_limit: int = 0,
-    pool_interval_ms: int = 0,
-    pool_hold_ms: int = 0,
-    dispatch_timeout_ms: int = 0,
-) -> ScriptCall:
-    """``pool``: asked in the same call (the keys' own server); its keys are sent then, and only then."""
-    n = KeyNames(key)
-    args: list[EncodableT] = [ticket, dispatch, lease_ms, max_lost, task_id, _flag(block), interval_ms]
-    if not pool:
-        return ScriptCall("start", [n.meta, n.holders, n.messages], args)
-    pooled: list[EncodableT] = [pool, pool_member, pool_limit, pool_interval_ms, pool_hold_ms, dispatch_timeout_ms]
-    return ScriptCall("start", [n.meta, n.holders, n.messages, *PoolNames(pool).all()], [*args, *pooled])
 
 
 def wait_to_start(key: str, *, ticket: int, dispatch: int, interval_ms: int, lease_ms: int) -> ScriptCall:
     n = KeyNames(key)
     return ScriptCall("wait_to_start", [n.meta, n.holders, n.messages], [ticket, dispatch, interval_ms, lease_ms])
-
-
-def finish(
-    key: str,
-    *,
-    ticket: int,
-    token: int,
-    limit: int,
-    dispatch_timeout_ms: int,
-    idle_horizon_ms: int,
-    task_id: str,
-    record: bytes,
-    block: bool,
-    kept_ms: int,
-    start_kept: str,
-    pool: str = "",
-    pool_member: str = "",
-    pool_hold_ms: int = 0,
-) -> ScriptCall:
-    """``pool``: its slot given back in the same call (the keys' own server); its keys are sent then only."""
-    n = KeyNames(key)
-    keys = [n.meta, n.queue, n.messages, n.holders, n.outcomes, n.wires, n.unwritten]
-    args: list[EncodableT] = [
-        ticket, token, limit, dispatch_timeout_ms, idle_horizon_ms, task_id, record, _flag(block), kept_ms, start_kept,
-    ]  # fmt: skip
-    if not pool:
-        return ScriptCall("finish", keys, args)
-    return ScriptCall("finish", [*keys, *PoolNames(pool).all()], [*args, pool, pool_member, pool_hold_ms])
-
-
-def retry(
-    key: str, *, ticket: int, token: int, countdown_ms: int, dispatch_timeout_ms: int, message: bytes
-) -> ScriptCall:
-    n = KeyNames(key)
-    return ScriptCall(
-        "retry", [n.messages, n.holders, n.wires], [ticket, token, countdown_ms, dispatch_timeout_ms, message]
-    )
-
-
-def requeue(key: str, *, ticket: int, token: int, dispatch_timeout_ms: int, unstarted: bool) -> ScriptCall:
-    return ScriptCall("requeue", [KeyNames(key).holders], [ticket, token, dispatch_timeout_ms, _flag(unstarted)])
-
-
-def cancel(
-    key: str,
-    *,
-    ticket: int,
-    limit: int | None,
-    dispatch_timeout_ms: int,
-    idle_horizon_ms: int,
-    forget: bool,
-    failed: bool,
-    dispatch: int | None,
-    task_id: str,
-    failed_for_good: bool,
-) -> ScriptCall:
-    n = KeyNames(key)
-    return ScriptCall(
-        "cancel",
-        [n.meta, n.queue, n.messages, n.holders, n.recent, n.recent_older, n.unwritten, n.wires],
-        [
-            ticket, _or_empty(limit), dispatch_timeout_ms, idle_horizon_ms, _flag(forget), _flag(failed),
-            _or_empty(dispatch), task_id, _flag(failed_for_good),
-        ],
-    )  # fmt: skip
-
-
-def unblock(key: str, *, ticket: int, retry: bool, dispatch_timeout_ms: int, idle_horizon_ms: int) -> ScriptCall:
-    n = KeyNames(key)
-    return ScriptCall(
-        "unblock",
-        [n.meta, n.queue, n.messages, n.holders, n.wires],
-        [ticket, _flag(retry), dispatch_timeout_ms, idle_horizon_ms],
-    )
 
 
 def override(key: str, *, limit: str, interval_ms: str, dispatch_timeout_ms: int, idle_horizon_ms: int) -> ScriptCall:
@@ -188,29 +58,12 @@ def newer_waiting(key: str, *, task_name: str, ticket: int) -> ScriptCall:
     return ScriptCall("newer_waiting", [n.meta, n.messages, n.holders], [task_name, ticket])
 
 
-def stop(key: str, *, ticket: int, dispatch: int, by: str, how: str) -> ScriptCall:
-    n = KeyNames(key)
-    return ScriptCall("stop", [n.meta, n.holders], [ticket, dispatch, by, how])
-
-
-def run_now(key: str, *, ticket: int, dispatch: int, dispatch_timeout_ms: int) -> ScriptCall:
-    n = KeyNames(key)
-    return ScriptCall("run_now", [n.meta, n.holders, n.messages, n.wires], [ticket, dispatch, dispatch_timeout_ms])
-
-
-def renew(key: str, *, lease_ms: int, leases: Iterable[Lease]) -> ScriptCall:
-    """``leases``: the key's own, sent as ticket, token pairs."""
-    return ScriptCall(
-        "renew", [KeyNames(key).holders], [lease_ms, *(v for lease in leases for v in (lease.ticket, lease.token))]
-    )
-
-
 def pause(key: str, *, pause: bool, dispatch_timeout_ms: int, idle_horizon_ms: int, paused_by: str) -> ScriptCall:
     n = KeyNames(key)
     return ScriptCall(
         "pause",
         [n.meta, n.queue, n.messages, n.holders, n.wires],
-        [_flag(pause), dispatch_timeout_ms, idle_horizon_ms, paused_by],
+        [flag(pause), dispatch_timeout_ms, idle_horizon_ms, paused_by],
     )
 
 
@@ -230,7 +83,7 @@ def unwritten(key: str, *, count: int, keep_ms: int, min_age_ms: int = 0) -> Scr
 
 def replacement(key: str, *, task_id: str, ticket: int | None, max_hops: int) -> ScriptCall:
     n = KeyNames(key)
-    return ScriptCall("replacement", [n.unwritten, n.recent, n.recent_older], [task_id, _or_empty(ticket), max_hops])
+    return ScriptCall("replacement", [n.unwritten, n.recent, n.recent_older], [task_id, or_empty(ticket), max_hops])
 
 
 def reap(
@@ -243,14 +96,16 @@ def reap(
     release: int | None = None,
     republish_before: int | None = None,
     released_dispatch: int | None = None,
+    released_unstarted: bool = False,
 ) -> ScriptCall:
     n = KeyNames(key)
     return ScriptCall(
         "reap",
         [n.meta, n.queue, n.messages, n.holders, n.outcomes, n.scan_cursors, n.wires],
         [
-            dispatch_timeout_ms, idle_horizon_ms, _flag(dry_run), outcome_grace_ms,
-            _or_empty(release), _or_empty(republish_before), _or_empty(released_dispatch),
+            dispatch_timeout_ms, idle_horizon_ms, flag(dry_run), outcome_grace_ms,
+            or_empty(release), or_empty(republish_before), or_empty(released_dispatch),
+            flag(released_unstarted),
         ],
     )  # fmt: skip
 
@@ -262,7 +117,7 @@ def republish_soon(
     ``later``: the deadline is set also if it is later than the one it had."""
     n = KeyNames(key)
     if undelivered_keep_ms is None:
-        return ScriptCall("republish_soon", [n.holders], [ticket, dispatch, delay_ms, "", _flag(later)])
+        return ScriptCall("republish_soon", [n.holders], [ticket, dispatch, delay_ms, "", flag(later)])
     return ScriptCall("republish_soon", [n.holders, n.undelivered], [ticket, dispatch, delay_ms, undelivered_keep_ms])
 
 
@@ -288,6 +143,12 @@ def rebuild(key: str, staged: Sequence[str], *, last_ticket: int, limit: int, di
     )
 
 
+def restore_ahead(key: str, staged: Sequence[str], *, limit: int, dispatch_timeout_ms: int) -> ScriptCall:
+    n = KeyNames(key)
+    keys = [n.meta, n.queue, n.messages, n.holders, *staged, n.wires, n.recent, n.recent_older, n.unwritten]
+    return ScriptCall("restore_ahead", keys, [limit, dispatch_timeout_ms])
+
+
 def pool_acquire(
     pool: str,
     *,
@@ -302,7 +163,7 @@ def pool_acquire(
     return ScriptCall(
         "pool_acquire",
         PoolNames(pool).all(),
-        [member, _or_empty(limit), _or_empty(interval_ms), hold_ms, _flag(starting), grant_ms],
+        [member, or_empty(limit), or_empty(interval_ms), hold_ms, flag(starting), grant_ms],
     )
 
 

@@ -13,6 +13,7 @@ import enum
 import logging
 
 from . import calls
+from . import run_now as running_now
 from .base import grants, text
 from .inspection import InspectCalls, stored_task_id
 from .keys import BLOCKED_KEYS, OVERRIDDEN_KEYS, PAUSED_KEYS, KeyNames
@@ -172,10 +173,7 @@ class OperatorCalls(InspectCalls):
         """Start the granted ``ticket`` now, which waits for its key's rate or its message's eta: the grant to
         publish again, with its next dispatch (without an eta: that dispatch starts whatever the rate). None
         if it is not granted with ``dispatch`` (it started, ended or moved on)."""
-        call = calls.run_now(key, ticket=ticket, dispatch=dispatch, dispatch_timeout_ms=self.dispatch_timeout_ms)
-        code, new_dispatch, message = self._call_and_index(call, key)
-        logger.debug("run_now key=%r ticket=%s code=%s", key, ticket, Code(code).name)
-        return Grant(key, ticket, int(new_dispatch), message) if Code(code) is Code.OK else None
+        return running_now.parse(key, ticket, self._call_and_index(running_now.call(key, ticket, dispatch, self), key))
 
     def refuse_join(self, key: str, task_id: str, *, due_in_seconds: float = 0.0) -> bool:
         """Make sure the delayed task ``task_id`` never joins ``key``'s queue.

@@ -14,9 +14,10 @@ from typing import Any
 
 from . import calls
 from .base import grants, scored, stored_text, text
+from .inspection import stored_task_id
 from .keys import BLOCKED_KEYS, KeyNames
 from .pools import PoolCalls
-from .results import FinishResult, Recovery, RecoveryAction, Stopping
+from .results import FinishResult, Recovery, RecoveryAction, RestoredAhead, Stopping
 from .scripts import Code, seconds_to_ms
 
 logger = logging.getLogger(__name__)
@@ -79,6 +80,27 @@ class ReaperCalls(PoolCalls):
         """Run the reap script on each (key, index score) and move each key to its next deadline."""
         if not due:
             return []
+        recoveries, moves = self._reap_each(due, now_ms, dry_run=dry_run, republish_before=republish_before)
+        if not dry_run:
+            # The blocked keys' list is a SET of its own slot, which reap.lua cannot write (see operator.py).
+            if blocked := {r.key for r in recoveries if r.action is RecoveryAction.BLOCK}:
+                self.client.sadd(BLOCKED_KEYS, *blocked)
+            self._reindex(moves)
+            recoveries = self._ask_pools(recoveries)
+        for r in recoveries:
+            logger.debug("reap key=%r ticket=%s action=%s dry_run=%s", r.key, r.ticket, r.action, dry_run)
+        return recoveries
+
+    def _reap_each(
+        self,
+        due: list[tuple[bytes | str, float]],
+        now_ms: int,
+        *,
+        dry_run: bool = False,
+        republish_before: int | None = None,
+    ) -> tuple[list[Recovery], list[tuple[str, float, int]]]:
+        """A pass's first half: the reap script on each (key, index score) read, in one round trip; the
+        recoveries, and each key's move in the index (its score read, its next deadline; -1: none)."""
         replies = self._pipelined(
             [self._reap_call(text(m), dry_run=dry_run, republish_before=republish_before) for m, _ in due]
         )
@@ -90,15 +112,12 @@ class ReaperCalls(PoolCalls):
             recoveries += _recoveries(text(member), reply, self.pushes.pushed)
             # Look again at the key's next deadline, and at least that often while it has holders.
             moves.append((text(member), seen, -1 if next_deadline < 0 else min(next_deadline, now_ms + longest_gap)))
-        if not dry_run:
-            # The blocked keys' list is a SET of its own slot, which reap.lua cannot write (see operator.py).
-            if blocked := {r.key for r in recoveries if r.action is RecoveryAction.BLOCK}:
-                self.client.sadd(BLOCKED_KEYS, *blocked)
-            self._pipelined(calls.reindex(self.deadlines, moves=moves))
-            recoveries = self._ask_pools(recoveries)
-        for r in recoveries:
-            logger.debug("reap key=%r ticket=%s action=%s dry_run=%s", r.key, r.ticket, r.action, dry_run)
-        return recoveries
+        return recoveries, moves
+
+    def _reindex(self, moves: list[tuple[str, float, int]]) -> None:
+        """A pass's second half: each key moved to its next deadline, or removed, unless a call indexed it
+        since its score was read (a new holder's deadline is then the one that counts)."""
+        self._pipelined(calls.reindex(self.deadlines, moves=moves))
 
     def republish_soon(self, key: str, ticket: int, dispatch: int, *, delay_seconds: float) -> bool:
         """The message of a granted ticket failed to publish: the reaper publishes it after ``delay_seconds``.
@@ -131,16 +150,18 @@ class ReaperCalls(PoolCalls):
         logger.debug("republish_soon key=%r ticket=%s code=%s", key, ticket, Code(code).name)
         return int(drops[0]) if Code(code) is Code.OK else None
 
-    def release(self, key: str, ticket: int, *, dispatch: int | None = None) -> list[Recovery]:
+    def release(self, key: str, ticket: int, *, dispatch: int | None = None, unstarted: bool = False) -> list[Recovery]:
         """Recover ``ticket``'s holder now, as the reaper does when its deadline passes.
 
         A running holder is fenced and re-dispatched (or failed, past its
         recoveries); a granted one is published again, with its next dispatch. Any
         other due holder of the key is recovered too. With ``dispatch``, only that
         dispatch of the ticket is released: a second release of it finds it moved on.
-        The ticket is among the recoveries only if it was released.
+        With ``unstarted``, only a holder granted and not started is released (one that started meanwhile
+        is left running). The ticket is among the recoveries only if it was released.
         """
-        [reply] = self._pipelined([self._reap_call(key, release=ticket, released_dispatch=dispatch)], index=key)
+        call = self._reap_call(key, release=ticket, released_dispatch=dispatch, released_unstarted=unstarted)
+        [reply] = self._pipelined([call], index=key)
         return self._ask_pools(_recoveries(key, reply, self.pushes.pushed))
 
     def _ask_pools(self, recoveries: list[Recovery]) -> list[Recovery]:
@@ -158,12 +179,13 @@ class ReaperCalls(PoolCalls):
         release: int | None = None,
         republish_before: int | None = None,
         released_dispatch: int | None = None,
+        released_unstarted: bool = False,
     ) -> calls.ScriptCall:
         """``reap.lua``'s call with this gate's durations filled in."""
         return calls.reap(
             key, dispatch_timeout_ms=self.dispatch_timeout_ms, idle_horizon_ms=self.idle_horizon_ms, dry_run=dry_run,
             outcome_grace_ms=self.outcome_grace_ms, release=release, republish_before=republish_before,
-            released_dispatch=released_dispatch,
+            released_dispatch=released_dispatch, released_unstarted=released_unstarted,
         )  # fmt: skip
 
     def rebuild(self, key: str, *, last_ticket: int, waiting: list[tuple[int, bytes]], limit: int = 1) -> FinishResult:
@@ -173,15 +195,55 @@ class ReaperCalls(PoolCalls):
         any state in Redis (nothing is changed then). One call per ``REBUILD_CHUNK``
         tickets stages them, then one call makes them the key's.
         """
-        staged = KeyNames(key).staged(uuid.uuid4().hex)  # this rebuild's own: two racing rebuilds never mix
-        for start in range(0, len(waiting), REBUILD_CHUNK):
-            chunk = waiting[start : start + REBUILD_CHUNK]
-            self._call(calls.stage_rebuild(staged, keep_ms=seconds_to_ms(STAGING_SECONDS), waiting=chunk))
+        staged = self._staged(key, waiting)
         call = calls.rebuild(
             key, staged, last_ticket=last_ticket, limit=limit, dispatch_timeout_ms=self.dispatch_timeout_ms
         )
         reply = self._call_and_index(call, key)
         return FinishResult(Code(reply[0]), grants(key, reply[1:], self.pushes.pushed))
+
+    def restore_ahead(self, key: str, *, messages: list[bytes], limit: int = 1) -> RestoredAhead:
+        """Restore ``messages`` (oldest first) of a key lost with Redis that took submissions since: after the
+        key's holders, before its waiting tickets, which are numbered again after them (``renumbered``).
+        ``Code.NOT_GRANTED`` if the key has no state (:meth:`rebuild` restores it whole); nothing changed then.
+        Staged as :meth:`rebuild` stages; the last call's work grows with the key's queue."""
+        staged = self._staged(key, list(enumerate(messages, start=1)))
+        call = calls.restore_ahead(key, staged, limit=limit, dispatch_timeout_ms=self.dispatch_timeout_ms)
+        reply = self._call_and_index(call, key)
+        if Code(reply[0]) is not Code.OK:
+            return RestoredAhead(Code(reply[0]))
+        first, count, moved = int(reply[1]), int(reply[2]), int(reply[3])
+        pairs = reply[4 : 4 + 2 * moved]
+        renumbered = {int(pairs[i]): int(pairs[i + 1]) for i in range(0, len(pairs), 2)}
+        granted = grants(key, reply[4 + 2 * moved :], self.pushes.pushed)
+        logger.debug("restore_ahead key=%r tickets=%s.. renumbered=%s", key, first, renumbered)
+        return RestoredAhead(Code.OK, list(range(first, first + count)), renumbered, granted)
+
+    def _staged(self, key: str, waiting: list[tuple[int, bytes]]) -> list[str]:
+        """Stage ``waiting`` (ticket or number, message) pairs for a rebuild of ``key``, ``REBUILD_CHUNK`` a
+        call; the staging's names, this rebuild's own (two racing rebuilds never mix)."""
+        staged = KeyNames(key).staged(uuid.uuid4().hex)
+        for start in range(0, len(waiting), REBUILD_CHUNK):
+            chunk = waiting[start : start + REBUILD_CHUNK]
+            self._call(calls.stage_rebuild(staged, keep_ms=seconds_to_ms(STAGING_SECONDS), waiting=chunk))
+        return staged
+
+    def held_task_ids(self, key: str) -> set[str]:
+        """The task ids of every ticket of ``key`` the gate keeps a message of (its holders and its queue),
+        read in bounded steps (``HSCAN``); reads only."""
+        found: set[str] = set()
+        for _, raw in self.client.hscan_iter(KeyNames(key).messages, count=REBUILD_CHUNK):
+            task_id = stored_task_id(raw)
+            if task_id is not None:
+                found.add(task_id)
+        return found
+
+    def task_ids_at(self, key: str, tickets: list[int]) -> dict[int, str]:
+        """The task id of each of ``tickets`` of ``key`` whose message the gate keeps; reads only."""
+        if not tickets:
+            return {}
+        raws = self.client.hmget(KeyNames(key).messages, tickets)
+        return {t: task_id for t, raw in zip(tickets, raws, strict=True) if (task_id := stored_task_id(raw))}
 
     def _index_range(self, max_score: int, *, num: int) -> list[bytes | str]:
         """The keys of the deadline index scored at most ``max_score``, earliest first; at most ``num``."""

@@ -39,26 +39,6 @@ class QueueFull(Exception):
 
 
 @dataclass(frozen=True)
-class Submission:
-    """One of the submissions of ``Gate.submit_many``: as ``Gate.submit``'s arguments of the same names."""
-
-    key: str
-    message: bytes
-    task_id: str
-    record: bytes = b""
-    limit: int = 1
-    max_waiting: int = 0
-    #: The message's broker template (``messaging/wire.py``); empty: none, its grant is published.
-    wire: bytes = b""
-    #: The task's name if it coalesces: this ticket, if it must wait, replaces the one of that task
-    #: waiting (``SubmitResult.superseded``); empty: it does not.
-    coalesce: str = ""
-    #: > 0: the task is debounced by that many ms (its message carries the eta): a granted ticket of it
-    #: not started yet is replaced too, and a grant's dispatch deadline runs from the eta.
-    debounce_ms: int = 0
-
-
-@dataclass(frozen=True)
 class SubmitResult:
     ticket: int
     granted: bool
@@ -262,6 +242,21 @@ class Holder:
     stopping: Stopping | None = None
     #: A granted holder an operator ran now: this dispatch starts whatever its key's rate.
     run_now: bool = False
+
+
+@dataclass(frozen=True)
+class RestoredAhead:
+    """What :meth:`Gate.restore_ahead` did to a live key: the restored tasks' new tickets, in the order given,
+    and the tickets that waited numbered again after them (old -> new)."""
+
+    code: Code
+    tickets: list[int] = field(default_factory=list)
+    renumbered: dict[int, int] = field(default_factory=dict)
+    granted: list[Grant] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.code is Code.OK
 
 
 @dataclass(frozen=True)

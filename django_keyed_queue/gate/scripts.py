@@ -9,7 +9,8 @@ from importlib import resources
 _INCLUDE = re.compile(r'^--- @include "([a-z_]+)"$', re.MULTILINE)
 SCRIPT_NAMES = (
     *("submit", "start", "finish", "retry", "requeue", "renew"),
-    *("cancel", "refuse_join", "reap", "reindex", "rebuild", "stage_rebuild", "pause", "stop", "run_now"),
+    *("cancel", "refuse_join", "reap", "reindex", "rebuild", "stage_rebuild", "restore_ahead"),
+    *("pause", "stop", "run_now"),
     "republish_soon",
     *("claim_unwritten", "unwritten", "unblock", "wait_to_start", "newer_waiting", "override"),
     "replacement",

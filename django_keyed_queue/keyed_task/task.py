@@ -282,7 +282,7 @@ class KeyedSerialTask(TaskBase):
         """On a task with ``coalesce=True``: True once a newer submission of it waits behind this run,
         so that a long run may stop early and let the newer one run. Cooperative: nothing is
         killed, and the run ends as the task decides. Read from the gate at most every 100 ms
-        (``worker.run_base.SUPERSEDED_READ_SECONDS``), so it may be asked in a loop; False in an eager run.
+        (``worker.run.SUPERSEDED_READ_SECONDS``), so it may be asked in a loop; False in an eager run.
         """
         if not self.serial_coalesce:
             raise TypeError(f"{self.name}: superseded() is for tasks with coalesce=True")

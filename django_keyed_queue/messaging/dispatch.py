@@ -20,11 +20,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+import redis
 from django.utils import timezone
 
 from ..conf import settings
 from ..exceptions import MessageRefused
-from ..gate import Code, Grant, Recovery
+from ..gate import Cancel, Code, Grant, Recovery
+from ..process.outage import outlast_restart
 from ..process.state import current
 from ..records import submissions
 from ..records.statuses import Status
@@ -175,6 +177,19 @@ def publish_grants(app: Celery, grants: Iterable[Grant | Recovery]) -> Dispatche
     return done
 
 
+def give_back_pool_slot(app: Celery, pool: str, key: str, ticket: int) -> None:
+    """A run of ``pool`` ended for good, by any end (its finish, a retry going out, a stopped or killed run's
+    end, a lost run out of recoveries): give its slot back and publish the ticket that takes it. If Redis cannot be
+    reached, the slot returns by the end of its hold (a lease, and a margin)."""
+    try:
+        granted, _ = outlast_restart(lambda: current().gate.pool_release(pool, [(key, ticket)]))
+    except redis.RedisError:
+        logger.warning("giving back the slot of pool %r of key=%r ticket=%s failed; it returns at its lease's end",
+                       pool, key, ticket, exc_info=True)  # fmt: skip
+        return
+    publish_grants(app, granted)
+
+
 def _fail_refused(grant: Grant | Recovery, refused: MessageRefused) -> list[Grant]:
     """Withdraw a ticket whose stored message is refused and fail its task; the tickets granted in its place."""
     logger.error("keyed queue key=%r ticket=%s: %s; the task fails", grant.key, grant.ticket, refused)
@@ -189,7 +204,7 @@ def fail_ticket(key: str, ticket: int, task_id: str | None, error: str, *, dispa
     whose submissions block on failure its ticket blocks the key instead. ``task_id`` None: the ticket's row."""
     named = dispatch is not None
     withdrawn = current().gate.cancel(
-        key, ticket, dispatch=dispatch, task_id=task_id if named else None, failed_for_good=named
+        Cancel(key, ticket, dispatch=dispatch, task_id=task_id if named and task_id else "", failed_for_good=named)
     )
     if withdrawn.code is Code.BLOCKED and named:
         error += "; it blocks its key until an operator retries or cancels it"

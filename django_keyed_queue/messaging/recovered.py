@@ -23,7 +23,7 @@ from ..records import submissions
 from ..records.models import KeyedTask
 from ..records.statuses import Status
 from ..records.transitions import Transition
-from .dispatch import Published, publish
+from .dispatch import Published, give_back_pool_slot, publish
 from .message import TaskMessage
 
 if TYPE_CHECKING:
@@ -62,6 +62,8 @@ def carry_out(app: Celery, recovery: Recovery, reason: str = "", *, stopped_stat
     except MessageRefused:
         return publish(app, recovery) is not Published.BROKER_REFUSED  # which refuses it and fails its ticket
     current().totals.count("recovered", task_name, outcome=recovery.action)
+    if recovery.action in (RecoveryAction.FAIL, RecoveryAction.BLOCK):
+        _end_in_pool(app, task_name, recovery)  # its ticket ended: its pool's slot goes back too
     now = timezone.now()
     lost = reason or f"its worker was lost: the lease of attempt {recovery.attempts} expired"
     settle = partial(recorded, "recording a recovery", submissions.settle, get_gate(), task_id, recovery.key)
@@ -89,6 +91,17 @@ def carry_out(app: Celery, recovery: Recovery, reason: str = "", *, stopped_stat
     # A redispatch's record was settled above; any other publish records its dispatch.
     mark_dispatched = recovery.action is not RecoveryAction.REDISPATCH
     return publish(app, recovery, mark_dispatched=mark_dispatched) is not Published.BROKER_REFUSED
+
+
+def _end_in_pool(app: Celery, task_name: str, recovery: Recovery) -> None:
+    """A recovered ticket of a pooled task ended for good (stopped, killed, or out of recoveries): its pool
+    slot goes back now, as a finish gives it back, not at the end of its hold (a full pool's waiting tasks
+    waited a lease). A ticket dispatched again keeps it, as a retry keeps its key's place: its next attempt
+    may hold it or wait for it already (the gate pushed its message in the recovery's own call), and
+    giving it back would free that attempt's slot or drop it from its pool's line."""
+    pool = getattr(app.tasks.get(task_name), "serial_pool", None)
+    if isinstance(pool, str):
+        give_back_pool_slot(app, pool, recovery.key, recovery.ticket)
 
 
 def stopped_text(stopping: Stopping) -> str:

@@ -12,15 +12,18 @@ from typing import TYPE_CHECKING
 
 import redis
 from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.http import HttpResponseBadRequest, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 from django.views.decorators.http import require_POST
 
+from ..exceptions import ActionRefused
 from ..process.state import get_gate
 from ..records import idempotency, submissions
 from ..records.models import IdempotencyKey, KeyedTask, LiveKey
@@ -213,32 +216,113 @@ class KeyedTaskAdmin(LiveKeysPages, _PagesOfOurs):
         description=_("Cancel the selected waiting tasks, or failed ones that block their keys"), permissions=["cancel"]
     )
     def cancel_tasks(self, request, queryset):
-        self._each_task(request, queryset, "cancel")
+        return self._each_task(request, queryset, "cancel")
 
     @admin.action(
         description=_("Retry the selected failed tasks (at the end of their queues; one that blocks its key, first)"),
         permissions=["retry"],
     )
     def retry_tasks(self, request, queryset):
-        self._each_task(request, queryset, "retry")
+        return self._each_task(request, queryset, "retry")
 
     @admin.action(description=_("Release the selected running tasks' hold on their keys"), permissions=["release"])
     def release_holders(self, request, queryset):
-        self._each_task(request, queryset, "release")
+        return self._each_task(request, queryset, "release")
 
     @admin.action(description=_("Pause the keys of the selected tasks"), permissions=["pause"])
     def pause_keys(self, request, queryset):
-        for key in _keys(queryset):
-            self._on_key(request, "pause", key)
+        return self._each_key(request, queryset, "pause")
 
     @admin.action(description=_("Resume the keys of the selected tasks"), permissions=["resume"])
     def resume_keys(self, request, queryset):
-        for key in _keys(queryset):
-            self._on_key(request, "resume", key)
+        return self._each_key(request, queryset, "resume")
 
-    def _each_task(self, request, queryset, action: str) -> None:
-        for task in queryset.defer("message", "arguments"):
-            self._act_on_task(request, task, action)
+    def _each_key(self, request, queryset, action: str):
+        """A list action on the selected tasks' keys: first what it does to each key, then, confirmed, done."""
+        keys = _keys(queryset)
+        if request.POST.get("post") == "yes":
+            for key in keys:
+                self._on_key(request, action, key)
+            return None
+        try:
+            proposals = [task_actions.propose_for_key(action, key) for key in keys]
+        except redis.RedisError as exc:
+            self.message_user(request, f"the keyed queue's Redis did not answer: {exc}", messages.ERROR)
+            return None
+        selected = list(queryset.values_list("pk", "key"))
+        items = [
+            {"label": f"key {p.key}", "url": "", "key": p.key, "status": "", "proposal": p,
+             "pks": [pk for pk, key in selected if key == p.key] if p.applies else []}
+            for p in proposals
+        ]  # fmt: skip
+        return self._confirmation(request, action, items, what="keys")
+
+    def _each_task(self, request, queryset, action: str):
+        """A list action on the selected tasks: first a page saying what it will do to each, as Django's
+        delete action shows what it deletes; confirmed, it is done to each and told in one message."""
+        tasks = list(queryset.defer("message", "arguments").order_by("pk"))
+        if request.POST.get("post") != "yes":
+            return self._confirm_many(request, tasks, action)
+        self._act_on_many(request, tasks, action)
+        return None
+
+    def _confirm_many(self, request, tasks: list[KeyedTask], action: str):
+        try:
+            proposals = [task_actions.propose(action, task, many=True) for task in tasks]
+        except redis.RedisError as exc:
+            self.message_user(request, f"the keyed queue's Redis did not answer: {exc}", messages.ERROR)
+            return None
+        items = [
+            {"label": f"{p.task.task_name}[{p.task.task_id}]", "key": p.task.key, "status": p.task.status,
+             "url": reverse("admin:keyed_queue_keyedtask_change", args=[p.task.pk]), "proposal": p,
+             "pks": [p.task.pk] if p.applies else []}
+            for p in proposals
+        ]  # fmt: skip
+        return self._confirmation(request, action, items, what="tasks")
+
+    def _confirmation(self, request, action: str, items: list[dict], *, what: str):
+        """The page a list action shows first: what it does to each of the selected ``what`` (tasks, or their
+        keys), each by its own proposal; its form posts back the list's action on those it applies to."""
+        verb = task_actions.VERBS[action]
+        applies = sum(item["proposal"].applies for item in items)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"{verb} {applies} of the {len(items)} selected {what}?",
+            "opts": self.model._meta,
+            "items": items,
+            "applies": applies,
+            "verb": verb,
+            "what": what,
+            "list_action": request.POST.get("action", ""),  # the list's action, which the form posts back
+            "action_checkbox_name": ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(request, "admin/keyed_queue/keyedtask/confirm_many.html", context)
+
+    def _act_on_many(self, request, tasks: list[KeyedTask], action: str) -> None:
+        """Do ``action`` to each task as its confirmation named it; one message says what was done and what
+        was refused (a task that moved on since it was shown is refused, the others go on)."""
+        by = who_acts(request)
+        done, refused = [], []
+        for task in tasks:
+            seen = {
+                name: int(value)
+                for name in ("ticket", "dispatch")
+                if whole_number(value := request.POST.get(f"seen-{task.pk}-{name}", ""))
+            }
+            try:
+                text, runs = task_actions.perform(action, task, by, seen or None, many=True)
+            except (ActionRefused, redis.RedisError) as exc:
+                refused.append(format_html("<li>{}[{}]: {}</li>", task.task_name, task.task_id, str(exc)))
+                continue
+            said = self._log_done(request, task, text, runs)
+            done.append(format_html("<li>{}[{}]: {}</li>", task.task_name, task.task_id, said))
+        verb = task_actions.VERBS[action]
+        parts = [format_html("{} done to {} of {} tasks.", verb, len(done), len(tasks))]
+        if done:
+            parts.append(format_html("<ul>{}</ul>", _joined(done)))
+        if refused:
+            parts.append(format_html("Refused for {}:<ul>{}</ul>", len(refused), _joined(refused)))
+        self.message_user(request, _joined(parts), messages.WARNING if refused else messages.SUCCESS)
 
     def _act_on_task(
         self,
@@ -252,16 +336,21 @@ class KeyedTaskAdmin(LiveKeysPages, _PagesOfOurs):
         by = who_acts(request)
         with self._refusals(request):
             text, runs = task_actions.perform(action, task, by, seen, picked)
-            if runs is None or runs == task.task_id:
-                self.log_change(request, task, text)
-                said = format_html("{}", text)
-            else:  # a new task: named in the log, linked in the message
-                self.log_change(request, task, f"{text} {runs}")
-                self.log_change(
-                    request, KeyedTask.objects.filter(task_id=runs).latest("id"), f"Retry of {task.task_id} by {by}"
-                )
-                said = format_html("{} {}", text, _task_link(runs))
+            said = self._log_done(request, task, text, runs)
             self.message_user(request, format_html("{}[{}]: {}", task.task_name, task.task_id, said), messages.SUCCESS)
+
+    def _log_done(self, request, task: KeyedTask, text: str, runs: str | None):
+        """Write a done action to the admin's log; what to tell the operator, with a link to the task that
+        runs now (a retry's)."""
+        by = who_acts(request)
+        if runs is None or runs == task.task_id:
+            self.log_change(request, task, text)
+            return format_html("{}", text)
+        self.log_change(request, task, f"{text} {runs}")  # a new task: named in the log, linked in the message
+        self.log_change(
+            request, KeyedTask.objects.filter(task_id=runs).latest("id"), f"Retry of {task.task_id} by {by}"
+        )
+        return format_html("{} {}", text, _task_link(runs))
 
     # -- the task page, with its key's timeline --
 
@@ -397,6 +486,11 @@ class IdempotencyKeyAdmin(_PagesOfOurs):
 
     def has_change_permission(self, request, obj=None) -> bool:
         return False  # what a submission resolves to, written by the submission: its page is "View", with no Save
+
+
+def _joined(parts: list[SafeString]) -> SafeString:
+    """Parts of a page, each made safe by ``format_html``, one after the other."""
+    return format_html_join("", "{}", ((part,) for part in parts))
 
 
 def _keys(queryset) -> list[str]:

@@ -119,8 +119,8 @@ class LiveKeysPages(OperatorPages):
             return self._refused(request, "limit keys or pools")
         by = who_acts(request)
         with self._refusals(request):
-            typed = (request.POST.get(name, "").strip() for name in ("limit", "rate"))
-            text = f"Pool {pool!r}: {limits.set_pool_typed(pool, *typed, by=by) or 'nothing changed'}, set by {by}"
+            typed = {name: request.POST.get(name, "").strip() for name in ("limit", "rate")}
+            text = f"Pool {pool!r}: {limits.set_typed(pool=pool, **typed, by=by) or 'nothing changed'}, set by {by}"
             _log_action(request, f"pool {pool}", text)
             self.message_user(request, text, messages.SUCCESS)
         return _back_to_page(request)
@@ -139,8 +139,8 @@ class LiveKeysPages(OperatorPages):
                 text = f"Key {key!r} resumed by {by}; {dispatched}"
                 level = messages.WARNING if dispatched.broker_refused or dispatched.message_refused else level
             elif action == "limit":
-                typed = (request.POST.get(name, "").strip() for name in ("limit", "rate"))
-                text = f"Key {key!r}: {limits.set_typed(key, *typed, by=by) or 'nothing changed'}, set by {by}"
+                typed = {name: request.POST.get(name, "").strip() for name in ("limit", "rate")}
+                text = f"Key {key!r}: {limits.set_typed(key=key, **typed, by=by) or 'nothing changed'}, set by {by}"
             else:
                 assert ticket is not None
                 recovery.release(key, ticket, dispatch=dispatch, task_id=task_id or None, by=by)

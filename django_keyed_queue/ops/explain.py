@@ -200,7 +200,8 @@ def _holding(key_state: Explanation, own: Holding, snapshot: KeySnapshot) -> Exp
     if own.state == "running":
         state = "retrying" if task.status == Status.RETRYING else "running"
         worker = f" on {task.worker}" if task.worker else ""
-        held = f"it holds its key: {state} for {since(own.since)}{worker}"
+        # Its start not recorded yet (its worker writes it within a records pass): no time is made up.
+        held = f"it holds its key: {state}" + (f" for {since(own.since)}" if own.since else "") + worker
         return replace(key_state, state=state, reasons=[*_being_stopped(own), *_dead_run(task, own), held])
     if own.state == "waiting_for_pool":
         pool = getattr(registered_task(None, task.task_name), "serial_pool", None)
@@ -238,7 +239,8 @@ def _holding(key_state: Explanation, own: Holding, snapshot: KeySnapshot) -> Exp
     if not waits_for_time:
         reasons += unconsumed(task, own.since)
     waits = "not started by a worker yet" if waits_for_time else "waiting for a worker to start it"
-    reasons.append(f"it holds its key: dispatched {since(own.since)} ago, {waits}")
+    dispatched = f"dispatched {since(own.since)} ago" if own.since else "dispatched"
+    reasons.append(f"it holds its key: {dispatched}, {waits}")
     return replace(key_state, state="dispatched", reasons=reasons, next_slot_in=next_slot)
 
 

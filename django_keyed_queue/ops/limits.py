@@ -11,6 +11,7 @@ operator's recovery logger, as the other actions are.
 from __future__ import annotations
 
 import logging
+from typing import cast
 
 from celery import Celery, current_app
 
@@ -38,56 +39,49 @@ DEFAULT = "default"
 DEFAULT_SAID = "of its tasks (default)"
 
 
-def set_key_limit(key: str, limit: int | None, *, by: str = "an operator", app: Celery | None = None) -> Dispatched:
-    """At most ``limit`` tasks of ``key`` run at once, whatever their tasks' ``limit`` (None: their own
-    again); a raised limit dispatches the key's waiting tasks up to it now. Repeating it changes nothing."""
-    return _set(operator_key(key), _checked_limit(limit, "a key's"), UNCHANGED, by=by, app=app)[0]
+def set_limits(
+    *,
+    key: str | None = None,
+    pool: str | None = None,
+    limit: int | None | Unchanged = UNCHANGED,
+    rate: str | None | Unchanged = UNCHANGED,
+    by: str = "an operator",
+    app: Celery | None = None,
+) -> Dispatched:
+    """Give one ``key``, or one ``pool`` of ``KEYED_QUEUE_POOLS``, an operator's limit and rate over its
+    tasks' own, across every worker: at most ``limit`` of its tasks run at once, at most ``rate`` start
+    (``"10/s"``, ``"30/m"``, ``"100/h"``); None sets one back to its tasks' own, and one left out stays as
+    it is. Both are checked before either is set. A raised limit dispatches waiting tasks now; a lowered
+    one stops no run (a key's tasks granted but not started wait again). Repeating it changes nothing."""
+    if (key is None) == (pool is None):
+        raise TypeError(f"set_limits takes a key or a pool, not both or neither (key={key!r}, pool={pool!r})")
+    whose = "a key's" if key is not None else "a pool's"
+    number = limit if limit is UNCHANGED else _checked_limit(limit, whose)
+    interval = rate if rate is UNCHANGED else _checked_interval(rate, whose)
+    if key is not None:
+        return _set(operator_key(key), number, interval, by=by, app=app)[0]
+    return _set_pool(known_pool(cast(str, pool)), number, interval, by=by, app=app)
 
 
-def set_key_rate(key: str, rate: str | None, *, by: str = "an operator") -> None:
-    """At most ``rate`` starts of ``key`` (``"10/s"``, ``"30/m"``, ``"100/h"``), whatever their tasks'
-    ``rate`` (None: their own again), from its next start on. Repeating it changes nothing."""
-    _set(operator_key(key), UNCHANGED, _checked_interval(rate, "a key's"), by=by)
-
-
-def set_typed(key: str, limit: str, rate: str, *, by: str = "an operator") -> str:
-    """The limit and rate an operator typed (the command's arguments, the live keys page's form): each a
-    number, ``DEFAULT``, or "" to leave it; refused as :func:`set_key_limit` and :func:`set_key_rate`
-    refuse them, both checked before either is set, and then set together in one gate call. What was
-    set, said."""
-    key = operator_key(key)
-    number, interval = _typed(limit, rate, "a key's")
+def set_typed(
+    *, key: str | None = None, pool: str | None = None, limit: str, rate: str, by: str = "an operator"
+) -> str:
+    """The limit and rate an operator typed for a key or a pool (the command's arguments, the live keys
+    page's forms): each a number, ``DEFAULT``, or "" to leave it; refused as :func:`set_limits` refuses
+    them, both checked before either is set, and then set together in one gate call. What was set, said."""
+    if (key is None) == (pool is None):
+        raise TypeError(f"set_typed takes a key or a pool, not both or neither (key={key!r}, pool={pool!r})")
+    name = operator_key(key) if key is not None else known_pool(cast(str, pool))
+    number, interval = _typed(limit, rate, "a key's" if key is not None else "a pool's")
     if number is UNCHANGED and interval is UNCHANGED:
         return ""
-    done, withdrawn = _set(key, number, interval, by=by)
+    if key is not None:
+        done, withdrawn = _set(name, number, interval, by=by)
+    else:
+        done, withdrawn = _set_pool(name, number, interval, by=by), 0
     back = f", {withdrawn} granted but not started wait again" if withdrawn else ""
     said = [f"limit {limit}; {done}{back}"] if limit else []
     return ", ".join([*said, *([f"rate {rate}"] if rate else [])])
-
-
-def set_pool_limit(pool: str, limit: int | None, *, by: str = "an operator", app: Celery | None = None) -> Dispatched:
-    """At most ``limit`` tasks of ``pool`` run at once, across every worker, whatever the settings' (None:
-    theirs again); a raised limit gives free slots to waiting tasks now, a lowered one stops no run.
-    Repeating it changes nothing."""
-    return _set_pool(known_pool(pool), _checked_limit(limit, "a pool's"), UNCHANGED, by=by, app=app)
-
-
-def set_pool_rate(pool: str, rate: str | None, *, by: str = "an operator") -> None:
-    """At most ``rate`` starts of ``pool``'s tasks (``"10/s"``, ``"30/m"``, ``"100/h"``), whatever the settings'
-    (None: theirs again), from its next start on. Repeating it changes nothing."""
-    _set_pool(known_pool(pool), UNCHANGED, _checked_interval(rate, "a pool's"), by=by)
-
-
-def set_pool_typed(pool: str, limit: str, rate: str, *, by: str = "an operator", app: Celery | None = None) -> str:
-    """A pool's limit and rate as an operator typed them, over its tasks' own, as :func:`set_typed` takes a
-    key's: at most ``limit`` of the pool's tasks run at once and at most ``rate`` start, across every worker.
-    A raised limit gives free slots to waiting tasks now; a lowered one stops no run. What was set, said."""
-    pool = known_pool(pool)
-    number, interval = _typed(limit, rate, "a pool's")
-    if number is UNCHANGED and interval is UNCHANGED:
-        return ""
-    done = _set_pool(pool, number, interval, by=by, app=app)
-    return ", ".join([*([f"limit {limit}; {done}"] if limit else []), *([f"rate {rate}"] if rate else [])])
 
 
 def _set_pool(

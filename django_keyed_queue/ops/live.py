@@ -118,8 +118,8 @@ class KeyState:
     blocked_by: HolderRow | None = None  # the failed task that blocks the key (``on_failure="block"``)
     paused_by: str = ""  # who paused it, as the pause said
     paused_since: datetime | None = None
-    limit_override: int | None = None  # an operator's limit for the key (``set_key_limit``)
-    interval_override_ms: int | None = None  # an operator's least ms between two starts (``set_key_rate``)
+    limit_override: int | None = None  # an operator's limit for the key (``set_limits``)
+    interval_override_ms: int | None = None  # an operator's least ms between two starts (``set_limits``)
     overdue_stuck: bool = False  # a holder is past its deadline by more than ``stuck_after_seconds``
     waits: bool = False  # a task of the key waits: in its queue, or granted and never started
 

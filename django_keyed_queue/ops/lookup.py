@@ -9,7 +9,7 @@ import logging
 from celery import Celery, current_app
 
 from ..exceptions import ActionRefused, InvalidArguments, InvalidKey, MessageRefused
-from ..gate import MAX_KEY_LENGTH
+from ..gate import MAX_KEY_LENGTH, Holder
 from ..keyed_task.task import KeyedSerialTask
 from ..messaging.message import JOIN_HEADER, TaskMessage
 from ..process.state import get_gate
@@ -88,6 +88,13 @@ def latest_row(task_id: str) -> KeyedTask:
     if row is None:
         raise ActionRefused(f"no keyed task has the id {task_id!r}")
     return submissions.with_kept_end(get_gate, row)
+
+
+def slot_of(row: KeyedTask) -> Holder | None:
+    """The slot ``row``'s ticket holds in the gate now for ``row``'s task, if any (one round trip)."""
+    if row.ticket is None:
+        return None
+    return get_gate().inspect(row.key, waiting_shown=0).held_by(row.ticket, row.task_id)
 
 
 def registered_task(app, name: str):

@@ -16,12 +16,13 @@ from typing import Any
 
 from celery import Celery, signals, states
 from celery.app.task import Context
+from celery.backends.base import DisabledBackend
 from celery.utils import uuid
 from django.db import close_old_connections, models, transaction
 from django.utils import timezone
 
 from ..exceptions import ActionRefused
-from ..gate import Code, Recovery, RecoveryAction
+from ..gate import Cancel, Code, Holder, Recovery, RecoveryAction
 from ..keyed_task.task import KeyedSerialTask
 from ..messaging.dispatch import REPUBLISH_DELAY_SECONDS, Dispatched, fail_ticket, publish_grants
 from ..messaging.recovered import carry_out, recorded
@@ -32,7 +33,7 @@ from ..records.idempotency import repoint
 from ..records.models import KeyedTask
 from ..records.statuses import Status
 from .display import did
-from .lookup import celery_app, join_id_of, latest_row, operator_key, registered_task, stored_message
+from .lookup import celery_app, join_id_of, latest_row, operator_key, registered_task, slot_of, stored_message
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +123,55 @@ def resume(key: str, *, by: str = "an operator", app: Celery | None = None) -> D
     return done
 
 
+# -- what each action refuses: its one home, which every surface calls (the page, the list, the live page,
+# -- the commands, the API) and the action itself checks again ----------------------------------------
+
+
+#: Why a running task is not cancelled, whether its slot says it runs or the gate's cancel finds it started.
+RUNNING_NOT_CANCELLED = "task {task} is running: stop it instead"
+
+
+def blocks_its_key(row: KeyedTask, holder: Holder | None) -> bool:
+    """Whether ``row``'s task failed and its slot (``holder``) keeps its key held (``on_failure="block"``)."""
+    return row.status == Status.FAILED and holder is not None and holder.state == "blocked"
+
+
+def retry_refusal(row: KeyedTask) -> str:
+    """Why ``row``'s task cannot be retried now; '' when it can."""
+    if row.retried_as:
+        return f"task {row.task_id} was retried already: it runs again as task {row.retried_as}"
+    if row.status != Status.FAILED:
+        return f"task {row.task_id} {did(row.status)}: only a failed task can be retried"
+    return ""
+
+
+def cancel_refusal(row: KeyedTask, holder: Holder | None) -> str:
+    """Why ``row``'s task cannot be cancelled now (``holder``: its slot, ``slot_of``); '' when it can."""
+    if blocks_its_key(row, holder):
+        return ""
+    if holder is not None and holder.state == "running":
+        return RUNNING_NOT_CANCELLED.format(task=row.task_id)
+    if row.status not in (Status.WAITING, Status.DISPATCHED):
+        return (
+            f"task {row.task_id} {did(row.status)}: only a waiting or dispatched task, or a failed one that blocks "
+            "its key, can be cancelled"
+        )
+    return ""
+
+
+def release_refusal(key: str, ticket: int | None, holder: Holder | None, task_id: str | None = None) -> str:
+    """Why ``ticket`` of ``key`` cannot be released now (``holder``: its slot, of task ``task_id`` if named);
+    '' when it can."""
+    if ticket is None:
+        return f"task {task_id} has no ticket: it holds no key"
+    if holder is not None and holder.state == "blocked":
+        return f"ticket {ticket} of key {key!r} failed and blocks its key: retry or cancel its task"
+    if holder is None or holder.state not in ("running", "granted"):
+        whose = f" for task {task_id}" if task_id is not None else ""
+        return f"ticket {ticket} of key {key!r} holds no slot{whose}: it finished or was recovered"
+    return ""
+
+
 # -- the operator's actions ---------------------------------------------------
 
 
@@ -130,17 +180,17 @@ def cancel(task_id: str, *, by: str = "an operator", app: Celery | None = None) 
     that blocks its key (``on_failure="block"``) is cancelled too: its key's next task runs.
     Returns its row as it was."""
     row = latest_row(task_id)
-    if _blocks_its_key(row):
+    # Only a failed task's slot is read (does it block its key?): the gate's cancel itself refuses, in its
+    # one atomic call, any other task that started.
+    holder = slot_of(row) if row.status == Status.FAILED else None
+    if refusal := cancel_refusal(row, holder):
+        raise ActionRefused(refusal)
+    if blocks_its_key(row, holder):
         _unblock(row, retry=False, app=app)
         error = f"cancelled by {by} after it failed, blocking its key\n\n{row.error}"
         KeyedTask.objects.filter(pk=row.pk, status=Status.FAILED).update(status=Status.CANCELLED, error=error)
         logger.info("keyed queue task %s key=%r, which blocked its key, cancelled by %s", task_id, row.key, by)
         return row
-    if row.status not in (Status.WAITING, Status.DISPATCHED):
-        raise ActionRefused(
-            f"task {task_id} {did(row.status)}: only a waiting or dispatched task, or a failed one that blocks "
-            "its key, can be cancelled"
-        )
     gate = get_gate()
     if row.ticket is None:
         # Sent with a countdown or eta: it takes its ticket when due, unless refused now.
@@ -148,9 +198,9 @@ def cancel(task_id: str, *, by: str = "an operator", app: Celery | None = None) 
         if not gate.refuse_join(row.key, join_id_of(row, celery_app(app)), due_in_seconds=due_in):
             raise ActionRefused(f"task {task_id} joined its key's queue just now; look again and retry")
     else:
-        withdrawn = gate.cancel(row.key, row.ticket)  # the key's own limit, as its submissions set it
+        withdrawn = gate.cancel(Cancel(row.key, row.ticket))  # the key's own limit, as its submissions set it
         if withdrawn.code is Code.RUNNING:
-            raise ActionRefused(f"task {task_id} started meanwhile; release its holder instead")
+            raise ActionRefused(RUNNING_NOT_CANCELLED.format(task=task_id))
         if withdrawn.code is not Code.OK:
             raise ActionRefused(f"the gate holds no ticket {row.ticket} of key {row.key!r}: it ended meanwhile")
         publish_grants(celery_app(app), withdrawn.granted)
@@ -176,19 +226,31 @@ def withdraw_revoked(task_ids: Iterable[str], *, app: Celery | None = None) -> l
     unstarted = KeyedTask.objects.filter(task_id__in=set(task_ids), status__in=(Status.WAITING, Status.DISPATCHED))
     withdrawn = []
     for task_id, task_name in unstarted.values_list("task_id", "task_name").distinct():
-        try:
-            cancel(task_id, by="Celery: it was revoked", app=app)
-        except ActionRefused as refused:  # another worker withdrew it, or it started meanwhile
-            logger.info("revoked keyed task %s is not withdrawn: %s", task_id, refused)
-            continue
-        withdrawn.append(task_id)
-        task = app.tasks.get(task_name)
-        backend = task.backend if task is not None else app.backend
-        if backend.get_state(task_id) == states.PENDING:  # Celery 5.7 marks it itself, earlier ones do not
-            backend.mark_as_revoked(task_id, reason="revoked")
-        request = Context({"id": task_id, "task": task_name})
-        signals.task_revoked.send(sender=task, request=request, terminated=False, signum=None, expired=False)
+        try:  # each on its own: one that cannot be withdrawn is logged, and the others still are
+            if _withdraw_revoked(app, task_id, task_name):
+                withdrawn.append(task_id)
+        except Exception:
+            logger.exception("revoked keyed task %s could not be withdrawn; the others are", task_id)
     return withdrawn
+
+
+def _withdraw_revoked(app: Celery, task_id: str, task_name: str) -> bool:
+    """Withdraw one revoked task that waits for its key, as a worker drops a revoked message; False if it
+    cannot be (another worker withdrew it, or it started meanwhile)."""
+    try:
+        cancel(task_id, by="Celery: it was revoked", app=app)
+    except ActionRefused as refused:
+        logger.info("revoked keyed task %s is not withdrawn: %s", task_id, refused)
+        return False
+    task = app.tasks.get(task_name)
+    backend = task.backend if task is not None else app.backend
+    # Celery 5.7 marks it itself, earlier ones do not; a project with no result backend (Celery's
+    # default) keeps no state to read or mark.
+    if not isinstance(backend, DisabledBackend) and backend.get_state(task_id) == states.PENDING:
+        backend.mark_as_revoked(task_id, reason="revoked")
+    request = Context({"id": task_id, "task": task_name})
+    signals.task_revoked.send(sender=task, request=request, terminated=False, signum=None, expired=False)
+    return True
 
 
 def retry(task_id: str, *, by: str = "an operator", app: Celery | None = None) -> str:
@@ -201,7 +263,7 @@ def retry(task_id: str, *, by: str = "an operator", app: Celery | None = None) -
     """
     app = celery_app(app)
     row = latest_row(task_id)
-    if _blocks_its_key(row):
+    if blocks_its_key(row, slot_of(row)):
         # Marked first: the run may start, and write its own progress, as soon as it is published.
         again = {"dispatched_at": timezone.now(), "finished_at": None, "error": f"retried first by {by}"}
         marked = KeyedTask.objects.filter(pk=row.pk, status=Status.FAILED).update(
@@ -212,14 +274,16 @@ def retry(task_id: str, *, by: str = "an operator", app: Celery | None = None) -
         _unblock(row, retry=True, app=app)
         logger.info("keyed queue task %s key=%r, which blocked its key, retried first by %s", task_id, row.key, by)
         return task_id
-    _refuse_retry(row)
+    if refusal := retry_refusal(row):
+        raise ActionRefused(refusal)
     message = stored_message(row, app)
     task = registered_task(app, message.task_name)
     new_id = uuid()
     with transaction.atomic(using=KeyedTask.objects.db_for_write()):
         # The row's lock: a racing retry waits here, then finds it marked.
         if not KeyedTask.objects.filter(pk=row.pk, status=Status.FAILED, retried_as="").update(retried_as=new_id):
-            _refuse_retry(KeyedTask.objects.get(pk=row.pk))
+            now = KeyedTask.objects.get(pk=row.pk)
+            raise ActionRefused(retry_refusal(now) or f"task {task_id} moved on meanwhile: look again")
         # Idempotency keys that gave the failed task now give its retry (in this transaction if they share it).
         repoint(task_id, new_id)
         try:
@@ -232,14 +296,6 @@ def retry(task_id: str, *, by: str = "an operator", app: Celery | None = None) -
     KeyedTask.objects.filter(task_id=new_id, key=row.key).update(retry_of=task_id)  # its page links the failure
     logger.info("keyed queue task %s key=%r retried as %s by %s", task_id, row.key, new_id, by)
     return new_id
-
-
-def _refuse_retry(row: KeyedTask) -> None:
-    """ActionRefused if ``row``'s task cannot be retried (again)."""
-    if row.retried_as:
-        raise ActionRefused(f"task {row.task_id} was retried already: it runs again as task {row.retried_as}")
-    if row.status != Status.FAILED:
-        raise ActionRefused(f"task {row.task_id} {did(row.status)}: only a failed task can be retried")
 
 
 def unknown_task(app, name: str, task_id: str, header: Any) -> None:
@@ -275,6 +331,13 @@ def unknown_task(app, name: str, task_id: str, header: Any) -> None:
 RELEASE_GRACE_SECONDS = 10.0
 
 
+#: Why a release of many tasks at once leaves a running one alone: it would run again beside itself.
+RUNNING_NOT_RELEASED_WITH_OTHERS = (
+    "task {task} is running: released, it would be dispatched again while its run goes on, two runs of one "
+    "task at once. Stop it, or release it from its own page, which says what that does"
+)
+
+
 def release(
     key: str,
     ticket: int,
@@ -282,6 +345,7 @@ def release(
     dispatch: int | None = None,
     task_id: str | None = None,
     by: str = "an operator",
+    unstarted: bool = False,
     app: Celery | None = None,
 ) -> list[Recovery]:
     """Release a key's stuck holder now, as the reaper does when a lease expires.
@@ -292,26 +356,32 @@ def release(
     ``dispatch``: the holder's dispatch as the operator saw it (None: as it is now); a
     release of a dispatch released already, by a second click or another terminal, is refused.
     ``task_id``: the task the operator saw hold the ticket (None: whichever does); a ticket held by
-    another task (the key drained and its tickets started over) is refused.
+    another task (the key drained and its tickets started over) is refused. ``unstarted``: only a holder
+    granted and not started is released (the task list's release of many); one running is refused.
     """
     app = celery_app(app)
     gate = get_gate()
-    state = gate.inspect(operator_key(key), waiting_shown=0)
-    if state.blocks(ticket):
-        raise ActionRefused(f"ticket {ticket} of key {key!r} failed and blocks its key: retry or cancel its task")
-    holder = state.held_by(ticket, task_id)
-    if holder is None:
-        whose = f" for task {task_id}" if task_id is not None and ticket in state.holders else ""
-        raise ActionRefused(f"ticket {ticket} of key {key!r} holds no slot{whose}: it finished or was recovered")
+    holder = gate.inspect(operator_key(key), waiting_shown=0).held_by(ticket, task_id)
+    if refusal := release_refusal(key, ticket, holder, task_id):
+        raise ActionRefused(refusal)
+    assert holder is not None  # it holds a slot
     since = gate.dispatch_timeout_ms / 1000 - holder.deadline_in  # since it was (re)dispatched, when granted
     if dispatch is None and holder.state == "granted" and since < RELEASE_GRACE_SECONDS:
         raise ActionRefused(
             f"ticket {ticket} of key {key!r} was dispatched {max(since, 0):.1f}s ago and a worker may be starting "
             f"it: released already? Release it if it has not started in {RELEASE_GRACE_SECONDS:.0f}s"
         )
+    running = RUNNING_NOT_RELEASED_WITH_OTHERS.format(task=holder.task_id or f"of ticket {ticket}")
+    if unstarted and holder.state == "running":
+        raise ActionRefused(running)
     seen = holder.dispatch if dispatch is None else dispatch
-    recoveries = gate.release(key, ticket, dispatch=seen)
-    if not any(r.ticket == ticket for r in recoveries):
+    recoveries = gate.release(key, ticket, dispatch=seen, unstarted=unstarted)
+    released = any(r.ticket == ticket for r in recoveries)
+    if not released and unstarted:
+        now = gate.inspect(key, waiting_shown=0).held_by(ticket, task_id)
+        if now is not None and now.state == "running":  # it started since it was read: left running
+            raise ActionRefused(running)
+    if not released:
         raise ActionRefused(
             f"ticket {ticket} of key {key!r} moved on from dispatch {seen}: it was released, recovered or "
             "finished meanwhile; look again"
@@ -327,13 +397,6 @@ def release(
     current().recorder.flush()
     logger.info("keyed queue key=%r ticket=%s released by %s", key, ticket, by)
     return recoveries
-
-
-def _blocks_its_key(row: KeyedTask) -> bool:
-    """Whether ``row``'s task failed and keeps its key held (``on_failure="block"``)."""
-    if row.status != Status.FAILED or row.ticket is None:
-        return False
-    return get_gate().inspect(row.key, waiting_shown=0).blocks(row.ticket, row.task_id)
 
 
 def _unblock(row: KeyedTask, *, retry: bool, app) -> None:

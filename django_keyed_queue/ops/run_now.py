@@ -105,6 +105,12 @@ def _sent_eta(row: KeyedTask, app: Celery) -> datetime | None:
         return None
 
 
+def run_now_refusal(row: KeyedTask, app: Celery | None = None) -> str:
+    """Why ``row``'s task cannot be run now (it waits for no time); '' when it can."""
+    snapshot = get_gate().inspect(row.key, waiting_shown=0) if row.ticket is not None else None
+    return "" if waits_for(row, snapshot, app) else _no_time(row, snapshot)
+
+
 def _no_time(row: KeyedTask, snapshot: KeySnapshot | None) -> str:
     if row.status in (Status.WAITING, Status.DISPATCHED) and snapshot is not None:
         holder = snapshot.held_by(row.ticket, row.task_id) if row.ticket is not None else None

@@ -20,6 +20,10 @@ from ..records.models import KeyWord
 TASK_ID_PREFIX_MIN = 4
 #: A term's separators are read only as the keys that exist spell them, and at most this many ways.
 KEY_READINGS_MAX = 32
+#: A term's first this many separators each stand for any separator (one query each); later ones are read
+#: as typed. So a term costs at most this many queries of ``KEY_READINGS_MAX`` seeks per separator, however
+#: long: 199 characters of "x x x ..." cost 99 such queries, seconds against keys of many words (bench.admin_pages).
+FLEXIBLE_SEPARATORS_MAX = 6
 #: Task names are read (one index seek each) up to this many; a project has far fewer.
 TASK_NAMES_MAX = 5000
 #: A word's keys are read up to this many; a word of more keys is matched row by row as the page
@@ -100,11 +104,13 @@ class TaskSearch:
         return found + [TermLookup("task_name", n) for n in names if n == self.term or n.endswith("." + self.term)]
 
     def _key_readings(self) -> list[TermLookup]:
-        """The term with each separator read as any separator, where a key begins so: one query per
-        separator typed. Each reading is a whole key, or the start of one up to a separator."""
-        readings = [""]
+        """The term with each of its first ``FLEXIBLE_SEPARATORS_MAX`` separators read as any separator, where
+        a key begins so: one query per such separator. Each reading is a whole key, or the start of one up to
+        a separator."""
+        readings, flexible = [""], FLEXIBLE_SEPARATORS_MAX
         for char in self.term:
-            if char in KEY_SEPARATORS:
+            if char in KEY_SEPARATORS and flexible:
+                flexible -= 1
                 spelt = self._present([TermLookup("key", r + s, prefix=True) for r in readings for s in KEY_SEPARATORS])
                 readings = [lookup.value for lookup in spelt][:KEY_READINGS_MAX]
                 if not readings:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import signal
+from collections.abc import Callable
 from typing import Any
 
 from billiard.common import TERM_SIGNAME
@@ -52,50 +53,101 @@ _ENDING_SIGNALS = (signal.SIGTERM, signal.SIGKILL)
 def _note_worker(sender=None, **_: object) -> None:
     """Before the worker builds its consumer and forks its pool: what its processes need to know."""
     note_worker(WorkerTraits((sender.time_limit, sender.soft_time_limit), bool(sender.task_events)))
-    handoff_runs.share(max(sender.concurrency or 0, getattr(sender, "max_concurrency", None) or 0))
+    processes = max(sender.concurrency or 0, getattr(sender, "max_concurrency", None) or 0)
+    handoff_runs.share(processes, task_events=bool(sender.task_events))
+    _share_task_events()
+    _count_handed_off_runs()
     tolerate_lost_brpop_on_close()
     _withdraw_revoked_tasks()
     reaper = sender.keyed_queue_reaper = WorkerReaper(sender.app, periodic=settings.WORKER_REAPER)
     sender.app.steps["consumer"].add(republish_after_reconnect(reaper.republish_unstarted))
 
 
-def _withdraw_revoked_tasks() -> None:
-    """Celery's ``revoke`` control command, then, with ``terminate``, ``handoff_runs.terminate``
-    (Celery kills only tasks that came by message) and ``recovery.withdraw_revoked`` on its task ids.
-
-    Celery sends no signal when a worker receives a revoke; its remote control
-    commands are a registry (``Panel``), where this wraps the ``revoke`` entry.
-    """
-    celery_revoke = Panel.data["revoke"]
-    if getattr(celery_revoke, "withdraws_keyed_tasks", False):
+def _wrap_control(name: str, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    """Put ``wrap(command)`` in place of Celery's remote control command ``name``, once per process. Celery
+    sends no signal when a worker receives a control command; its commands are a registry (``Panel``)."""
+    command = Panel.data[name]
+    if getattr(command, "keyed_queue_wrapped", False):
         return
+    wrapped = functools.wraps(command)(wrap(command))
+    wrapped.keyed_queue_wrapped = True  # type: ignore[attr-defined]
+    Panel.data[name] = wrapped
 
-    @functools.wraps(celery_revoke)
-    def revoke(state, task_id, terminate: bool = False, signal: Any = None, **kwargs: Any) -> Any:
-        stop_only = kwargs.pop(STOP_ONLY, False)
-        reply = celery_revoke(state, task_id, terminate=terminate, signal=signal, **kwargs)
-        task_ids = maybe_list(task_id) or []
-        if stop_only:  # an operator's Stop ended the run; the task itself is not revoked
-            for stopped in task_ids:
-                worker_state.revoked.discard(stopped)
-        try:
-            if terminate:
-                signum = platform_signals.signum(signal or TERM_SIGNAME)
-                handoff_runs.terminate(state.app, state.consumer, task_ids, signum)
-                killed.kill_again(state.consumer.pool, task_ids, signum)
-            withdraw_revoked(task_ids, app=state.app)
-        except Exception:
-            logger.exception("revoked task ids %s: the keyed ones could not be withdrawn or killed", task_id)
-        return reply
 
-    revoke.withdraws_keyed_tasks = True  # type: ignore[attr-defined]
-    Panel.data["revoke"] = revoke
+def _withdraw_revoked_tasks() -> None:
+    """Celery's ``revoke`` control command, then: the ids shared with the pool processes
+    (``handoff_runs.revoke``: a revoked task kept for a local handoff never starts), with ``terminate``,
+    ``handoff_runs.terminate`` (Celery kills only tasks that came by message), and
+    ``recovery.withdraw_revoked`` on its task ids."""
+
+    def wrap(celery_revoke: Callable[..., Any]) -> Callable[..., Any]:
+        def revoke(state, task_id, terminate: bool = False, signal: Any = None, **kwargs: Any) -> Any:
+            stop_only = kwargs.pop(STOP_ONLY, False)
+            reply = celery_revoke(state, task_id, terminate=terminate, signal=signal, **kwargs)
+            task_ids = maybe_list(task_id) or []
+            if stop_only:  # an operator's Stop ended the run; the task itself is not revoked
+                for stopped in task_ids:
+                    worker_state.revoked.discard(stopped)
+            try:
+                if not stop_only:
+                    handoff_runs.revoke(task_ids)  # a kept grant of any of them never starts in a pool process
+                if terminate:
+                    signum = platform_signals.signum(signal or TERM_SIGNAME)
+                    handoff_runs.terminate(state.app, state.consumer, task_ids, signum)
+                    killed.kill_again(state.consumer.pool, task_ids, signum)
+                withdraw_revoked(task_ids, app=state.app)
+            except Exception:
+                logger.exception("revoked task ids %s: the keyed ones could not be withdrawn or killed", task_id)
+            return reply
+
+        return revoke
+
+    _wrap_control("revoke", wrap)
+
+
+def _count_handed_off_runs() -> None:
+    """Celery's ``stats`` control command (``inspect stats``), its ``total`` counting the runs the worker's
+    pool processes ran by local handoff too (``handoff_runs.handed_off_totals``), as it counts a message's."""
+
+    def wrap(command: Callable[..., Any]) -> Callable[..., Any]:
+        def stats(state, **kwargs: Any) -> Any:
+            reply = command(state, **kwargs)
+            if isinstance(reply, dict) and isinstance(reply.get("total"), dict):
+                total = dict(reply["total"])
+                for name, n in handoff_runs.handed_off_totals().items():
+                    total[name] = total.get(name, 0) + n
+                reply["total"] = total
+            return reply
+
+        return stats
+
+    _wrap_control("stats", wrap)
+
+
+def _share_task_events() -> None:
+    """Celery's ``enable_events`` and ``disable_events`` control commands, then whether the worker sends
+    task events now, shared with its pool processes (``handoff_runs.set_task_events``): a run by local
+    handoff sends its events as the worker's main process sends a message's."""
+
+    def wrap(command: Callable[..., Any]) -> Callable[..., Any]:
+        def shared(state, *args: Any, **kwargs: Any) -> Any:
+            reply = command(state, *args, **kwargs)
+            dispatcher = state.consumer.event_dispatcher
+            if dispatcher is not None:
+                groups = dispatcher.groups
+                handoff_runs.set_task_events(bool(dispatcher.enabled and (not groups or "task" in groups)))
+            return reply
+
+        return shared
+
+    for name in ("enable_events", "disable_events"):
+        _wrap_control(name, wrap)
 
 
 @task_postrun.connect
-def _run_kept_grant(sender=None, task_id: str = "", **_: object) -> None:
+def _run_kept_grant(sender=None, task_id: str = "", retval=None, state=None, **_: object) -> None:
     """The finished task's result is stored: run the next task of its key here (local handoff)."""
-    handoff.local().run_kept(sender.app, task_id)
+    handoff.local().run_kept(sender.app, task_id, retval, state)
 
 
 @task_revoked.connect

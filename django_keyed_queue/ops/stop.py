@@ -27,7 +27,7 @@ from ..process.state import get_gate
 from ..records.columns import shown
 from ..records.models import KeyedTask
 from .display import did, from_epoch, since
-from .lookup import latest_row
+from .lookup import latest_row, slot_of
 
 #: The operator's actions share one audit logger (see the management commands' ``_key``).
 logger = logging.getLogger("django_keyed_queue.ops.recovery")
@@ -50,10 +50,10 @@ class Stopped:
     stopping: Stopping
     by: str
     signal: str
-    worker: str  # empty: sent to every worker (which one runs it is not recorded yet)
+    worker: str
 
     def said(self) -> str:
-        where = f"worker {self.worker}" if self.worker else "every worker (which one runs it is not recorded yet)"
+        where = f"worker {self.worker}"
         first = ""
         if (self.stopping.by, self.stopping.how) != (self.by, self.signal):
             ago = since(from_epoch(self.stopping.since_ms / 1000))
@@ -95,26 +95,44 @@ def stop(
     # Celery's revoke with terminate, marked so that the worker forgets the id once it killed the run: a
     # Retry of a task that then blocks its key runs it again as itself, which a revoked id would not.
     arguments = {"task_id": task_id, "terminate": True, "signal": signal, STOP_ONLY: True}
-    app.control.broadcast("revoke", arguments=arguments, destination=[worker] if worker else None)
-    logger.info("keyed queue task %s key=%r stopped by %s (%s, to %s)", task_id, row.key, by, signal, worker or "all")
+    app.control.broadcast("revoke", arguments=arguments, destination=[worker])
+    logger.info("keyed queue task %s key=%r stopped by %s (%s, to %s)", task_id, row.key, by, signal, worker)
     return Stopped(row, stopping, by, signal, worker)
+
+
+def stop_refusal(row: KeyedTask, holder: Holder | None) -> str:
+    """Why ``row``'s task cannot be stopped now (``holder``: its slot, ``recovery.slot_of``); '' when it can."""
+    if holder is not None and holder.state == "running":
+        return ""
+    state = "it was dispatched and has not started: cancel it instead" if holder else f"it {did(row.status)}"
+    return f"task {row.task_id} is not running ({state}); only a running task is stopped"
 
 
 def running_holder(row: KeyedTask) -> Holder:
     """The running slot ``row``'s task holds now, or ActionRefused."""
-    holder = None
-    if row.ticket is not None:
-        holder = get_gate().inspect(row.key, waiting_shown=0).held_by(row.ticket, row.task_id)
-    if holder is None or holder.state != "running":
-        state = "it was dispatched and has not started: cancel it instead" if holder else f"it {did(row.status)}"
-        raise ActionRefused(f"task {row.task_id} is not running ({state}); only a running task is stopped")
+    holder = slot_of(row)
+    if refusal := stop_refusal(row, holder):
+        raise ActionRefused(refusal)
+    assert holder is not None  # it runs
     return holder
 
 
 def cannot_end(app: Celery, worker: str) -> str:
-    """Why ``worker``'s pool cannot end a running task (empty when it can, or is not known)."""
-    pool = worker_pool(app, worker) if worker else None
-    if pool is None or pool in ENDS_RUNS:
+    """Why a run on ``worker`` cannot be stopped now (empty when it can): its worker is not recorded yet, did
+    not say which of Celery's pools it runs, or runs one that cannot end one run. Never assumed able."""
+    if not worker:
+        return (
+            "its worker is not recorded yet (a run's worker writes its start within a records pass, about a "
+            "second): look again in a moment"
+        )
+    pool = worker_pool(app, worker)
+    if pool is None:
+        return (
+            f"worker {worker} did not say within {POOL_TIMEOUT_SECONDS:g} s which of Celery's pools it runs (a "
+            "busy solo worker cannot answer), and only a prefork pool ends one run: look again, or shut that "
+            f"worker down (celery -A <project> control shutdown --destination {worker}) and its lease ends"
+        )
+    if pool in ENDS_RUNS:
         return ""
     return (
         f"worker {worker} runs Celery's {pool} pool, which cannot end one running task (Celery ends a run by "

@@ -18,12 +18,14 @@ from ..process.state import get_gate
 from ..records.models import KeyedTask
 from ..records.statuses import Status
 from . import lookup, recovery, run_now, stop
-from .display import did, since
+from .display import since
+from .lookup import slot_of
 
 ACTIONS = ("retry", "run_now", "cancel", "stop", "release")
 
 #: What an operator is told an action does, as a button says it.
-VERBS = {"retry": "Retry", "run_now": "Run now", "cancel": "Cancel", "stop": "Stop", "release": "Release"}
+VERBS = {"retry": "Retry", "run_now": "Run now", "cancel": "Cancel", "stop": "Stop", "release": "Release",
+         "pause": "Pause", "resume": "Resume"}  # fmt: skip
 
 
 @dataclass
@@ -46,41 +48,65 @@ class Proposal:
         return not self.refusal
 
 
+@dataclass
+class KeyProposal:
+    """An action on the key of selected tasks (pause, resume) as it would be done now."""
+
+    action: str
+    key: str
+    what: list[str] = field(default_factory=list)
+    refusal: str = ""
+
+    @property
+    def applies(self) -> bool:
+        return not self.refusal
+
+
+def propose_for_key(action: str, key: str) -> KeyProposal:
+    """What pausing or resuming ``key`` would do now, or why it would not (as ``recovery`` refuses it)."""
+    paused = get_gate().is_paused(key)
+    if action == "pause":
+        if paused:
+            return KeyProposal(action, key, refusal=f"key {key!r} is paused already")
+        what = f"Key {key!r} dispatches nothing new until it is resumed: its running tasks finish, and new "
+        return KeyProposal(action, key, [what + "submissions queue in order."])
+    if not paused:
+        return KeyProposal(action, key, refusal=f"key {key!r} is not paused")
+    return KeyProposal(action, key, [f"Key {key!r} dispatches what waits, up to its limit."])
+
+
+def why_not(action: str, task: KeyedTask, holder: Holder | None) -> str:
+    """Why ``action`` does not apply to ``task`` now ('' when it does; ``holder``: its slot, ``slot_of``):
+    each action's own rule, from its home, as the command and the API say it."""
+    if action == "retry":
+        return recovery.retry_refusal(task)
+    if action == "cancel":
+        return recovery.cancel_refusal(task, holder)
+    if action == "stop":
+        return stop.stop_refusal(task, holder)
+    if action == "release":
+        return recovery.release_refusal(task.key, task.ticket, holder, task.task_id)
+    return run_now.run_now_refusal(task)
+
+
 def available(task: KeyedTask, holder: Holder | None) -> list[str]:
     """The actions that apply to ``task`` in its state (``holder``: its ticket's slot in the gate, if any)."""
-    found = []
-    if task.status == Status.FAILED and not task.retried_as:
-        found.append("retry")
-    granted = holder is not None and holder.state == "granted"
-    if (
-        (task.ticket is None or granted)
-        and task.status in (Status.WAITING, Status.DISPATCHED)
-        and run_now.waits_for(task)
-    ):
-        found.append("run_now")
-    if task.status in (Status.WAITING, Status.DISPATCHED) and (holder is None or holder.state == "granted"):
-        found.append("cancel")
-    elif task.status == Status.FAILED and holder is not None and holder.state == "blocked":
-        found.append("cancel")
-    if holder is not None and holder.state == "running":
-        found.append("stop")
-    if holder is not None and holder.state in ("running", "granted"):
-        found.append("release")
-    return found
+    return [action for action in ACTIONS if not why_not(action, task, holder)]
 
 
-def holder_of(task: KeyedTask) -> Holder | None:
-    """The slot ``task``'s ticket holds in the gate, if any (one round trip)."""
-    if task.ticket is None:
-        return None
-    return get_gate().inspect(task.key, waiting_shown=0).held_by(task.ticket, task.task_id)
+#: The actions the task list does to many selected tasks at once, each confirmed first.
+MANY = ("cancel", "retry", "release")
 
 
-def propose(action: str, task: KeyedTask) -> Proposal:
-    holder = holder_of(task)
-    proposal = Proposal(action, task)
-    if action not in available(task, holder):
-        proposal.refusal = _not_now(action, task, holder)
+def propose(action: str, task: KeyedTask, *, many: bool = False) -> Proposal:
+    """What ``action`` would do to ``task`` now, or why it would not; ``many``: as one of many tasks the task
+    list acts on at once, where a running task is not released (it would run again beside itself)."""
+    holder = slot_of(task)
+    proposal = Proposal(action, task, refusal=why_not(action, task, holder))
+    if proposal.refusal:
+        return proposal
+    if many and action == "release" and holder is not None and holder.state == "running":
+        proposal.refusal = recovery.RUNNING_NOT_RELEASED_WITH_OTHERS.format(task=task.task_id)
         return proposal
     name, key = f"{task.task_name}[{task.task_id}]", task.key
     if action == "retry":
@@ -164,13 +190,19 @@ def propose(action: str, task: KeyedTask) -> Proposal:
 
 
 def perform(
-    action: str, task: KeyedTask, by: str, seen: dict[str, int] | None = None, picked: dict[str, str] | None = None
+    action: str,
+    task: KeyedTask,
+    by: str,
+    seen: dict[str, int] | None = None,
+    picked: dict[str, str] | None = None,
+    *,
+    many: bool = False,
 ) -> tuple[str, str | None]:
     """Do ``action`` on ``task``: what was done, and the id of the task that now runs (a retry's, which the
     text then ends by naming), if any.
     ActionRefused if it no longer applies. ``seen``: the ticket and dispatch a release or stop names, as the
-    operator confirmed them (None: as they are now, for the task list's action on many tasks); ``picked``:
-    what the operator chose among the proposal's ``choices``."""
+    operator confirmed them (None: as they are now); ``picked``: what the operator chose among the
+    proposal's ``choices``; ``many``: one of many tasks the task list acts on (see ``propose``)."""
     if action == "retry":
         new_id = recovery.retry(task.task_id, by=by)
         if new_id == task.task_id:
@@ -190,22 +222,5 @@ def perform(
     if action == "stop":
         signal = (picked or {}).get("signal", stop.SIGNALS[0])
         return stop.stop(task.task_id, by=by, signal=signal, dispatch=dispatch).said(), None
-    released = recovery.release(task.key, task.ticket, dispatch=dispatch, task_id=task.task_id, by=by)
+    released = recovery.release(task.key, task.ticket, dispatch=dispatch, task_id=task.task_id, by=by, unstarted=many)
     return f"Released by {by} ({', '.join(r.action for r in released if r.ticket == task.ticket)})", None
-
-
-def _not_now(action: str, task: KeyedTask, holder: Holder | None) -> str:
-    if action == "retry":
-        if task.retried_as:
-            return f"it was retried already, as task {task.retried_as}"
-        return f"it {did(task.status)}: only a failed task can be retried"
-    if action == "cancel":
-        if holder is not None and holder.state == "running":
-            return "it is running: stop it instead"
-        only = "only a waiting or dispatched task, or a failed one that blocks its key, is cancelled"
-        return f"it {did(task.status)}: {only}"
-    if action == "stop":
-        return "it is not running: only a running task is stopped"
-    if action == "run_now":
-        return "it waits for no time (a debounce, an eta or its key's rate): only such a task runs now"
-    return "it holds no slot of its key now: it is not running or dispatched"

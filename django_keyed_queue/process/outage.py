@@ -12,12 +12,12 @@ import logging
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import redis
 
 from ..exceptions import GateUnavailable
-from ..gate import Gate, NotSent, SubmitResult
+from ..gate import Gate, NotSent, Submission, SubmitResult
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -79,19 +79,13 @@ def asked_again(call: Callable[..., T], what: str, *, wait_out_outage: bool = Fa
 
 
 def take_ticket(
-    gate: Gate,
-    task_name: str,
-    key: str,
-    message: bytes,
-    *,
-    task_id: str,
-    wait_out_outage: bool = False,
-    **submit_options: Any,
+    gate: Gate, task_name: str, submission: Submission, *, wait_out_outage: bool = False
 ) -> SubmitResult | None:
-    """Take a ticket of ``key`` for ``message``: the submission of a producer, or a delayed task's join.
+    """Take a ticket for ``submission``: a producer's, or a delayed task's join.
 
     A reply lost with the connection may hide a ticket taken: the gate is asked
     again (``asked_again``), and returns the ticket this message holds.
     """
-    call = partial(gate.submit, key, message, task_id=task_id, **submit_options)
-    return asked_again(call, f"{task_name}: submitting to key={key!r}", wait_out_outage=wait_out_outage)
+    call = partial(gate.submit, submission)
+    what = f"{task_name}: submitting to key={submission.key!r}"
+    return asked_again(call, what, wait_out_outage=wait_out_outage)

@@ -8,6 +8,7 @@ Nothing is left behind when a step fails: no ticket, no row, no message, no clai
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from datetime import datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -19,7 +20,7 @@ from django.utils import timezone
 
 from ..conf import settings
 from ..exceptions import GateUnavailable, InvalidArguments, KeyQueueFull
-from ..gate import QueueFull, Submission
+from ..gate import Cancel, QueueFull, Submission
 from ..messaging import superseded
 from ..messaging.building import SendNow, send_to_gate
 from ..messaging.dispatch import publish_grants
@@ -150,11 +151,7 @@ def _enqueue(
         sub = gate_submission(task, key, message, options)
         try:
             gate = current().gate  # a Redis Cluster's client connects as it is made
-            submitted = take_ticket(
-                gate, task.name, key, sub.message, task_id=task_id, limit=sub.limit,
-                max_waiting=sub.max_waiting, record=sub.record, wire=send_now.wire(key, gate.client),
-                coalesce=sub.coalesce, debounce_ms=sub.debounce_ms,
-            )  # fmt: skip
+            submitted = take_ticket(gate, task.name, replace(sub, wire=send_now.wire(key, gate.client)))
         except QueueFull as full:
             raise queue_full(task, full, sub, "; nothing was submitted") from full
         except redis.RedisError as exc:
@@ -235,7 +232,7 @@ def withdraw(task: KeyedTaskProtocol, key: str, ticket: int, *, forget: bool = F
     """Withdraw the ticket of a submission that failed, and its record; what it frees is dispatched.
 
     ``forget``: no message of it was published, so its number can be given back."""
-    withdrawn = current().gate.cancel(key, ticket, limit=task.serial_limit, forget=forget, failed=True)
+    withdrawn = current().gate.cancel(Cancel(key, ticket, limit=task.serial_limit, forget=forget, failed=True))
     publish_grants(task.app, withdrawn.granted)
 
 

@@ -318,6 +318,16 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
             said += f", {beside:.1f} s of it beside attempt {later[0]} (started {later[1]:%H:%M:%S})"
         self.note(task_id, key, ticket, said)
 
+    def renumber(self, key: str, moves: dict[tuple[str, int], int]) -> int:
+        """Give submissions of ``key`` new tickets: ((task id, ticket) -> new ticket), as a rebuild numbered
+        them again in the gate (``Gate.restore_ahead``); a row not written yet takes its new ticket from the
+        gate's record of it. How many rows changed."""
+        changed = 0
+        for (task_id, ticket), new in moves.items():
+            rows = self.filter(key=key, task_id=task_id, ticket=ticket).using(self.db_for_write())
+            changed += rows.update(ticket=new)
+        return changed
+
     def settle_rows(self, pks: Iterable[int], status: str, **fields: Any) -> int:
         """``settle`` for rows an operator's action or a rebuild has in hand."""
         return self._settle(self.filter(pk__in=list(pks)), status, fields)

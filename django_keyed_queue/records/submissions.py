@@ -215,7 +215,10 @@ def settle(
 ) -> int:
     """``KeyedTask.objects.settle``, writing the key's kept submissions first if the row is not there yet."""
     changed = KeyedTask.objects.settle(task_id, key, ticket, status, unstarted=unstarted, **fields)
-    if not changed and write_key(gate, key):
+    if not changed:
+        # Settled again whatever this write finds: another writer (an operator's page, a worker's pass)
+        # may have written the row since, and forgets the kept record only once the row is in.
+        write_key(gate, key)
         changed = KeyedTask.objects.settle(task_id, key, ticket, status, unstarted=unstarted, **fields)
     return changed
 

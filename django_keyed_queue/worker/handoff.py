@@ -38,6 +38,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from functools import partial
+from traceback import format_exception
 from typing import TYPE_CHECKING, Any, cast
 
 import celery
@@ -46,13 +47,14 @@ from celery import Celery, Task, signals, states
 from celery.app.task import Context
 from celery.app.trace import LOG_RECEIVED, trace_task
 from celery.utils.imports import symbol_by_name
+from celery.utils.saferepr import saferepr
 from django.utils import timezone
 from kombu import Message
 from kombu.utils.encoding import safe_repr, safe_str
 
 from ..conf import settings
 from ..exceptions import MessageRefused
-from ..gate import Grant
+from ..gate import Gate, Grant, KeptStart, Lease
 from ..messaging.building import with_celery_message
 from ..messaging.dispatch import Dispatched, publish, publish_grants, record_dispatched
 from ..messaging.message import TaskMessage, ticket_header
@@ -64,6 +66,8 @@ if TYPE_CHECKING:
 
     from billiard.einfo import ExceptionInfo
     from celery.exceptions import Reject
+
+    from ..messaging.task_type import KeyedTaskProtocol
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +96,8 @@ class Kept:
     request: dict[str, Any]
     #: The task id of the run that freed the slot: its ``task_postrun`` runs this one.
     after: str
+    #: Seconds that run took, to its finish: its ``task-succeeded`` event says it, sent from here.
+    after_runtime: float = 0.0
 
 
 class LocalHandoff(threading.local):
@@ -105,6 +111,8 @@ class LocalHandoff(threading.local):
         self.deadline = 0.0
         #: The kept grant running now: it came by no broker message.
         self.tracing: Kept | None = None
+        #: The task whose pool job the chain runs in (its host), while ``running``.
+        self.host = ""
 
     def may_keep(self, finished_request: Context) -> bool:
         """Whether this process may keep the grant a run's finish frees, whatever that grant is: asked
@@ -116,11 +124,30 @@ class LocalHandoff(threading.local):
         # The pool's timer of the message being run would cover the kept run too.
         return not any(finished_request.timelimit or ())
 
-    def hand_over(self, app: Celery, finished_request: Context, grants: list[Grant]) -> Dispatched:
-        """Dispatch what a run's finish granted: the first grant may be kept to run here, next."""
-        return _publish(app, self._keep(app, finished_request, grants))
+    def keeping(self, task: KeyedTaskProtocol, gate: Gate) -> tuple[float, KeptStart | None]:
+        """What the finish of ``task``'s run now asks for this process's local handoff: how long the first
+        grant it frees is kept here (0: not kept, ``Finish.keep_first_seconds``), and whether the finish
+        starts it too (``Finish.start_kept``).
 
-    def _keep(self, app: Celery, finished_request: Context, grants: list[Grant]) -> list[Grant]:
+        A grant kept here has a lease's time to start; if this process dies first, the reaper publishes it.
+        One of this task the finish starts itself (no start call): a kill before it runs is then a lost run,
+        recovered as one. Not for a paced or debounced key (its rate or eta decides when), nor a task never
+        recovered. (A pooled one's where the finish cannot ask its pool, a Redis Cluster: the gate's finish
+        starts none, ``Gate.finish``.)"""
+        if not self.may_keep(task.request):
+            return 0.0, None
+        starts = not task.serial_interval_ms and not task.serial_debounce_ms and task.max_recoveries > 0
+        start_kept = KeptStart(task.name, task.max_recoveries, task.blocks_on_failure) if starts else None
+        return gate.lease_ms / 1000, start_kept
+
+    def hand_over(
+        self, app: Celery, finished_request: Context, grants: list[Grant], *, runtime: float = 0.0
+    ) -> Dispatched:
+        """Dispatch what a run's finish granted: the first grant may be kept to run here, next (``runtime``:
+        the finished run's, so far)."""
+        return _publish(app, self._keep(app, finished_request, grants, runtime))
+
+    def _keep(self, app: Celery, finished_request: Context, grants: list[Grant], runtime: float) -> list[Grant]:
         """Keep the first grant to run in this process if it may; returns the grants left to publish."""
         if not grants or grants[0].pushed or not self.may_keep(finished_request):
             return grants  # pushed: the gate sent its message already
@@ -132,36 +159,51 @@ class LocalHandoff(threading.local):
         if request is None:
             return grants
         # A run's request always has its task's id (celery-types' Context allows None).
-        self.kept = Kept(grants[0], request, after=cast(str, finished_request.id))
+        self.kept = Kept(grants[0], request, after=cast(str, finished_request.id), after_runtime=runtime)
+        # Told to the worker's main process now: a revoke of the task that ended leaves this run alone.
+        handoff_runs.note(self.host if self.running else self.kept.after, request)
         record_dispatched(grants[0], message.task_id, timezone.now())
         return grants[1:]
 
-    def run_kept(self, app: Celery, task_id: str) -> None:
-        """After the run ``task_id`` is traced: run what it kept, and what those keep, within the budget.
+    def run_kept(self, app: Celery, task_id: str, retval: Any = None, state: str | None = None) -> None:
+        """After the run ``task_id`` is traced (``retval``, ``state``: its result): run what it kept, and what
+        those keep, within the budget.
 
         A kept run's own ``task_postrun`` calls this again, nested, and returns at
         once: the outermost call loops, so the stack does not grow with the chain.
+        The job's own task succeeded before the chain: its ``task-succeeded`` goes out
+        now, not when the job ends after the chain (its worker's main process sends
+        none then).
         """
         kept = self.kept
         if kept is None or kept.after != task_id or self.running:
             return
-        self.running = True
+        self.running, self.host = True, task_id
         self.deadline = time.monotonic() + settings.LOCAL_HANDOFF_SECONDS
+        announced = False
         try:
+            try:
+                announced = _announce_end(app, kept, retval, state)
+            except Exception:  # an event is worth less than the run: its worker sends it when the job ends
+                logger.warning("task %s: its end's event is left to its job's end", task_id, exc_info=True)
             while self.kept is not None:
                 kept, self.kept = self.kept, None
+                if handoff_runs.revoked(kept.request["id"]):
+                    _drop_revoked(app, kept)
+                    continue
                 logger.debug("running key=%r ticket=%s here (local handoff)", kept.grant.key, kept.grant.ticket)
                 self.tracing = kept
-                handoff_runs.note(task_id, kept.request)  # this job's own task finished: it hosts this run
+                handoff_runs.note(task_id, kept.request, started=time.time())  # this job's own task finished
                 task = app.tasks[kept.request["task"]]
                 current().totals.count("handed_over", task.name)
+                handoff_runs.count_run(task.name)
                 # In a context of its own, as a message's run starts: what the task it runs after left
                 # current (a tracer's span, attached by that task's task_prerun and detached only by its
                 # task_postrun, after this) must not become this run's parent.
                 contextvars.Context().run(trace, app, task, kept.request, current().worker)
                 self.tracing = None
         finally:
-            handoff_runs.clear()
+            handoff_runs.clear(task_id, announced=announced)
             self.running, self.tracing = False, None
             left, self.kept = self.kept, None
             if left is not None:  # the loop was interrupted: the grant goes out as usual
@@ -199,6 +241,7 @@ def local() -> LocalHandoff:
 def _after_fork_in_child() -> None:
     global _local
     _local = LocalHandoff()
+    handoff_runs.forget_counted()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -209,6 +252,43 @@ def _publish(app: Celery, grants: list[Grant]) -> Dispatched:
     return publish_grants(app, [g for g in map(_not_kept, grants) if g is not None])
 
 
+def _announce_end(app: Celery, kept: Kept, retval: Any, state: str | None) -> bool:
+    """Send ``task-succeeded`` or ``task-failed`` for the task that kept ``kept`` (its ``retval`` and
+    ``state`` as ``task_postrun`` has them), as its worker would have when its job ended, if the worker
+    sends task events; whether it was sent."""
+    if state == states.SUCCESS:
+        event = "task-succeeded"
+    elif state == states.FAILURE and isinstance(retval, BaseException):
+        event = "task-failed"
+    else:
+        return False
+    task = app.tasks.get(kept.request["task"])
+    if not (handoff_runs.task_events(current().worker.sends_task_events) and getattr(task, "send_events", True)):
+        return False
+    if event == "task-succeeded":
+        result = saferepr(retval, getattr(task, "resultrepr_maxsize", 1024))  # as Celery's tracer reprs it
+        fields = {"result": result, "runtime": kept.after_runtime}
+    else:  # as the worker's Request.on_failure words it
+        fields = {"exception": safe_repr(retval), "traceback": "".join(format_exception(retval))}
+    with app.events.default_dispatcher(hostname=kept.request["hostname"]) as dispatcher:
+        dispatcher.send(event, uuid=kept.after, **fields)
+    return True
+
+
+def _drop_revoked(app: Celery, kept: Kept) -> None:
+    """A kept grant whose task Celery revoked at this worker: not run, as Celery drops a revoked message.
+    Its grant is given back unstarted and ``task_revoked`` is sent, whose receiver withdraws it from its
+    key (``ops.signals``), which moves on."""
+    request = kept.request
+    logger.info("%s[%s] was revoked: its kept grant is not run (local handoff)", request["task"], request["id"])
+    _not_kept(kept.grant)  # given back as granted, its attempt not counted
+    task = app.tasks[request["task"]]
+    context = Context(request)
+    store = not request.get("ignore_result") or task.store_errors_even_if_ignored
+    task.backend.mark_as_revoked(request["id"], "revoked", request=context, store_result=store)
+    signals.task_revoked.send(sender=task, request=context, terminated=False, signum=None, expired=False)
+
+
 def _not_kept(grant: Grant) -> Grant | None:
     """A grant to publish. One the finish started for this process, which will not run it after all,
     is first given back as granted, its attempt not counted; None if it is no longer this process's
@@ -216,7 +296,7 @@ def _not_kept(grant: Grant) -> Grant | None:
     if not grant.token:
         return grant
     try:
-        given_back = current().gate.requeue(grant.key, grant.ticket, grant.token, unstarted=True)
+        given_back = current().gate.requeue(Lease(grant.key, grant.ticket, grant.token), unstarted=True)
     except redis.RedisError:
         logger.warning("keyed queue key=%r ticket=%s: its kept grant is left to the reaper", grant.key, grant.ticket)
         return None
@@ -269,7 +349,7 @@ def trace(app: Celery, task: Task[..., Any], request: dict[str, Any], worker: Wo
     run = partial(trace_task, task, request["id"], request["args"], request["kwargs"], request)
     run = partial(run, hostname=request["hostname"], loader=app.loader, app=app)
     _receive(app, task, request)
-    events = worker.sends_task_events and task.send_events
+    events = handoff_runs.task_events(worker.sends_task_events) and task.send_events
     with app.events.default_dispatcher(hostname=request["hostname"]) if events else nullcontext() as dispatcher:
         send = partial(dispatcher.send, uuid=request["id"]) if dispatcher else _no_event
         send(

@@ -127,10 +127,35 @@ class KeyedRequest(Request):
         return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
 
     def terminate(self, pool: Any, signal: Any = None) -> None:
-        """Revoked with ``terminate``: Celery kills the process and tells ``task_revoked`` without it; note it."""
+        """Revoked with ``terminate``: Celery kills the process and tells ``task_revoked`` without it; note it.
+        A task that has ended, whose job now runs its key's next task by local handoff, is left alone: the
+        revoke names a task that ended, and changes nothing (as for a plain task that ended)."""
+        hosted = handoff_runs.hosted_by(self.id, self.worker_pid) if self.worker_pid else None
+        if hosted is not None:
+            logger.info("%s[%s] has ended: not terminated (its process runs %s[%s] by local handoff)",
+                        self.name, self.id, hosted["task"], hosted["id"])  # fmt: skip
+            return
         if self.time_start and self.worker_pid:
             killed.terminating[self.id] = self.worker_pid
         super().terminate(pool, signal)
+
+    def send_event(self, type: str, **fields: Any) -> None:
+        """Celery's event of this request: not a ``task-succeeded`` or ``task-failed`` its pool process sent
+        already, when its task ended, before the runs its job hosted by local handoff."""
+        eventer = self._eventer  # type: ignore[attr-defined]  # Request's own, not in celery-types
+        if not (eventer and eventer.enabled and self.task.send_events):
+            return  # as Celery's own send_event: no event, and no need to read the shared memory
+        ends = ("task-succeeded", "task-failed")
+        if type in ends and self.worker_pid and handoff_runs.announced(self.id, self.worker_pid):
+            return
+        super().send_event(type, **fields)
+
+    def info(self, safe: bool = False) -> Any:  # celery-types' _InfoDict has no ``hosted_by``
+        """Celery's ``inspect active`` entry: a job whose task ended and that runs another by local handoff
+        is shown as that run (its id, task, arguments and start; ``hosted_by`` names the job's own task)."""
+        info = dict(super().info(safe=safe))
+        hosted = handoff_runs.hosted_by(self.id, self.worker_pid) if self.worker_pid else None
+        return info if hosted is None else handoff_runs.shown(hosted, info)
 
     def on_timeout(self, soft: bool, timeout: float) -> None:
         super().on_timeout(soft, timeout)

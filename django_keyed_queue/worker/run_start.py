@@ -1,29 +1,26 @@
-"""A run's start: the ticket its message names is started (or, for a delayed task now due, one taken),
-its record moved to running, its lease held."""
+"""The gate's side of a run's start: the ticket its message names is started (or, for a delayed task now
+due, one taken), or the message is dropped (``Ignore``) when it may not run now."""
 
 from __future__ import annotations
 
 import logging
 import time
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Self, cast
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, cast
 
 from celery.exceptions import Ignore
-from django.utils import timezone
 
-from ..conf import settings
-from ..gate import Code, Grant, Lease, SubmitResult
+from ..gate import Code, Grant, Lease, Start, Submission, SubmitResult
 from ..messaging import superseded
 from ..messaging.building import delivered
 from ..messaging.dispatch import publish, publish_grants
-from ..messaging.message import ENQUEUED_HEADER, HEADER, JOIN_HEADER, gate_message
+from ..messaging.message import DELAY_OPTIONS, ENQUEUED_HEADER, JOIN_HEADER, gate_message
 from ..pools import pool_of
 from ..process.outage import outlast_restart, take_ticket
 from ..process.state import current
 from ..records.statuses import Status
 from ..records.transitions import Transition
 from . import handoff
-from .run_base import RunBase, request_options
 
 if TYPE_CHECKING:
     from celery.app.task import Context
@@ -35,48 +32,12 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class RunStart(RunBase):
-    @classmethod
-    def begin(cls, task: KeyedTaskProtocol, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Self:
-        """Take the slot the message's ticket was granted; raises Ignore when this message may not run."""
-        request = task.request
-        header = getattr(request, HEADER, None)
-        lease, attempts = _join(task, args, kwargs) if header is None else _start(task, header, args, kwargs)
-        now = timezone.now()
-        process = current()
-        # A delayed task's run: its row, written without a ticket, may not have the join's yet.
-        joins = header is None or hasattr(request, JOIN_HEADER)
-        submitted = submitted_at(request)
-        # Submitted within the record delay: no writer's pass wrote its row yet, so this run makes it.
-        young = submitted is not None and time.time() - submitted < settings.RECORD_DELAY_SECONDS
-        # A run's request always has its task's id: ``cast(str, request.id)`` (celery-types' Context allows None).
-        process.recorder.buffer(
-            Transition(
-                cast(str, request.id),
-                lease.key,
-                lease.ticket,
-                Status.RUNNING,
-                attempts,
-                {"started_at": now, "heartbeat_at": now, "worker": request.hostname or ""},
-                joins=joins,
-                insert_first=young and attempts == 1 and not joins,
-                create={
-                    "task_name": task.name,
-                    "enqueued_at": datetime.fromtimestamp(submitted, UTC) if submitted is not None else now,
-                    "args": args,
-                    "kwargs": kwargs,
-                    # Celery's request has them only when the message had them.
-                    "argsrepr": getattr(request, "argsrepr", None),
-                    "kwargsrepr": getattr(request, "kwargsrepr", None),
-                },  # fmt: skip
-            )
-        )
-        process.leases.hold(lease, cast(str, request.id), attempts, task.serial_pool)
-        process.totals.count("started", task)
-        waited = waited_for_key(request) if attempts == 1 else None
-        if waited is not None:
-            process.totals.observe("wait_seconds", task, waited)
-        return cls(task, lease, attempts)
+def join_or_start(
+    task: KeyedTaskProtocol, header: dict[str, Any] | None, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Lease, int]:
+    """The lease and attempt of the run of a message (``header``: its ticket's, None for a delayed task
+    now due, which takes a ticket first); ``Ignore`` when it may not run now."""
+    return _join(task, args, kwargs) if header is None else _start(task, header, args, kwargs)
 
 
 def _start(
@@ -91,19 +52,11 @@ def _start(
     kept = handoff.local().started(cast(str, request.id), key, ticket, dispatch)
     if kept is not None:  # the finish that kept it here started it
         return Lease(key, ticket, kept.token), kept.attempts
-    pool = pool_of(task)
-    started, _ = outlast_restart(
-        lambda: gate.start(
-            key,
-            ticket,
-            dispatch,
-            max_lost=task.max_recoveries,
-            block=task.blocks_on_failure,
-            task_id=cast(str, request.id),
-            interval_ms=task.serial_interval_ms,
-            pool=pool,
-        )  # fmt: skip
-    )
+    start = Start(
+        key, ticket, dispatch, max_lost=task.max_recoveries, block=task.blocks_on_failure,
+        task_id=cast(str, request.id), interval_ms=task.serial_interval_ms, pool=pool_of(task),
+    )  # fmt: skip
+    started, _ = outlast_restart(lambda: gate.start(start))
     if started.granted:  # a slot its pool freed meanwhile went to them
         publish_grants(task.app, started.granted)
     if started.code is Code.TOO_EARLY:
@@ -113,8 +66,7 @@ def _start(
     if started.code is Code.PARKED:
         # Its pool has no slot: it waits, holding its key and no worker process, and is published again once
         # a slot is its.
-        assert pool is not None
-        logger.info("%s[%s] key=%r ticket=%s waits for pool %r", task.name, request.id, key, ticket, pool.name)
+        logger.info("%s[%s] key=%r ticket=%s waits for pool %r", task.name, request.id, key, ticket, task.serial_pool)
         raise Ignore()
     if not started.ok:
         # A duplicate is routine; a message that is not the ticket's own is not.
@@ -175,25 +127,17 @@ def join(
     """
     key = task.key_for(args, kwargs)
     options = request_options(request)
-    join_id = getattr(request, JOIN_HEADER, None) or request.id  # a message sent before there was one: its id
+    join_id = cast(str, getattr(request, JOIN_HEADER, None) or request.id)  # sent before there was one: its id
     # Carried by the message its grant publishes: that run's record is the join's (see ``Run.begin``).
     options["headers"] = {**(options.get("headers") or {}), JOIN_HEADER: join_id}
     sent = None if received is None else delivered(received, {**received.headers, JOIN_HEADER: join_id})
     message = gate_message(task.name, cast(str, request.id), args, kwargs, options, sent)
-    submitted = take_ticket(
-        current().gate,
-        task.name,
-        key,
-        message.encode(task.serializer, blocks=task.blocks_on_failure),
-        task_id=cast(str, request.id),
-        wait_out_outage=wait_out_outage,
-        limit=task.serial_limit,
-        start=start,
-        join_id=join_id,
-        max_lost=task.max_recoveries,
-        block=task.blocks_on_failure,
-        coalesce=task.name if task.serial_coalesce else "",
-    )
+    submission = Submission(
+        key, message.encode(task.serializer, blocks=task.blocks_on_failure), cast(str, request.id),
+        limit=task.serial_limit, coalesce=task.name if task.serial_coalesce else "", start=start, join_id=join_id,
+        max_lost=task.max_recoveries, block=task.blocks_on_failure,
+    )  # fmt: skip
+    submitted = take_ticket(current().gate, task.name, submission, wait_out_outage=wait_out_outage)
     if submitted is not None and submitted.superseded is not None:
         superseded.replaced(task, key, submitted.superseded[1], by=cast(str, request.id))
     if submitted is None:
@@ -228,3 +172,12 @@ def waited_for_key(request: Context) -> float | None:
             eta = None
     due = max(enqueued, eta.timestamp()) if isinstance(eta, datetime) else enqueued
     return max(0.0, time.time() - due)
+
+
+def request_options(request: Context) -> dict[str, Any]:
+    """The options a worker's ``request`` was sent with, as ``gate_message`` takes them (no delay: it is due)."""
+    options = {k: v for k, v in request.as_execution_options().items() if k not in DELAY_OPTIONS}
+    routing = request.delivery_info or {}
+    if routing.get("routing_key"):
+        options.setdefault("queue", routing["routing_key"])
+    return options

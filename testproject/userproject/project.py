@@ -5,7 +5,8 @@ blocks of the README's install section, each into the file it names (Celery's
 documented Django layout: ``mysite/celery.py`` with ``config_from_object`` and
 ``autodiscover_tasks()``, imported from ``mysite/__init__.py``), Celery's default
 settings, one redis-server for the broker and the gate, the default SQLite
-database. The tier's own tasks and settings (its pools), and a test's settings, are added after them.
+database (or, as a user switches, ``DATABASES`` pointed at a PostgreSQL database). The tier's own tasks
+and settings (its pools), and a test's settings, are added after them.
 """
 
 from __future__ import annotations
@@ -37,11 +38,15 @@ def install_blocks() -> list[tuple[str, str]]:
 
 
 class UserProject:
-    def __init__(self, directory: Path, redis_url: str, settings: dict | None = None) -> None:
+    def __init__(
+        self, directory: Path, redis_url: str, settings: dict | None = None, database: dict | None = None
+    ) -> None:
         self.directory = directory
         self.redis_url = redis_url
         #: Settings added after the install section's (a test's tighter timings, Celery's recommended ones).
         self.settings = settings or {}
+        #: ``DATABASES["default"]`` of a PostgreSQL database, or None for startproject's SQLite.
+        self.database = database
         self.workers: list[Worker] = []
 
     @property
@@ -60,8 +65,11 @@ class UserProject:
         for name, _ in install_blocks():
             path = self.directory / name
             path.write_text(path.read_text().replace(README_REDIS, self.redis_url))
+        added = {**self.settings, **({"DATABASES": {"default": self.database}} if self.database else {})}
         with open(self.directory / "mysite" / "settings.py", "a") as settings:
-            settings.writelines(f"{name} = {value!r}\n" for name, value in self.settings.items())
+            settings.writelines(f"{name} = {value!r}\n" for name, value in added.items())
+        if self.database:
+            self.manage("migrate", "--verbosity", "0")  # the template migrated its SQLite file only
         return self
 
     def make(self) -> None:
@@ -147,10 +155,18 @@ class UserProject:
         return {e["id"] for e in self.history() if e["event"] == "end" and (until is None or e["t"] <= until)}
 
     def rows(self) -> dict[str, dict]:
-        """Every KeyedTask row, by task id, read straight from the project's SQLite file."""
+        """Every KeyedTask row, by task id, read straight from the project's database."""
+        query = "SELECT * FROM keyed_queue_keyedtask"
+        if self.database:
+            import psycopg
+            from psycopg.rows import dict_row
+
+            db = self.database
+            with psycopg.connect(host=db["HOST"], port=db["PORT"], user=db["USER"], dbname=db["NAME"]) as conn:
+                return {r["task_id"]: r for r in conn.cursor(row_factory=dict_row).execute(query)}
         with closing(sqlite3.connect(self.directory / "db.sqlite3", timeout=30)) as db:  # `with` alone leaves it open
             db.row_factory = sqlite3.Row
-            return {r["task_id"]: dict(r) for r in db.execute("SELECT * FROM keyed_queue_keyedtask")}
+            return {r["task_id"]: dict(r) for r in db.execute(query)}
 
     def kill(self) -> None:
         for worker in self.workers:

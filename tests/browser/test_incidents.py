@@ -12,6 +12,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from django_keyed_queue.gate import Finish, Start
 from django_keyed_queue.ops import recovery
 from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records.models import KeyedTask
@@ -34,7 +35,7 @@ def submit(key: str, n: int) -> KeyedTask:
 
 def running(task: KeyedTask, *, for_seconds: float, worker: str = "celery@worker-1") -> int:
     """Start ``task`` as its worker would; returns its fencing token."""
-    started = get_gate().start(task.key, task.ticket, 1, max_lost=3)
+    started = get_gate().start(Start(task.key, task.ticket, 1, max_lost=3))
     assert started.ok
     since = timezone.now() - timedelta(seconds=for_seconds)
     KeyedTask.objects.filter(pk=task.pk).update(status="running", started_at=since, worker=worker, attempts=1)
@@ -63,8 +64,8 @@ def test_an_invoice_failed_retry_it_from_its_page(gate_redis, logged_in, screens
     result = charge.apply_async((41, "120.00"), queue=QUEUE)
     write_submission_rows()
     failed = KeyedTask.objects.get(task_id=result.id)
-    started = get_gate().start(failed.key, failed.ticket, 1)
-    get_gate().finish(failed.key, failed.ticket, started.token)
+    started = get_gate().start(Start(failed.key, failed.ticket, 1))
+    get_gate().finish(Finish(failed.key, failed.ticket, started.token))
     error = "Traceback (most recent call last):\n  ...\nshop.payments.CardDeclined: card declined"
     KeyedTask.objects.filter(pk=failed.pk).update(status="failed", error=error, finished_at=timezone.now())
     on_call = Operator(logged_in, screenshot, DOCS_SHOTS)

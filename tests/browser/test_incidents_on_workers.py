@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from django_keyed_queue import set_key_rate
+from django_keyed_queue import set_limits
 from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.testing import write_submission_rows
@@ -79,7 +79,7 @@ def test_a_debounced_invoice_found_by_its_number_runs_now(worker, gate_redis, lo
 
 
 def test_a_ledger_task_waiting_for_its_keys_rate_runs_now(worker, gate_redis, logged_in, screenshot):
-    set_key_rate("ledger:1001", "2/h")
+    set_limits(key="ledger:1001", rate="2/h")
     first = step.apply_async(("ledger:1001", 1), queue=QUEUE)
     second = step.apply_async(("ledger:1001", 2), queue=QUEUE)
     wait_until(lambda: status_of(first.id, "succeeded"), timeout=30, message="the first to run")

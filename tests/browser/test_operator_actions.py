@@ -6,6 +6,7 @@ import pytest
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
 
+from django_keyed_queue.gate import Finish, Start
 from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.testing import write_submission_rows
@@ -43,12 +44,18 @@ def run_action(page, description: str, *tasks: KeyedTask) -> None:
     page.select_option('select[name="action"]', label=description)
     with page.expect_navigation():
         page.click('button[name="index"]')
+    # What it will do to each selected task is shown first, then confirmed.
+    assert page.locator("#each-task tbody tr").count() == len(tasks)
+    with page.expect_navigation():
+        page.click("#confirm")
 
 
 def test_unblocking_keys_from_the_live_page(gate_redis, logged_in, screenshot):
     page = logged_in
     busy = [submit("account:1", n) for n in (1, 2, 3)]
-    assert get_gate().start("account:1", busy[0].ticket, 1, max_lost=3).ok  # running, its lease renewed by nobody
+    assert (
+        get_gate().start(Start("account:1", busy[0].ticket, 1, max_lost=3)).ok
+    )  # running, its lease renewed by nobody
     get_gate().pause("account:2")
     parked = submit("account:2", 1)
     submit("account:3", 1)
@@ -93,8 +100,8 @@ def test_cancelling_and_retrying_tasks_from_the_list(gate_redis, logged_in, scre
     page = logged_in
     first, waiting = submit("account:5", 1), submit("account:5", 2)
     failed = submit("account:6", 1)
-    started = get_gate().start("account:6", failed.ticket, 1)
-    get_gate().finish("account:6", failed.ticket, started.token)
+    started = get_gate().start(Start("account:6", failed.ticket, 1))
+    get_gate().finish(Finish("account:6", failed.ticket, started.token))
     KeyedTask.objects.filter(pk=failed.pk).update(status="failed", error="RuntimeError: card declined")
 
     page.goto(f"{LIST}?q=account%3A5")
@@ -122,8 +129,8 @@ def test_a_task_page_draws_its_keys_timeline(gate_redis, logged_in, screenshot):
     tasks = [submit("account:7", n) for n in range(4)]
     gate = get_gate()
     for task in tasks[:2]:
-        started = gate.start("account:7", task.ticket, 1)
-        gate.finish("account:7", task.ticket, started.token)
+        started = gate.start(Start("account:7", task.ticket, 1))
+        gate.finish(Finish("account:7", task.ticket, started.token))
         at = KeyedTask.objects.get(pk=task.pk).enqueued_at
         KeyedTask.objects.filter(pk=task.pk).update(status="succeeded", started_at=at, finished_at=at)
     page.goto(f"{LIST}{tasks[2].pk}/change/")
@@ -151,3 +158,25 @@ def test_a_viewer_sees_the_keys_but_no_buttons(gate_redis, page, admin_server, s
     screenshot("viewer")
     assert live_rows(page) == ["account:8"]
     assert page.locator("#live-keys button").count() == 0
+
+
+def test_the_lists_release_shows_each_task_first_and_refuses_a_running_one(gate_redis, logged_in, screenshot):
+    """A running holder selected with a task waiting behind it: the confirmation says, per task, why each
+    is refused (the running one would run twice at once: Stop it), and offers nothing to confirm."""
+    page = logged_in
+    running, waiting = submit("account:8", 1), submit("account:8", 2)
+    assert get_gate().start(Start("account:8", running.ticket, 1)).ok
+
+    page.goto(f"{LIST}?q=account%3A8")
+    for task in (running, waiting):
+        page.locator(f'#result_list input[name="_selected_action"][value="{task.pk}"]').check()
+    page.select_option('select[name="action"]', label="Release the selected running tasks' hold on their keys")
+    with page.expect_navigation():
+        page.click('button[name="index"]')
+    screenshot("release-refused")
+    rows = page.locator("#each-task tbody tr.refused")
+    assert rows.count() == 2 and page.locator("#confirm").count() == 0, "nothing to confirm"
+    said = rows.filter(has_text=running.task_id).inner_text()
+    assert "two runs of one task at once" in said and "Stop it" in said
+    assert "Release applies to none of the selected tasks now." in page.locator("#not-now").inner_text()
+    assert get_gate().inspect("account:8").holders[running.ticket].state == "running"

@@ -16,7 +16,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from django_keyed_queue.gate import Gate
+from django_keyed_queue.gate import Gate, Start
 from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records.models import IdempotencyKey, KeyedTask
 from django_keyed_queue.records.statuses import Status
@@ -162,7 +162,7 @@ def submit(key: str, n: int) -> KeyedTask:
 
 def run(task: KeyedTask, gate: Gate) -> None:
     """The task's worker starts it (the holder's lease begins) and records that."""
-    assert gate.start(task.key, task.ticket, 1, max_lost=3).ok
+    assert gate.start(Start(task.key, task.ticket, 1, max_lost=3)).ok
     KeyedTask.objects.filter(pk=task.pk).update(
         status=Status.RUNNING, started_at=timezone.now(), attempts=1, worker="celery@worker-2"
     )

@@ -1,6 +1,7 @@
 """The admin's actions as an operator uses them: each needs its own permission and is logged."""
 
 import json
+import re
 import time
 
 import pytest
@@ -8,7 +9,7 @@ from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import User
 from django.urls import reverse
 
-from django_keyed_queue.gate import Lease
+from django_keyed_queue.gate import Finish, Lease, Start, Submission
 from django_keyed_queue.messaging.message import HEADER, JOIN_HEADER, TaskMessage
 from django_keyed_queue.process.state import current, get_gate
 from django_keyed_queue.records.models import IdempotencyKey, KeyedTask
@@ -22,6 +23,20 @@ CHANGELIST = "admin:keyed_queue_keyedtask_changelist"
 
 
 def act(client, action: str, *tasks: KeyedTask):
+    """The task list's action on ``tasks``, confirmed as an operator confirms it: the page it shows first, then
+    its form posted back (the page itself when its form offers nothing to confirm, or it was refused)."""
+    shown = confirmation(client, action, *tasks)
+    form = re.search(r'<form method="post">(.*?)</form>', shown.content.decode(), re.S)
+    if shown.status_code != 200 or form is None:
+        return shown
+    posted: dict[str, list[str]] = {}
+    for name, value in re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', form.group(1)):
+        posted.setdefault(name, []).append(value)
+    return client.post(reverse(CHANGELIST), posted, follow=True)
+
+
+def confirmation(client, action: str, *tasks: KeyedTask):
+    """What the task list's action says it will do, before anything is done."""
     return client.post(reverse(CHANGELIST), {"action": action, "_selected_action": [t.pk for t in tasks]}, follow=True)
 
 
@@ -56,15 +71,15 @@ def test_cancel_of_a_dispatched_task_passes_the_key_to_the_next(gate_redis, brok
     assert row(first).status == "cancelled"
     assert row(second).status == "dispatched"
     assert published(broker) == [(1, 1), (2, 1)]
-    assert not get_gate().start("k", 1, 1).ok, "the cancelled task's message, if it arrives, does not run"
-    assert get_gate().start("k", 2, 1).ok
+    assert not get_gate().start(Start("k", 1, 1)).ok, "the cancelled task's message, if it arrives, does not run"
+    assert get_gate().start(Start("k", 2, 1)).ok
 
 
 def test_a_running_task_is_not_cancelled(gate_redis, broker, as_user):
     task = step.apply_async(("k", 1), queue=QUEUE)
-    assert get_gate().start("k", 1, 1).ok
+    assert get_gate().start(Start("k", 1, 1)).ok
     response = act(as_user("carol", "cancel_keyedtask"), "cancel_tasks", row(task))
-    assert "started meanwhile; release its holder instead" in response.content.decode()
+    assert f"Not done: task {task.id} is running: stop it instead." in response.content.decode()
     assert row(task).status == "dispatched" and not LogEntry.objects.exists()
 
 
@@ -74,7 +89,9 @@ def test_a_cancelled_delayed_task_never_joins_its_queue(gate_redis, broker, as_u
     act(as_user("carol", "cancel_keyedtask"), "cancel_tasks", row(task))
     assert row(task).status == "cancelled"
     join_id = TaskMessage.decode(row(task).message.encode(), ["json"]).options["headers"][JOIN_HEADER]
-    assert get_gate().submit("k", b"m", start=True, join_id=join_id) is None, "its join, when due, is refused"
+    assert get_gate().submit(Submission("k", b"m", start=True, join_id=join_id)) is None, (
+        "its join, when due, is refused"
+    )
 
 
 def test_retry_submits_a_failed_task_again_at_the_end_of_its_queue(gate_redis, broker, as_user):
@@ -105,7 +122,7 @@ def test_only_failed_tasks_are_retried(gate_redis, broker, as_user):
 
 def test_release_fences_a_stuck_holder_and_dispatches_it_again(gate_redis, broker, as_user):
     task = step.apply_async(("k", 1), queue=QUEUE)
-    started = get_gate().start("k", 1, 1, max_lost=3)
+    started = get_gate().start(Start("k", 1, 1, max_lost=3))
     response = as_user("rob", "release_keyedtask").post(
         reverse("admin:keyed_queue_key_act"), {"action": "release", "key": "k", "ticket": 1}, follow=True
     )
@@ -145,7 +162,7 @@ def test_pause_and_resume_from_the_live_page(gate_redis, broker, as_user):
 )
 def test_key_actions_need_their_own_permission(gate_redis, broker, as_user, action, form):
     step.apply_async(("k", 1), queue=QUEUE)
-    get_gate().start("k", 1, 1)
+    get_gate().start(Start("k", 1, 1))
     others = [c for c in ("pause_key", "resume_key", "release_keyedtask") if not c.startswith(action)]
     client = as_user("vic", *others)
     before = gate_redis.hgetall("keyed_queue:{k}:holders"), get_gate().paused_keys()
@@ -194,7 +211,7 @@ def test_the_live_page_puts_stuck_keys_first(gate_redis, broker, as_user, settin
         for key in ("waits-long", "overdue", "quiet"):
             step.apply_async((key, 1), queue=QUEUE)
         step.apply_async(("waits-long", 2), queue=QUEUE)
-        assert get_gate().start("overdue", 1, 1).ok  # its lease runs out at once: no worker renews it
+        assert get_gate().start(Start("overdue", 1, 1)).ok  # its lease runs out at once: no worker renews it
         get_gate().pause("paused-idle")
         time.sleep(0.1)
         page = as_user("olga").get(reverse("admin:keyed_queue_keys")).content.decode()
@@ -211,8 +228,8 @@ def test_the_live_page_puts_stuck_keys_first(gate_redis, broker, as_user, settin
 def test_the_task_page_draws_its_keys_timeline(gate_redis, broker, as_user):
     tasks = [step.apply_async(("k", n), queue=QUEUE) for n in range(3)]
     gate = get_gate()
-    started = gate.start("k", 1, 1)
-    gate.finish("k", 1, started.token)
+    started = gate.start(Start("k", 1, 1))
+    gate.finish(Finish("k", 1, started.token))
     at = row(tasks[0]).enqueued_at
     write_submission_rows()
     KeyedTask.objects.filter(task_id=tasks[0].id).update(status="succeeded", started_at=at, finished_at=at)
@@ -263,8 +280,8 @@ def blocked_by_failure(gate_redis) -> tuple:
     """Key "k": step 1 failed for good and blocks it (``on_failure="block"``), step 2 waits behind it."""
     first, second = step.apply_async(("k", 1), queue=QUEUE), step.apply_async(("k", 2), queue=QUEUE)
     gate = get_gate()
-    started = gate.start("k", 1, 1, block=True)
-    assert gate.finish("k", 1, started.token, block=True).code.name == "BLOCKED"
+    started = gate.start(Start("k", 1, 1, block=True))
+    assert gate.finish(Finish("k", 1, started.token, block=True)).code.name == "BLOCKED"
     write_submission_rows()
     KeyedTask.objects.filter(task_id=first.id).update(status="failed", attempts=1, error="boom")  # as its worker did
     return first, second
@@ -310,7 +327,7 @@ def test_the_release_command_releases_the_key_s_only_holder(gate_redis, broker):
     from django.core.management import call_command
 
     result = step.apply_async(("k", 1), queue=QUEUE)
-    get_gate().start("k", 1, 1, max_lost=3)
+    get_gate().start(Start("k", 1, 1, max_lost=3))
     out = StringIO()
     call_command("keyed_queue_release", "k", stdout=out)
     named = f"testproject.demo.tasks.step[{result.id}]"

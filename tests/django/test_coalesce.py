@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from django_keyed_queue import InvalidArguments, explain, keyed_serial_task
+from django_keyed_queue.gate import Submission
 from django_keyed_queue.gate.keys import KeyNames
 from django_keyed_queue.process.state import current
 from django_keyed_queue.records import submissions
@@ -70,7 +71,7 @@ def test_the_writer_hands_the_keys_over_when_the_producer_did_not(gate_redis, br
     message = gate_redis.hget(KeyNames("a").messages, 2)
     envelope = json.loads(message)
     envelope["id"] = "by-gate-alone"
-    gate.submit("a", json.dumps(envelope).encode(), task_id="by-gate-alone", coalesce=latest_step.name)
+    gate.submit(Submission("a", json.dumps(envelope).encode(), task_id="by-gate-alone", coalesce=latest_step.name))
 
     write_submission_rows()
 

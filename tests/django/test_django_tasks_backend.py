@@ -95,7 +95,7 @@ def test_task_refuses_key_options_it_cannot_use_when_it_is_made(tasks):
 
 
 def failure_text() -> str:
-    from django_keyed_queue.worker.run_end import failure_text
+    from django_keyed_queue.worker.run import failure_text
 
     try:
         raise KeyError("missing")

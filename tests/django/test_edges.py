@@ -117,7 +117,7 @@ def test_celery_s_checks_at_the_call_are_made_as_celery_makes_them(gate_redis, b
 
 
 def test_a_drifted_key_is_found_however_late_in_a_long_key_it_differs():
-    from django_keyed_queue.worker.run_base import key_drift
+    from django_keyed_queue.worker.run import key_drift
 
     ticket_key, drifted = "k" * 150 + "a", "k" * 150 + "b"  # alike in all an error shows of them
     assert key_drift(step, ticket_key, (ticket_key, 1), {}) is None

@@ -9,6 +9,7 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from django_keyed_queue import ActionRefused, explain, keyed_serial_task
+from django_keyed_queue.gate import Finish, Start
 from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.testing import write_submission_rows
@@ -37,7 +38,7 @@ def submit(key: str, *ns: int) -> list[str]:
 
 def start_as_a_worker(key: str, ticket: int, task_id: str, worker: str = "celery@host-a") -> None:
     """The gate's start, and the record its worker writes."""
-    assert get_gate().start(key, ticket, 1, task_id=task_id).ok
+    assert get_gate().start(Start(key, ticket, 1, task_id=task_id)).ok
     KeyedTask.objects.filter(task_id=task_id).update(
         status="running", started_at=timezone.now() - timedelta(seconds=95), heartbeat_at=timezone.now(),
         worker=worker, attempts=1,
@@ -83,8 +84,8 @@ def test_a_paused_key_says_who_paused_it_and_since_when(gate_redis, broker):
 def test_a_task_behind_a_failed_task_that_blocks_its_key_names_that_task(gate_redis, broker):
     failed, waiting = submit("k", 1, 2)
     gate = get_gate()
-    started = gate.start("k", 1, 1, block=True)
-    assert gate.finish("k", 1, started.token, block=True).code.name == "BLOCKED"
+    started = gate.start(Start("k", 1, 1, block=True))
+    assert gate.finish(Finish("k", 1, started.token, block=True)).code.name == "BLOCKED"
     KeyedTask.objects.filter(task_id=failed).update(status="failed", attempts=1, error="boom")
 
     why = explain(waiting)
@@ -134,8 +135,8 @@ def test_a_granted_task_of_a_paced_key_says_when_its_rate_lets_it_start(gate_red
     first, second = (paced.apply_async(("r", n), queue=QUEUE).id for n in (1, 2))
     write_submission_rows()
     gate = get_gate()
-    started = gate.start("r", 1, 1, task_id=first, interval_ms=60_000)  # the key's last start: now
-    assert gate.finish("r", 1, started.token).granted, "the second is granted at once, to start when due"
+    started = gate.start(Start("r", 1, 1, task_id=first, interval_ms=60_000))  # the key's last start: now
+    assert gate.finish(Finish("r", 1, started.token)).granted, "the second is granted at once, to start when due"
 
     why = explain(second)
     assert why.state == "dispatched" and why.next_slot_in is not None and 55 < why.next_slot_in <= 60
@@ -211,3 +212,12 @@ def test_a_rate_is_said_as_an_operator_types_the_one_the_gate_keeps():
     assert said == {"3/s": "3/s", "5/s": "5/s", "1/m": "1/m", "59/m": "59/m", "2/h": "2/h", "7/h": "7/h",
                     "700/s": "500/s"}, "700/s is kept as 2 ms apart: 500 a second"  # fmt: skip
     assert rate_said(12_345) == "one start every 12345 ms"
+
+
+def test_a_run_whose_start_is_not_recorded_yet_is_told_running_with_no_time_made_up(gate_redis, broker):
+    [task_id] = submit("account:12", 1)
+    assert get_gate().start(Start("account:12", 1, 1, task_id=task_id)).ok  # its worker has not written its start yet
+
+    [reason] = explain(task_id).reasons
+    assert reason == "it holds its key: running", "no 'for None'"
+    assert status("--task", task_id).splitlines()[-1].endswith("it holds its key: running")

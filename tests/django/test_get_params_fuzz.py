@@ -16,6 +16,7 @@ from django.utils import timezone
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from django_keyed_queue.gate import Finish, Start
 from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records.models import IdempotencyKey, KeyedTask
 from django_keyed_queue.testing import write_submission_rows
@@ -103,11 +104,11 @@ def site(gate_redis, broker, admin_client):
     charged = charge.apply_async((7, "10.00"), queue=QUEUE)
     write_submission_rows()
     running = KeyedTask.objects.get(task_id=LIVE_TASK_ID)
-    assert get_gate().start(LIVE_KEY, running.ticket, 1).ok
+    assert get_gate().start(Start(LIVE_KEY, running.ticket, 1)).ok
     KeyedTask.objects.filter(pk=running.pk).update(status="running", started_at=timezone.now())
     failed = KeyedTask.objects.get(task_id=charged.id)
-    started = get_gate().start(failed.key, failed.ticket, 1)
-    get_gate().finish(failed.key, failed.ticket, started.token)
+    started = get_gate().start(Start(failed.key, failed.ticket, 1))
+    get_gate().finish(Finish(failed.key, failed.ticket, started.token))
     KeyedTask.objects.filter(pk=failed.pk).update(status="failed", error="CardDeclined", finished_at=timezone.now())
     return {"running": running, "failed": failed, "idempotency_key": IdempotencyKey.objects.get()}
 

@@ -7,6 +7,7 @@ from django.contrib.auth import get_user_model
 from django.test import override_settings
 from django.urls import reverse
 
+from django_keyed_queue.gate import Start
 from django_keyed_queue.gate.keys import KeyNames
 from django_keyed_queue.process.state import current, get_gate
 from django_keyed_queue.records import submissions
@@ -28,7 +29,7 @@ def overdue_holder(settings):
     current().reset_gate()
     try:
         step.apply_async(("overdue", 1), queue=QUEUE)
-        assert get_gate().start("overdue", 1, 1).ok  # nobody renews it, no reaper runs
+        assert get_gate().start(Start("overdue", 1, 1)).ok  # nobody renews it, no reaper runs
         time.sleep(0.1)
         yield "overdue"
     finally:

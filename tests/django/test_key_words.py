@@ -3,12 +3,9 @@ row, once per process, by every writer that makes rows; never at the cost of a r
 
 from __future__ import annotations
 
-import importlib
 import logging
-from types import SimpleNamespace
 
 import pytest
-from django.apps import apps
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -107,22 +104,3 @@ def test_words_the_database_refuses_hold_back_no_record(monkeypatch, caplog, dja
     assert KeyedTask.objects.filter(task_id__in=["t1", "t2"]).count() == 2 and not words()
     assert "were not written for the search" in caplog.text
     assert key_words.KNOWN.missing(connection.alias, ["order:1"]) == ["order:1"], "tried again with its next row"
-
-
-def test_the_migration_writes_the_words_of_the_keys_there():
-    keys = [f"account:{n}" for n in range(25)] + ["report", "tenant:3:account:1"]
-    now = timezone.now()
-    KeyedTask.objects.bulk_create(
-        KeyedTask(task_id=f"t{i}", task_name=step.name, key=keys[i % len(keys)], ticket=i, enqueued_at=now)
-        for i in range(100)
-    )
-    migration = importlib.import_module("django_keyed_queue.migrations.0011_key_words")
-    schema_editor = SimpleNamespace(connection=connection)
-    original, migration.CHUNK = migration.CHUNK, 7  # several chunks
-    try:
-        migration.words_of_the_keys_there(apps, schema_editor)
-        migration.words_of_the_keys_there(apps, schema_editor)  # again: nothing twice
-    finally:
-        migration.CHUNK = original
-    expected = {(w, key) for key in keys for w in key_words.later_words(key)}
-    assert words() == expected and KeyWord.objects.count() == len(expected)

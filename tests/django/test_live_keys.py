@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis.cluster import RedisCluster
 
+from django_keyed_queue.gate import Start
 from django_keyed_queue.gate.keys import KeyNames
 from django_keyed_queue.messaging.message import ENQUEUED_HEADER, TaskMessage
 from django_keyed_queue.ops import live, unheld
@@ -39,7 +40,7 @@ def running_with_two_waiting(key: str) -> list[KeyedTask]:
     """``key``: its first task running (its worker started it), two behind it."""
     results = [step.apply_async((key, n), queue=QUEUE) for n in (1, 2, 3)]
     write_submission_rows()
-    assert get_gate().start(key, 1, 1).ok
+    assert get_gate().start(Start(key, 1, 1)).ok
     KeyedTask.objects.filter(task_id=results[0].id).update(status="running", started_at=timezone.now())
     return [KeyedTask.objects.get(task_id=r.id) for r in results]
 

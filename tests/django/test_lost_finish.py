@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from django_keyed_queue.gate import Lease
+from django_keyed_queue.gate import Finish, Lease, Start, Submission
 from django_keyed_queue.messaging.message import HEADER
 from django_keyed_queue.process.state import current
 from django_keyed_queue.testing import write_submission_rows
@@ -22,11 +22,11 @@ def test_a_finish_applied_before_its_reply_was_lost_publishes_the_next_task_at_o
     second = step.apply_async(("a", 1), queue=QUEUE)
     write_submission_rows()
     gate = current().gate
-    started = gate.start("a", 1, 1, task_id=first.id)
+    started = gate.start(Start("a", 1, 1, task_id=first.id))
     broker.delete(QUEUE)  # the first task's message, as a worker would have taken it
-    warm = gate.submit("warm", b"m")
+    warm = gate.submit(Submission("warm", b"m"))
     # The finish script loaded, so that the call whose reply is lost runs.
-    gate.finish("warm", warm.ticket, gate.start("warm", warm.ticket, 1).token)
+    gate.finish(Finish("warm", warm.ticket, gate.start(Start("warm", warm.ticket, 1)).token))
 
     lost = lose_replies(monkeypatch, 1)
     step.push_request(id=first.id)
@@ -40,5 +40,5 @@ def test_a_finish_applied_before_its_reply_was_lost_publishes_the_next_task_at_o
     message = json.loads(raw)
     assert message["headers"]["id"] == second.id
     assert message["headers"][HEADER]["ticket"] == 2, "published at once, not after the dispatch timeout"
-    assert gate.start("a", 2, message["headers"][HEADER]["dispatch"], task_id=second.id).ok
+    assert gate.start(Start("a", 2, message["headers"][HEADER]["dispatch"], task_id=second.id)).ok
     current().recorder.flush()  # the run's records, in this test's database (its thread would write them later)

@@ -15,7 +15,7 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_keyed_queue.gate import Lease
+from django_keyed_queue.gate import Lease, Start
 from django_keyed_queue.gate.keys import KeyNames
 from django_keyed_queue.process.state import current
 from django_keyed_queue.records import submissions
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.django_db
 def run_to_its_end(task_id: str, key: str, ticket: int, *, error: Exception | None = None) -> None:
     """What a worker's pool process does with a granted message: start it, run it, finish it (its start's
     record, buffered by ``Run.begin``, is left out: the end alone is written)."""
-    started = current().gate.start(key, ticket, 1, task_id=task_id)
+    started = current().gate.start(Start(key, ticket, 1, task_id=task_id))
     assert started.ok
     step.push_request(id=task_id, hostname="w1")
     try:
@@ -186,3 +186,26 @@ def test_a_run_that_ended_while_a_failed_flush_was_making_its_row_makes_it(gate_
     assert buffered is not None and buffered.insert_first, "the start put back keeps its insert"
     assert flush_counting_writes() == ["INSERT"]
     assert KeyedTask.objects.get(task_id=result.id).status == Status.SUCCEEDED
+
+
+def test_an_end_settled_while_another_writer_writes_its_row_lands_on_that_row(gate_redis, broker, monkeypatch):
+    """A killed run's end (``submissions.settle``) finds no row; before it writes the key's kept records
+    itself, another writer (an operator's page, a worker's pass) writes them and forgets them. The end
+    settles the row that writer made, and is not lost (the row stayed ``dispatched`` for good)."""
+    gate = current().gate
+    result = step.apply_async(("ow", 0), queue=QUEUE)
+    real_settle = KeyedTask.objects.settle
+    calls = []
+
+    def settle_then_another_writer_writes(*args, **kwargs):
+        changed = real_settle(*args, **kwargs)
+        if not calls:
+            assert changed == 0, "no row yet"
+            assert submissions.write(gate, ["ow"]) == 1, "the other writer writes the row and forgets the record"
+        calls.append(changed)
+        return changed
+
+    monkeypatch.setattr(KeyedTask.objects, "settle", settle_then_another_writer_writes)
+    changed = submissions.settle(gate, result.id, "ow", 1, Status.CANCELLED, error="stopped")
+
+    assert changed == 1 and KeyedTask.objects.get(task_id=result.id).status == "cancelled"

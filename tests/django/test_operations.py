@@ -8,6 +8,7 @@ import sys
 import pytest
 from django.core.management import CommandError, call_command
 
+from django_keyed_queue.gate import Finish, Start
 from django_keyed_queue.messaging.message import HEADER
 from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records.models import KeyedTask
@@ -41,9 +42,9 @@ def test_a_paused_key_dispatches_nothing_new_and_resume_dispatches_in_order(gate
     assert "resumed 'k': 1 dispatched" in run("keyed_queue_resume", "k")
     assert published_tickets(broker) == [1]
     gate = get_gate()
-    started = gate.start("k", 1, 1)
+    started = gate.start(Start("k", 1, 1))
     gate.pause("k")
-    assert gate.finish("k", 1, started.token).granted == [], "a running task finishes; nothing follows"
+    assert gate.finish(Finish("k", 1, started.token)).granted == [], "a running task finishes; nothing follows"
     gate.resume("k")
     assert published_tickets(broker) == [1] and gate.inspect("k").holders.keys() == {2}
     assert len(results) == 3
@@ -66,8 +67,8 @@ def test_a_command_prints_its_result_once_and_the_audit_log_still_gets_it(gate_r
     out, err = capsys.readouterr()
     assert (
         out
-        == "paused 'k'\nrestored 0 tasks over 0 keys; skipped 0 live keys; "
-        "0 tasks without a stored message of their own\n"
+        == "paused 'k'\nrestored 0 tasks over 0 keys; 0 running at the loss marked lost; 0 keys held back by one; "
+        "0 tasks the gate still keeps left as they are; 0 tasks without a stored message of their own\n"
         and err == ""
     ), (out, err)
     assert "key 'k' paused by" in log_file.stream.getvalue()

@@ -10,7 +10,7 @@ import pytest
 from django.db import connections
 
 from django_keyed_queue.exceptions import ActionRefused
-from django_keyed_queue.gate import Lease
+from django_keyed_queue.gate import Finish, Lease, Start
 from django_keyed_queue.messaging.message import HEADER
 from django_keyed_queue.ops import recovery
 from django_keyed_queue.process.state import get_gate
@@ -68,19 +68,19 @@ def test_a_cancel_racing_the_worker_s_start_has_one_effect(gate_redis, broker):
     task = step.apply_async(("k", 1), queue=QUEUE)
     write_submission_rows()
     cancel, start = race(
-        lambda: recovery.cancel(task.id, by="an operator"), lambda: get_gate().start("k", 1, 1, task_id=task.id)
+        lambda: recovery.cancel(task.id, by="an operator"), lambda: get_gate().start(Start("k", 1, 1, task_id=task.id))
     )
     cancelled, started = not isinstance(cancel, ActionRefused), start.ok
     assert cancelled != started, (cancel, start)
     if started:
-        assert "started meanwhile" in str(cancel)
+        assert "stop it instead" in str(cancel), "started before the cancel read it, or meanwhile"
     else:
         assert KeyedTask.objects.get(task_id=task.id).status == "cancelled" and not get_gate().inspect("k").holders
 
 
 def test_racing_and_repeated_releases_of_a_stuck_holder_dispatch_it_again_once(gate_redis, broker):
     task = step.apply_async(("k", 1), queue=QUEUE)
-    get_gate().start("k", 1, 1, max_lost=3)
+    get_gate().start(Start("k", 1, 1, max_lost=3))
     # Four clicks of the live page's button, which names the dispatch it showed, and two terminals.
     clicks = [lambda: recovery.release("k", 1, dispatch=1, by="a click")] * 4
     outcomes = race(*clicks, *[lambda: recovery.release("k", 1, by="a terminal")] * 2)
@@ -97,8 +97,8 @@ def test_racing_and_repeated_releases_of_a_stuck_holder_dispatch_it_again_once(g
 def test_a_release_racing_the_worker_s_finish_has_one_effect(gate_redis, broker):
     step.apply_async(("k", 1), queue=QUEUE)
     step.apply_async(("k", 2), queue=QUEUE)
-    token = get_gate().start("k", 1, 1, max_lost=3).token
-    release, finish = race(lambda: recovery.release("k", 1), lambda: get_gate().finish("k", 1, token))
+    token = get_gate().start(Start("k", 1, 1, max_lost=3)).token
+    release, finish = race(lambda: recovery.release("k", 1), lambda: get_gate().finish(Finish("k", 1, token)))
     released = not isinstance(release, ActionRefused)
     assert released != finish.ok, (release, finish)
     holders = get_gate().inspect("k").holders
@@ -128,7 +128,7 @@ def test_racing_confirmations_on_the_task_page_release_once_and_retry_once(gate_
     held = step.apply_async(("k", 1), queue=QUEUE)
     write_submission_rows()
     task = KeyedTask.objects.get(task_id=held.id)
-    assert get_gate().start("k", task.ticket, 1, max_lost=3).ok
+    assert get_gate().start(Start("k", task.ticket, 1, max_lost=3)).ok
 
     def confirm(action: str, form: dict) -> Callable[[], str]:
         def post() -> str:
@@ -144,8 +144,8 @@ def test_racing_confirmations_on_the_task_page_release_once_and_retry_once(gate_
     assert sum("moved on from dispatch 1" in s for s in said) == 3, said
     assert get_gate().inspect("k").holders[task.ticket].dispatch == 2, "released once"
 
-    started = get_gate().start("k", task.ticket, 2)
-    get_gate().finish("k", task.ticket, started.token)
+    started = get_gate().start(Start("k", task.ticket, 2))
+    get_gate().finish(Finish("k", task.ticket, started.token))
     KeyedTask.objects.filter(pk=task.pk).update(status="failed", error="boom")
     said = race(*[confirm("retry", {})] * 4)
     [again] = KeyedTask.objects.exclude(pk=task.pk)
@@ -159,8 +159,7 @@ def test_pages_writing_a_kept_end_racing_its_worker_s_write_leave_the_end_once(g
     (``with_kept_end``) while the gate keeps the end: both at once, several times over, write it once."""
     from django_keyed_queue.process.state import current
     from django_keyed_queue.records.submissions import with_kept_end
-    from django_keyed_queue.worker.run import Run
-    from django_keyed_queue.worker.run_end import failure_text
+    from django_keyed_queue.worker.run import Run, failure_text
     from testproject.demo.tasks import ledger_entry
 
     task_of, refused = (ledger_entry if fails else step), RuntimeError("the ledger refused it")
@@ -169,7 +168,7 @@ def test_pages_writing_a_kept_end_racing_its_worker_s_write_leave_the_end_once(g
         result = task_of.apply_async((key, 1), queue=QUEUE)
         write_submission_rows()
         row = KeyedTask.objects.get(task_id=result.id)
-        started = get_gate().start(key, row.ticket, 1, task_id=result.id)
+        started = get_gate().start(Start(key, row.ticket, 1, task_id=result.id))
         task_of.push_request(id=result.id)
         try:
             run = Run(task_of, Lease(key, row.ticket, started.token), attempts=1)

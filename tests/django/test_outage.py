@@ -7,7 +7,7 @@ import time
 import pytest
 import redis
 
-from django_keyed_queue.gate import Gate, NotSent
+from django_keyed_queue.gate import Gate, NotSent, Submission
 from django_keyed_queue.producer.submit import take_ticket
 from testproject.servers import RedisServer, free_port
 
@@ -28,11 +28,14 @@ def gate(redis_later):
 
 
 def test_a_delayed_tasks_join_waits_out_a_redis_restart(redis_later, gate):
-    threading.Timer(0.5, redis_later.start).start()
+    restart = threading.Timer(0.5, redis_later.launch)
+    restart.start()
     began = time.monotonic()
-    joined = take_ticket(
-        gate, "demo.step", "outage", b"m", task_id="t-1", wait_out_outage=True, start=True, join_id="t-1"
-    )
+    try:
+        joining = Submission("outage", b"m", "t-1", start=True, join_id="t-1")
+        joined = take_ticket(gate, "demo.step", joining, wait_out_outage=True)
+    finally:
+        restart.join()  # within this test: its server is never stopped under it, nor a failure told in another
     assert joined is not None and joined.granted and joined.token > 0
     assert 0.4 < time.monotonic() - began < 15
     assert gate.inspect("outage").holders[joined.ticket].state == "running"
@@ -41,7 +44,7 @@ def test_a_delayed_tasks_join_waits_out_a_redis_restart(redis_later, gate):
 def test_a_producer_fails_at_once_when_redis_is_down(redis_later, gate):
     began = time.monotonic()
     with pytest.raises(NotSent):
-        take_ticket(gate, "demo.step", "outage", b"m", task_id="t-2")
+        take_ticket(gate, "demo.step", Submission("outage", b"m", "t-2"))
     assert time.monotonic() - began < 3
     redis_later.start()
     assert gate.inspect("outage").last_ticket == 0  # nothing was taken

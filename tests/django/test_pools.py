@@ -300,21 +300,21 @@ def test_a_task_of_no_key_joins_a_pool_and_nothing_else():
 
 @override_settings(KEYED_QUEUE_POOLS=POOLS)
 def test_the_api_sets_a_pool_s_limit_and_rate_once_however_often_asked(gate_redis, broker):
-    from django_keyed_queue import ActionRefused, set_pool_limit, set_pool_rate
+    from django_keyed_queue import ActionRefused, set_limits
 
     gate = get_gate()
     _waiting_for_pool(gate, "a")
     _waiting_for_pool(gate, "b")
     broker.delete(QUEUE)
 
-    assert set_pool_limit("one", 2, by="ops").published == 1
-    assert set_pool_limit("one", 2, by="ops").published == 0, "a repeat gives nothing more"
-    set_pool_rate("one", "4/s")
+    assert set_limits(pool="one", limit=2, by="ops").published == 1
+    assert set_limits(pool="one", limit=2, by="ops").published == 0, "a repeat gives nothing more"
+    set_limits(pool="one", rate="4/s")
     assert (gate.inspect_pool("one").limit, gate.inspect_pool("one").interval_ms) == (2, 250)
-    set_pool_limit("one", None)
-    set_pool_rate("one", None)
+    set_limits(pool="one", limit=None)
+    set_limits(pool="one", rate=None)
     assert gate.inspect_pool("one").limit_override is None and gate.inspect_pool("one").interval_override_ms is None
     with pytest.raises(ActionRefused, match="a pool's limit is a whole number"):
-        set_pool_limit("one", 0)
+        set_limits(pool="one", limit=0)
     with pytest.raises(ActionRefused, match="no pool 'two'"):
-        set_pool_rate("two", "1/s")
+        set_limits(pool="two", rate="1/s")

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from django_keyed_queue.gate import Lease
+from django_keyed_queue.gate import Finish, Lease, Start, Submission
 from django_keyed_queue.process import state as process
 from django_keyed_queue.process.leases import LeaseKeeper
 from django_keyed_queue.records.models import KeyedTask
@@ -64,7 +64,7 @@ def test_a_process_forked_while_another_thread_holds_the_lock_makes_its_own_stat
 @pytest.mark.django_db
 def test_each_renewal_moves_the_records_heartbeat_until_the_lease_is_lost():
     gate = process.get_gate()
-    submitted = gate.submit("heartbeat", b"m", start=True, task_id="hb-1")
+    submitted = gate.submit(Submission("heartbeat", b"m", start=True, task_id="hb-1"))
     lease = Lease("heartbeat", submitted.ticket, submitted.token)
     long_ago = timezone.now() - timedelta(hours=1)
     KeyedTask.objects.create(
@@ -80,7 +80,7 @@ def test_each_renewal_moves_the_records_heartbeat_until_the_lease_is_lost():
         beat = KeyedTask.objects.get(task_id="hb-1").heartbeat_at
         assert beat > long_ago + timedelta(minutes=59)
 
-        assert gate.finish(lease.key, lease.ticket, lease.token).ok  # another end: the lease is gone
+        assert gate.finish(Finish(lease.key, lease.ticket, lease.token)).ok  # another end: the lease is gone
         keeper.renew_now()
         assert keeper.is_lost(lease)
         assert recorder.peek(("hb-1", "heartbeat", lease.ticket)) is None  # a lost lease proves nothing
@@ -99,8 +99,8 @@ class _EndsBeforePoolRenewal:
         return getattr(self._gate, name)
 
     def pool_renew(self, pool, leases):
-        self._keeper.stop_renewing(self._lease)  # as RunEnd.finish lets go before it finishes
-        assert self._gate.finish(self._lease.key, self._lease.ticket, self._lease.token, pool=self._pool).ok
+        self._keeper.stop_renewing(self._lease)  # as Run.finish lets go before it finishes
+        assert self._gate.finish(Finish(self._lease.key, self._lease.ticket, self._lease.token, pool=self._pool)).ok
         return self._gate.pool_renew(pool, leases)
 
 
@@ -113,8 +113,8 @@ def test_a_pooled_run_ending_while_its_process_renews_is_no_lost_slot_and_a_slot
     gate, pool = process.get_gate(), Pool("roomy", limit=2, interval_ms=0)
     leases = []
     for key in ("pooled-a", "pooled-b"):
-        submitted = gate.submit(key, b"m")
-        started = gate.start(key, submitted.ticket, 1, pool=pool)
+        submitted = gate.submit(Submission(key, b"m"))
+        started = gate.start(Start(key, submitted.ticket, 1, pool=pool))
         assert started.ok
         leases.append(Lease(key, submitted.ticket, started.token))
     ending, held = leases

@@ -2,15 +2,31 @@
 
 import pytest
 from django.core.management import call_command
+from django.db import connections
 from django.test import override_settings
 
 from django_keyed_queue.checks import check_settings
 from django_keyed_queue.conf import settings
+from django_keyed_queue.records.models import KeyedTask
 
 
 @pytest.mark.django_db(databases=["default", "queue"])  # makemigrations looks at every database
 def test_no_migration_is_missing():
     call_command("makemigrations", "keyed_queue", "--check", "--dry-run", verbosity=0)
+
+
+@pytest.mark.django_db(databases=["default", "queue"])
+def test_the_migration_makes_the_search_s_prefix_indexes_on_postgresql_alone():
+    """The admin's search reads a key's or a task id's start as LIKE 'abc%': on PostgreSQL only an index
+    with ``varchar_pattern_ops`` serves it, and the migration makes one for each; SQLite needs neither."""
+    connection = connections[KeyedTask.objects.db]
+    with connection.cursor() as cursor:
+        indexes = connection.introspection.get_constraints(cursor, KeyedTask._meta.db_table)
+    made = {name: spec["columns"] for name, spec in indexes.items() if name.endswith("_prefix")}
+    if connection.vendor == "postgresql":
+        assert made == {"keyed_task_key_prefix": ["key", "id"], "keyed_task_id_prefix": ["task_id"]}
+    else:
+        assert made == {}
 
 
 def test_settings_are_read_on_every_access():
@@ -22,6 +38,14 @@ def test_settings_are_read_on_every_access():
 def test_unknown_setting_warns():
     with override_settings(KEYED_QUEUE_LEASE=5):
         assert [p.id for p in check_settings()] == ["keyed_queue.W001"]
+
+
+def test_an_internal_timing_is_read_as_a_setting_without_a_warning_and_is_not_a_documented_one():
+    from django_keyed_queue.conf import DEFAULTS, INTERNAL
+
+    with override_settings(KEYED_QUEUE_RECORD_FLUSH_SECONDS=0.3):
+        assert settings.RECORD_FLUSH_SECONDS == 0.3 and check_settings() == []
+    assert not set(INTERNAL) & set(DEFAULTS), "the settings page lists DEFAULTS only"
 
 
 def test_bad_values_are_errors():

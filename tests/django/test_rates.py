@@ -1,6 +1,6 @@
 """A key's rate is one the gate can keep: its starts are spaced by whole milliseconds, rounded up so a rate
 is never exceeded, and a rate above one start a millisecond is refused, naming the most, by the decorator
-and by the operator's ``set_key_rate`` and ``keyed_queue_limit``, with nothing written."""
+and by the operator's ``set_limits`` and ``keyed_queue_limit``, with nothing written."""
 
 import io
 import re
@@ -11,7 +11,7 @@ from django.core.management import CommandError, call_command
 from hypothesis import given
 from hypothesis import strategies as st
 
-from django_keyed_queue import ActionRefused, keyed_serial_task, set_key_rate
+from django_keyed_queue import ActionRefused, keyed_serial_task, set_limits
 from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.rates import RATE_PERIODS_MS, rate_interval_ms
 from tests.django.test_django_idioms import keyed_task_of
@@ -30,7 +30,7 @@ def test_a_rate_faster_than_one_start_a_millisecond_fails_at_import_naming_the_m
 @pytest.mark.parametrize("rate", TOO_FAST)
 def test_an_operator_s_rate_faster_than_that_is_refused_and_nothing_is_written(gate_redis, rate):
     with pytest.raises(ActionRefused, match="a key's " + MOST):
-        set_key_rate("a", rate)
+        set_limits(key="a", rate=rate)
     with pytest.raises(CommandError, match=MOST):
         call_command("keyed_queue_limit", "a", "--rate", rate, stdout=io.StringIO())
     assert gate_redis.dbsize() == 0
@@ -41,9 +41,9 @@ def test_the_most_is_taken_and_kept_as_one_millisecond(gate_redis):
     task = keyed_task_of(Celery("project", set_as_current=False), rate="1000/s")
     assert (task.serial_rate, task.serial_interval_ms) == ("1000/s", 1)
     for most in ("1000/s", "60000/m", "3600000/h"):
-        set_key_rate("a", most)
+        set_limits(key="a", rate=most)
         assert get_gate().inspect("a").interval_override_ms == 1
-    set_key_rate("a", None)
+    set_limits(key="a", rate=None)
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ from celery.app.task import Context
 from celery.signals import task_revoked
 from django.core.management import call_command
 
-from django_keyed_queue.gate import Gate
+from django_keyed_queue.gate import Gate, Start
 from django_keyed_queue.gate.keys import KeyNames
 from django_keyed_queue.messaging.message import HEADER
 from django_keyed_queue.process import totals
@@ -31,7 +31,7 @@ def lose_a_running_task(gate_redis, broker, *, max_lost, key="k"):
     result = step.apply_async((key, 1), queue=QUEUE)
     broker.delete(QUEUE)  # the worker took the message
     short = Gate(gate_redis, lease_seconds=0.1)
-    started = short.start(key, 1, 1, max_lost=max_lost)
+    started = short.start(Start(key, 1, 1, max_lost=max_lost))
     assert started.ok
     wait_until(lambda: short.inspect(key).holders[1].deadline_in < 0, timeout=5, message="lease expiry")
     return result
@@ -78,7 +78,7 @@ def start_a_task(gate_redis, broker, pid=None) -> tuple:
     (``pid``: the process that runs it)."""
     result = step.apply_async(("k", 1), queue=QUEUE)
     broker.delete(QUEUE)
-    started = Gate(gate_redis).start("k", 1, 1, max_lost=3)
+    started = Gate(gate_redis).start(Start("k", 1, 1, max_lost=3))
     assert started.ok
     return result, Context(id=result.id, worker_pid=pid, **{HEADER: {"key": "k", "ticket": 1, "dispatch": 1}})
 

@@ -12,7 +12,7 @@ from django.core.management import CommandError, call_command
 from django.urls import reverse
 from django.utils import timezone
 
-from django_keyed_queue.gate import Code
+from django_keyed_queue.gate import Code, Finish, Start, Submission
 from django_keyed_queue.messaging.message import HEADER, JOIN_HEADER
 from django_keyed_queue.ops import recovery
 from django_keyed_queue.process.state import get_gate
@@ -62,29 +62,29 @@ def test_a_debounced_task_runs_now_once_and_its_waiting_copy_is_dropped(gate_red
     assert "an operator ran it now: a worker starts it at once" in done, "its page says so"
     [_, again] = messages(broker)
     assert (again["eta"], again[HEADER]["dispatch"], again["id"]) == (None, 2, result.id)
-    assert get_gate().start("d", task.ticket, 1).code is Code.STALE_DISPATCH, "the waiting copy is dropped"
+    assert get_gate().start(Start("d", task.ticket, 1)).code is Code.STALE_DISPATCH, "the waiting copy is dropped"
     refused = client.post(act_url(task, "run_now"), follow=True).content.decode()
     assert "it waits for no time" in refused or "waits for no time" in refused
     assert len(messages(broker)) == 2, "run now once"
     assert LogEntry.objects.filter(object_id=str(task.pk)).count() == 1
-    assert get_gate().start("d", task.ticket, 2).ok
+    assert get_gate().start(Start("d", task.ticket, 2)).ok
 
 
 def test_a_task_waiting_for_its_keys_rate_runs_now(gate_redis, broker):
     first, second = (step.apply_async(("r", n), queue=QUEUE) for n in (1, 2))
     gate = get_gate()
     gate.set_overrides("r", interval_ms=HOUR_MS)  # an operator's rate: two an hour
-    started = gate.start("r", 1, 1, task_id=first.id)
+    started = gate.start(Start("r", 1, 1, task_id=first.id))
     assert started.ok
-    gate.finish("r", 1, started.token)
-    assert gate.start("r", 2, 1, task_id=second.id).code is Code.TOO_EARLY
+    gate.finish(Finish("r", 1, started.token))
+    assert gate.start(Start("r", 2, 1, task_id=second.id)).code is Code.TOO_EARLY
 
     said = run_now(second.id)
 
     assert said.startswith(f"testproject.demo.tasks.step[{second.id}] published again to start now (dispatch 2)")
     assert "instead of waiting for its key's rate" in said
     assert (messages(broker)[-1]["eta"], messages(broker)[-1][HEADER]["dispatch"]) == (None, 2)
-    assert gate.start("r", 2, 2, task_id=second.id).ok, "it starts whatever the rate"
+    assert gate.start(Start("r", 2, 2, task_id=second.id)).ok, "it starts whatever the rate"
     with pytest.raises(CommandError, match="is running: only a task waiting for a time runs now"):
         run_now(second.id)
 
@@ -101,7 +101,9 @@ def test_a_delayed_task_joins_its_key_now_and_its_waiting_copy_is_refused(gate_r
     now_copy = messages(broker)[-1]
     assert (now_copy["eta"], now_copy[JOIN_HEADER], now_copy["id"]) == (None, f"{join_id}:now", result.id)
     assert HEADER not in now_copy or now_copy[HEADER] is None
-    assert get_gate().submit("e", b"old copy", join_id=join_id) is None, "the copy that waits for its eta is refused"
+    assert get_gate().submit(Submission("e", b"old copy", join_id=join_id)) is None, (
+        "the copy that waits for its eta is refused"
+    )
     assert row_of(result).due_at <= timezone.now()
     with pytest.raises(CommandError, match="waits for no time|only a task waiting"):
         run_now(result.id)
@@ -112,7 +114,7 @@ def test_a_task_waiting_for_no_time_is_refused_and_nothing_is_sent(gate_redis, b
     first, second = (step.apply_async(("n", n), queue=QUEUE) for n in (1, 2))
     write_submission_rows()
     if state == "running":
-        assert get_gate().start("n", 1, 1).ok
+        assert get_gate().start(Start("n", 1, 1)).ok
     target = second if state == "waiting its turn" else first
     before = broker.llen(QUEUE)
     with pytest.raises(CommandError) as refused:
@@ -134,8 +136,8 @@ def test_the_live_keys_page_offers_run_now_for_a_task_waiting_for_its_keys_rate(
     first, second = (step.apply_async(("r", n), queue=QUEUE) for n in (1, 2))
     gate = get_gate()
     gate.set_overrides("r", interval_ms=HOUR_MS)
-    started = gate.start("r", 1, 1, task_id=first.id)
-    gate.finish("r", 1, started.token)
+    started = gate.start(Start("r", 1, 1, task_id=first.id))
+    gate.finish(Finish("r", 1, started.token))
     write_submission_rows()
     waiting = KeyedTask.objects.get(task_id=second.id)
     keys = reverse("admin:keyed_queue_keys")

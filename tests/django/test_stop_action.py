@@ -7,12 +7,14 @@ import threading
 
 import pytest
 from django.contrib.admin.models import LogEntry
+from django.core.cache import cache
 from django.core.management import CommandError, call_command
 from django.db import connections
 from django.urls import reverse
 from django.utils import timezone
 
 from django_keyed_queue import ActionRefused
+from django_keyed_queue.gate import Start
 from django_keyed_queue.ops import stop
 from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records.models import KeyedTask
@@ -23,12 +25,21 @@ from tests.django.queues import QUEUE
 pytestmark = pytest.mark.django_db
 
 
-def running_task(key: str = "k", n: int = 1, worker: str = "") -> KeyedTask:
-    """A task whose run started, as a worker starts it (the revoke reaches no worker here)."""
+#: The worker the tests' runs are recorded on; no such worker runs, so its pool is told as it would answer.
+WORKER = "celery@host-a"
+
+
+def running_task(key: str = "k", n: int = 1, worker: str = WORKER, pool: str | None = "prefork") -> KeyedTask:
+    """A task whose run started, as a worker starts it (the revoke reaches no worker here); ``pool``: what
+    its worker answers Celery's inspect (None: it does not answer)."""
+    if pool is None:
+        cache.delete(f"keyed_queue:pool:{worker}")
+    else:
+        cache.set(f"keyed_queue:pool:{worker}", pool, 60)
     result = step.apply_async((key, n), queue=QUEUE)
     write_submission_rows()
     task = KeyedTask.objects.get(task_id=result.id)
-    assert get_gate().start(key, task.ticket, 1).ok
+    assert get_gate().start(Start(key, task.ticket, 1)).ok
     KeyedTask.objects.filter(pk=task.pk).update(status="running", attempts=1, started_at=timezone.now(), worker=worker)
     return KeyedTask.objects.get(pk=task.pk)
 
@@ -52,10 +63,10 @@ def test_the_task_page_offers_stop_says_what_it_does_and_stops_once(gate_redis, 
 
     done = client.post(act_url(task, "stop"), {"ticket": task.ticket, "dispatch": 1, "signal": "SIGKILL"}, follow=True)
 
-    assert "SIGKILL sent to every worker" in done.content.decode()
+    assert "SIGKILL sent to worker celery@host-a" in done.content.decode()
     noted = stopping_of(task)
     assert (noted.by, noted.how) == ("sam", "SIGKILL")
-    assert LogEntry.objects.get(object_id=str(task.pk)).change_message.startswith("SIGKILL sent to every worker")
+    assert LogEntry.objects.get(object_id=str(task.pk)).change_message.startswith(f"SIGKILL sent to worker {WORKER}")
     again = client.post(act_url(task, "stop"), {"ticket": task.ticket, "dispatch": 1, "signal": "SIGTERM"}, follow=True)
     assert "it was being stopped by sam (SIGKILL) already, since " in again.content.decode()
     assert stopping_of(task) == noted, "a second stop changes nothing of the first"
@@ -94,7 +105,7 @@ def test_only_a_running_task_is_stopped(gate_redis, broker, as_user):
     write_submission_rows()
     waiting = KeyedTask.objects.get(task_id=behind.id)
     confirm = as_user("sam", "stop_keyedtask").get(act_url(waiting, "stop")).content.decode()
-    assert "Stop does not apply now: it is not running" in confirm
+    assert f"Stop does not apply now: task {waiting.task_id} is not running" in confirm
     with pytest.raises(ActionRefused, match="is not running"):
         stop.stop(waiting.task_id, by="sam")
     assert stopping_of(task) is None
@@ -138,7 +149,7 @@ def test_the_stop_command_says_what_it_sent_and_refuses_a_task_that_does_not_run
     task = running_task()
     out = io.StringIO()
     call_command("keyed_queue_stop", task.task_id, "--signal", "SIGKILL", stdout=out)
-    said = "SIGKILL sent to every worker (which one runs it is not recorded yet) to end the run of"
+    said = "SIGKILL sent to worker celery@host-a to end the run of"
     assert out.getvalue().startswith(f"{said} {task.task_name}[{task.task_id}]")
     assert stopping_of(task).by.endswith("(manage.py keyed_queue_stop)")
     with pytest.raises(CommandError, match="no keyed task has the id 'nope'"):
@@ -157,3 +168,24 @@ def test_the_live_keys_page_offers_stop_and_says_a_run_is_being_ended(gate_redis
     assert "being ended: stopped by sam (SIGKILL)" in client.get(keys).content.decode()
     viewer = as_user("vic", "view_keyedtask").get(keys).content.decode()
     assert "Stop #1…" not in viewer, "offered only to who may stop"
+
+
+@pytest.mark.parametrize(
+    "worker, pool, refusal",
+    [
+        ("", "prefork", "its worker is not recorded yet"),
+        ("celery@busy-solo", None, "worker celery@busy-solo did not say within 1 s which of Celery's pools it runs"),
+        ("celery@solo", "solo", "worker celery@solo runs Celery's solo pool, which cannot end one running task"),
+        ("celery@green", "gevent", "worker celery@green runs Celery's gevent pool"),
+    ],
+)
+def test_stop_is_refused_where_its_worker_cannot_be_known_to_end_the_run(gate_redis, broker, as_user, worker, pool,
+                                                                         refusal):  # fmt: skip
+    task = running_task(worker=worker, pool=pool)
+    with pytest.raises(ActionRefused, match=refusal):
+        stop.stop(task.task_id, by="sam")
+    confirm = as_user("sam", "stop_keyedtask").get(act_url(task, "stop")).content.decode()
+    assert "Stop does not apply now: " + refusal.replace("'", "&#x27;") in confirm, "the page says the same"
+    with pytest.raises(CommandError, match=refusal):
+        call_command("keyed_queue_stop", task.task_id)
+    assert stopping_of(task) is None, "nothing noted at the gate"

@@ -10,7 +10,7 @@ from kombu import Connection
 from kombu.exceptions import OperationalError
 
 from django_keyed_queue import GateUnavailable, InvalidArguments, InvalidKey, KeyQueueFull, keyed_serial_task
-from django_keyed_queue.gate import MAX_KEY_LENGTH
+from django_keyed_queue.gate import MAX_KEY_LENGTH, Submission
 from django_keyed_queue.gate.keys import KeyNames
 from django_keyed_queue.gate.transport import ClusterTransport, ServerTransport
 from django_keyed_queue.messaging.message import HEADER, JOIN_HEADER, TaskMessage
@@ -149,7 +149,7 @@ def test_a_submission_whose_reply_was_lost_keeps_the_one_ticket_it_took(gate_red
 
 
 def test_a_submission_that_never_gets_a_reply_says_it_may_still_run(gate_redis, broker, monkeypatch):
-    current().gate.submit("another", b"m")  # its script loaded: the lost calls run
+    current().gate.submit(Submission("another", b"m"))  # its script loaded: the lost calls run
     lose_replies(monkeypatch, 1_000)
     monkeypatch.setattr("django_keyed_queue.process.outage.SUBMIT_RETRY_SECONDS", 0.3)
     with pytest.raises(GateUnavailable, match="may have been queued and may still run"):

@@ -7,6 +7,7 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
+from django_keyed_queue.gate import Finish, Start
 from django_keyed_queue.gate.keys import KeyNames
 from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records import submissions
@@ -54,7 +55,7 @@ def test_a_row_its_worker_wrote_first_keeps_its_progress_and_gains_its_message(g
 def test_a_record_written_after_its_task_finished_leaves_the_row_finished(gate_redis, broker):
     result = step.apply_async(("k", 1), queue=QUEUE)
     gate = get_gate()
-    gate.finish("k", 1, gate.start("k", 1, 1).token)
+    gate.finish(Finish("k", 1, gate.start(Start("k", 1, 1)).token))
     done = {"task_name": step.name, "enqueued_at": timezone.now(), "args": ("k", 1), "kwargs": {}}
     KeyedTask.objects.apply(Transition(result.id, "k", 1, Status.SUCCEEDED, 1, {}, create=done))
 
@@ -64,7 +65,7 @@ def test_a_record_written_after_its_task_finished_leaves_the_row_finished(gate_r
 
 def test_ending_a_run_whose_row_is_not_written_yet_writes_it_first(gate_redis, broker):
     result = step.apply_async(("k", 1), queue=QUEUE)
-    assert get_gate().start("k", 1, 1).ok
+    assert get_gate().start(Start("k", 1, 1)).ok
     header = {"key": "k", "ticket": 1, "dispatch": 1}
 
     killed = subprocess.Popen(["true"])

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from django_keyed_queue import ActionRefused, explain
-from django_keyed_queue.gate import Lease
+from django_keyed_queue.gate import Finish, Lease, Start
 from django_keyed_queue.gate.keys import KeyNames
 from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records.models import IdempotencyKey, KeyedTask
@@ -44,15 +44,15 @@ def failed_charge() -> KeyedTask:
     result = charge.apply_async((7, "10.00"), queue=QUEUE)
     write_submission_rows()
     task = KeyedTask.objects.get(task_id=result.id)
-    started = get_gate().start(task.key, task.ticket, 1)
-    get_gate().finish(task.key, task.ticket, started.token)
+    started = get_gate().start(Start(task.key, task.ticket, 1))
+    get_gate().finish(Finish(task.key, task.ticket, started.token))
     KeyedTask.objects.filter(pk=task.pk).update(status="failed", error="CardDeclined", finished_at=timezone.now())
     return KeyedTask.objects.get(pk=task.pk)
 
 
 def test_a_waiting_tasks_page_says_what_holds_it_and_links_the_holder(gate_redis, broker, admin_client):
     first, second = submitted("account:6", 1), submitted("account:6", 2)
-    assert get_gate().start("account:6", first.ticket, 1).ok
+    assert get_gate().start(Start("account:6", first.ticket, 1)).ok
     KeyedTask.objects.filter(pk=first.pk).update(
         status="running", started_at=timezone.now() - timedelta(seconds=75), worker="celery@a"
     )
@@ -100,7 +100,7 @@ def test_a_task_whose_message_was_not_kept_says_so_before_the_click(gate_redis, 
 
 def test_release_from_the_task_page_names_the_fencing_token_and_frees_that_run_once(gate_redis, broker, as_user):
     running = submitted("report:monthly", 1)
-    started = get_gate().start("report:monthly", running.ticket, 1, max_lost=3)
+    started = get_gate().start(Start("report:monthly", running.ticket, 1, max_lost=3))
     KeyedTask.objects.filter(pk=running.pk).update(status="running", started_at=timezone.now())
     client = as_user("rob", "release_keyedtask")
     confirm = client.get(act_url(running, "release")).content.decode()
@@ -199,7 +199,7 @@ def test_a_confirmation_posted_with_any_values_never_errs_and_frees_only_the_dis
     gate_redis.flushdb()
     KeyedTask.objects.all().delete()
     task = submitted("k", 1)
-    assert get_gate().start("k", task.ticket, 1, max_lost=3).ok
+    assert get_gate().start(Start("k", task.ticket, 1, max_lost=3)).ok
     response = admin_client.post(act_url(task, "release"), {"ticket": ticket, "dispatch": dispatch, "next": back})
     assert response.status_code == 302
     assert response["Location"] in (page_of(task), iri_to_uri(back)), "the task's page, or a page of this site"
@@ -219,8 +219,8 @@ def test_explain_answers_any_task_id_or_refuses_it_by_name(gate_redis, task_id):
 
 def test_a_failed_task_that_blocks_its_key_offers_retry_and_cancel_on_its_page(gate_redis, broker, admin_client):
     failed, waiting = submitted("k", 1), submitted("k", 2)
-    started = get_gate().start("k", failed.ticket, 1, block=True)
-    assert get_gate().finish("k", failed.ticket, started.token, block=True).code.name == "BLOCKED"
+    started = get_gate().start(Start("k", failed.ticket, 1, block=True))
+    assert get_gate().finish(Finish("k", failed.ticket, started.token, block=True)).code.name == "BLOCKED"
     KeyedTask.objects.filter(pk=failed.pk).update(status="failed", error="boom")
     page = admin_client.get(page_of(failed)).content.decode()
     assert 'id="act-retry"' in page and 'id="act-cancel"' in page and 'id="act-release"' not in page
@@ -235,7 +235,7 @@ def test_a_run_that_failed_and_blocks_its_key_shows_so_before_its_worker_writes_
     failed = ledger_entry.apply_async(("ledger:7", 1), queue=QUEUE)
     write_submission_rows()
     gate = get_gate()
-    started = gate.start("ledger:7", 1, 1, task_id=failed.id)
+    started = gate.start(Start("ledger:7", 1, 1, task_id=failed.id))
     ledger_entry.push_request(id=failed.id)
     try:
         Run(ledger_entry, Lease("ledger:7", 1, started.token), attempts=1).fail(RuntimeError("the ledger refused it"))

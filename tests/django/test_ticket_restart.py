@@ -12,8 +12,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from django_keyed_queue import explain
+from django_keyed_queue.gate import Finish, Start
 from django_keyed_queue.gate.keys import KeyNames
-from django_keyed_queue.ops import task_actions
+from django_keyed_queue.ops import lookup, task_actions
 from django_keyed_queue.ops.live import live_keys
 from django_keyed_queue.ops.timeline import key_timeline
 from django_keyed_queue.process.state import get_gate
@@ -36,7 +37,7 @@ def submit(*ns: int) -> list[str]:
 
 def run(task_id: str, ticket: int, *, worker: str, ran_for: float):
     """The gate's start of ``ticket`` for ``task_id``, and the record its worker writes."""
-    started = get_gate().start(KEY, ticket, 1, task_id=task_id, max_lost=3)
+    started = get_gate().start(Start(KEY, ticket, 1, task_id=task_id, max_lost=3))
     assert started.ok
     KeyedTask.objects.filter(task_id=task_id).update(
         status="running", started_at=timezone.now() - timedelta(seconds=ran_for), worker=worker, attempts=1
@@ -50,7 +51,7 @@ def restarted(gate_redis, broker) -> tuple[str, str, str]:
     task holds ticket 1 again (running 20 s on w1) with another waiting behind it. Their ids."""
     [old] = submit(1)
     started = run(old, 1, worker="celery@w2", ran_for=400)
-    assert get_gate().finish(KEY, 1, started.token).ok
+    assert get_gate().finish(Finish(KEY, 1, started.token)).ok
     KeyedTask.objects.filter(task_id=old).update(status="succeeded", finished_at=timezone.now() - timedelta(minutes=6))
     gate_redis.pexpire(KeyNames(KEY).meta, 1)  # what the idle horizon does to a drained key
     while gate_redis.exists(KeyNames(KEY).meta):
@@ -82,10 +83,10 @@ def test_why_a_task_waits_names_the_new_holder_not_the_old_record_of_its_ticket(
 def test_no_action_is_offered_on_the_old_record_and_its_release_is_refused(restarted):
     old, new, _ = restarted
     old_row = KeyedTask.objects.get(task_id=old)
-    assert task_actions.holder_of(old_row) is None
-    assert task_actions.available(old_row, task_actions.holder_of(old_row)) == []
+    assert lookup.slot_of(old_row) is None
+    assert task_actions.available(old_row, lookup.slot_of(old_row)) == []
     assert task_actions.propose("release", old_row).refusal
-    assert task_actions.holder_of(KeyedTask.objects.get(task_id=new)).state == "running"
+    assert lookup.slot_of(KeyedTask.objects.get(task_id=new)).state == "running"
 
 
 def test_the_live_page_release_and_the_admin_log_name_the_new_holder(restarted, as_user):

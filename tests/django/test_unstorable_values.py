@@ -11,6 +11,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from django_keyed_queue import InvalidArguments, InvalidKey, keyed_serial_task
+from django_keyed_queue.gate import Submission
 from django_keyed_queue.gate.keys import KeyNames
 from django_keyed_queue.messaging.message import HEADER
 from django_keyed_queue.process.state import get_gate
@@ -173,7 +174,7 @@ def test_records_validation_missed_are_set_aside_on_postgresql(gate_redis, broke
     for key, task_id in (("a\x00b", "id-nul-key"), ("c", "t" * 300), ("d", "nul\x00id")):
         record = submissions.encode_record(task_id, step.name, "args=()")
         message = json.dumps({"task": step.name, "id": task_id}).encode()
-        gate.submit(key, message, task_id=task_id, record=record)
+        gate.submit(Submission(key, message, task_id=task_id, record=record))
     clean = step.apply_async(("e", 1), queue=QUEUE)
     with caplog.at_level(logging.ERROR):
         write_submission_rows()

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kombu import Connection, Exchange, Queue
 
-from django_keyed_queue.gate import Gate
+from django_keyed_queue.gate import Cancel, Finish, Gate, Start, Submission
 from django_keyed_queue.gate.keys import KeyNames
 from django_keyed_queue.messaging import wire
 from django_keyed_queue.messaging.building import build, publish_arguments
@@ -52,7 +52,7 @@ def _template(connection, gate, key, message):
 
 def _pushed_and_published(broker, connection, gate, key, message, list_name=QUEUE):
     """The gate's push of ``message`` on a free key, then kombu's publish of it: both payloads, decoded."""
-    submitted = gate.submit(key, b"{}", wire=_template(connection, gate, key, message))
+    submitted = gate.submit(Submission(key, b"{}", wire=_template(connection, gate, key, message)))
     assert submitted is not None and submitted.granted and submitted.pushed
     pushed = broker.rpop(list_name)
     body, publish = publish_arguments(step.app, message, ticket_header(key, submitted.ticket, 1))
@@ -105,12 +105,12 @@ def test_the_transport_s_key_prefix_and_separator_are_honoured(broker, on_broker
 def test_a_finish_pushes_the_next_ticket_with_its_own_header(broker, on_broker):
     with Connection(django_settings.CELERY_BROKER_URL) as connection:
         first, second = _message(), _message()
-        on_broker.submit("k", b"{}", wire=_template(connection, on_broker, "k", first))
-        parked = on_broker.submit("k", b"{}", wire=_template(connection, on_broker, "k", second))
+        on_broker.submit(Submission("k", b"{}", wire=_template(connection, on_broker, "k", first)))
+        parked = on_broker.submit(Submission("k", b"{}", wire=_template(connection, on_broker, "k", second)))
         assert parked is not None and not parked.granted and broker.llen(QUEUE) == 1
         broker.delete(QUEUE)
-        started = on_broker.start("k", 1, 1)
-        finished = on_broker.finish("k", 1, started.token)
+        started = on_broker.start(Start("k", 1, 1))
+        finished = on_broker.finish(Finish("k", 1, started.token))
     assert [(g.ticket, g.pushed) for g in finished.granted] == [(2, True)]
     [raw] = broker.lrange(QUEUE, 0, -1)
     pushed = json.loads(raw)
@@ -122,10 +122,10 @@ def test_a_finish_pushes_the_next_ticket_with_its_own_header(broker, on_broker):
 def test_a_finish_that_keeps_the_next_grant_pushes_nothing_for_it(broker, on_broker):
     with Connection(django_settings.CELERY_BROKER_URL) as connection:
         for _ in range(2):
-            on_broker.submit("k", b"{}", wire=_template(connection, on_broker, "k", _message()))
+            on_broker.submit(Submission("k", b"{}", wire=_template(connection, on_broker, "k", _message())))
         broker.delete(QUEUE)
-        started = on_broker.start("k", 1, 1)
-        finished = on_broker.finish("k", 1, started.token, keep_first_seconds=5)
+        started = on_broker.start(Start("k", 1, 1))
+        finished = on_broker.finish(Finish("k", 1, started.token, keep_first_seconds=5))
     assert [(g.ticket, g.pushed) for g in finished.granted] == [(2, False)]
     assert broker.llen(QUEUE) == 0
     assert on_broker.inspect("k").holders[2].deadline_in <= 5, "the reaper publishes it if its keeper dies"
@@ -142,7 +142,7 @@ def test_other_set_ups_keep_the_two_steps(broker, on_broker, redis_server):
         assert wire.template(connection.Producer(), on_broker.client, "k", body, fanout) is None
         expiring = {**publish, "declare": [Queue(QUEUE, expires=60)]}
         assert wire.template(connection.Producer(), on_broker.client, "k", body, expiring) is None
-    submitted = on_broker.submit("k", b"{}", wire=b"")
+    submitted = on_broker.submit(Submission("k", b"{}", wire=b""))
     assert submitted is not None and submitted.granted and not submitted.pushed and broker.llen(QUEUE) == 0
 
 
@@ -150,7 +150,7 @@ def test_a_direct_exchange_with_no_queue_bound_is_left_to_the_caller(broker, on_
     with Connection(django_settings.CELERY_BROKER_URL) as connection:
         template = _template(connection, on_broker, "k", _message(exchange="unbound", routing_key="nowhere"))
         assert template is not None
-        submitted = on_broker.submit("k", b"{}", wire=template)
+        submitted = on_broker.submit(Submission("k", b"{}", wire=template))
     assert submitted is not None and submitted.granted and not submitted.pushed
 
 
@@ -201,11 +201,11 @@ def test_any_key_and_arguments_are_pushed_as_kombu_would_publish_them(
     broker.delete(*lists)  # other tests' priorities may have left messages on them
     with Connection(django_settings.CELERY_BROKER_URL) as connection:
         template = _template(connection, on_broker, key, message)
-        submitted = on_broker.submit(key, b"{}", wire=template)
+        submitted = on_broker.submit(Submission(key, b"{}", wire=template))
         assert submitted is not None and submitted.pushed
         pushed = next(raw for raw in (broker.rpop(name) for name in lists) if raw is not None)
         body, publish = publish_arguments(step.app, message, ticket_header(key, submitted.ticket, 1))
         connection.Producer().publish(body, **publish)
         published = next(raw for raw in (broker.rpop(name) for name in lists) if raw is not None)
-    on_broker.cancel(key, submitted.ticket)
+    on_broker.cancel(Cancel(key, submitted.ticket))
     _same_but_the_tag(json.loads(pushed), json.loads(published))

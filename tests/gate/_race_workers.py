@@ -13,7 +13,7 @@ import traceback
 
 import redis
 
-from django_keyed_queue.gate import Gate, Grant
+from django_keyed_queue.gate import Finish, Gate, Grant, Lease, Start, Submission
 from django_keyed_queue.gate.clients import close
 from tests.gate_redis import connect_to
 
@@ -41,7 +41,7 @@ def submitter(url: str, key: str, name: str, count: int, limit: int) -> None:
             raise RuntimeError("no start signal within 20 s")
         for i in range(count):
             message = f"{name}/{i}"
-            result = gate.submit(key, message.encode(), limit=limit)
+            result = gate.submit(Submission(key, message.encode(), limit=limit))
             client.rpush(SUBMITTED, f"{result.ticket}|{int(result.granted)}|{message}")
     except Exception:
         client.rpush(ERRORS, f"{name}: {traceback.format_exc()}")
@@ -74,7 +74,7 @@ def worker(url: str, key: str, name: str, limit: int, total: int, stops: int, wo
             if item[1] == STOP:
                 return
             ticket, dispatch = (int(part) for part in item[1].split(b":"))
-            started = gate.start(key, ticket, dispatch)
+            started = gate.start(Start(key, ticket, dispatch))
             if not started.ok:
                 client.rpush(LOG, f"drop {ticket} {name} {started.code.name}")
                 continue
@@ -82,14 +82,14 @@ def worker(url: str, key: str, name: str, limit: int, total: int, stops: int, wo
             time.sleep(work_seconds)  # the task's work, so that runs have a length
             if ticket % 5 == 0 and started.attempts == 1:
                 client.rpush(LOG, f"retry {ticket} {name}")
-                new_dispatch = gate.retry(key, ticket, started.token, b"retry", countdown_seconds=0)
+                new_dispatch = gate.retry(Lease(key, ticket, started.token), b"retry", countdown_seconds=0)
                 if new_dispatch is None:
                     raise RuntimeError(f"retry of {ticket} was fenced")
                 # The retry's message, and a late redelivery of the old one (must be dropped).
                 client.rpush(WORK, f"{ticket}:{dispatch}", f"{ticket}:{new_dispatch}")
                 continue
             client.rpush(LOG, f"end {ticket} {name}")
-            done = gate.finish(key, ticket, started.token, limit=limit)
+            done = gate.finish(Finish(key, ticket, started.token, limit=limit))
             if not done.ok:
                 raise RuntimeError(f"finish of {ticket} returned {done.code.name}")
             publish(client, done.granted)

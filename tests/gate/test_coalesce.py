@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from django_keyed_queue.gate import Code, QueueFull, Submission
+from django_keyed_queue.gate import Code, Finish, QueueFull, Start, Submission
 from django_keyed_queue.gate.keys import KeyNames
 from tests.gate_redis import message_of
 
@@ -25,12 +25,14 @@ def record(task_id: str) -> bytes:
 
 def submit(gate, key: str, task_id: str, task: str = "t", *, coalesce: bool = True, **options):
     return gate.submit(
-        key,
-        stored(task, task_id),
-        task_id=task_id,
-        record=record(task_id),
-        coalesce=task if coalesce else "",
-        **options,
+        Submission(
+            key,
+            stored(task, task_id),
+            task_id=task_id,
+            record=record(task_id),
+            coalesce=task if coalesce else "",
+            **options,
+        )
     )
 
 
@@ -184,10 +186,10 @@ def test_a_run_learns_a_newer_submission_of_its_task_waits(gate):
 
 
 def test_a_granted_newer_ticket_no_longer_waits(gate):
-    running = gate.submit("k", stored("t", "t0"), task_id="t0", coalesce="t", start=True)
+    running = gate.submit(Submission("k", stored("t", "t0"), task_id="t0", coalesce="t", start=True))
     newer = submit(gate, "k", "t1")
 
-    finished = gate.finish("k", running.ticket, running.token)
+    finished = gate.finish(Finish("k", running.ticket, running.token))
 
     assert [g.ticket for g in finished.granted] == [newer.ticket]
     assert not gate.newer_waiting("k", "t", running.ticket)
@@ -252,8 +254,10 @@ def test_records_not_as_supersede_keeps_them_end_the_chain(gate, gate_redis):
 
 
 def debounced(gate, key: str, task_id: str, debounce_ms: int = 1500):
-    return gate.submit(key, stored("t", task_id), task_id=task_id, record=record(task_id), coalesce="t",
-                       debounce_ms=debounce_ms)  # fmt: skip
+    submission = Submission(
+        key, stored("t", task_id), task_id=task_id, record=record(task_id), coalesce="t", debounce_ms=debounce_ms
+    )
+    return gate.submit(submission)
 
 
 def test_debounce_replaces_the_granted_ticket_not_started_and_its_message_is_refused_when_due(gate):
@@ -265,13 +269,13 @@ def test_debounce_replaces_the_granted_ticket_not_started_and_its_message_is_ref
     state = gate.inspect("k")
     assert list(state.holders) == [second.ticket] and state.waiting == []
     assert 60 + 1.4 < state.holders[second.ticket].deadline_in <= 60 + 1.5, "its dispatch deadline runs from the eta"
-    assert gate.start("k", first.ticket, 1).code is Code.NOT_GRANTED, "the replaced one's message is dropped"
-    assert gate.start("k", second.ticket, 1).ok
+    assert gate.start(Start("k", first.ticket, 1)).code is Code.NOT_GRANTED, "the replaced one's message is dropped"
+    assert gate.start(Start("k", second.ticket, 1)).ok
 
 
 def test_debounce_never_replaces_a_running_ticket(gate):
     running = debounced(gate, "k", "t0")
-    gate.start("k", running.ticket, 1)
+    gate.start(Start("k", running.ticket, 1))
 
     waiting = debounced(gate, "k", "t1")
     latest = debounced(gate, "k", "t2")
@@ -294,7 +298,7 @@ def test_debounce_does_not_replace_a_granted_ticket_another_tasks_ticket_waits_b
     """Its slot would be freed with the other task's ticket first in the queue, and nothing would grant it:
     the granted one runs at its eta, and the newer one waits behind the other task's."""
     granted = debounced(gate, "k", "t0")
-    other = gate.submit("k", stored("other", "o0"), task_id="o0")
+    other = gate.submit(Submission("k", stored("other", "o0"), task_id="o0"))
     newer = debounced(gate, "k", "t1")
 
     assert granted.granted and not other.granted
@@ -304,7 +308,7 @@ def test_debounce_does_not_replace_a_granted_ticket_another_tasks_ticket_waits_b
 
 
 def test_debounce_on_a_shared_key_replaces_only_its_own_tasks_ticket(gate):
-    other = gate.submit("k", stored("other", "o0"), task_id="o0")  # another task holds the key's slot
+    other = gate.submit(Submission("k", stored("other", "o0"), task_id="o0"))  # another task holds the key's slot
     first = debounced(gate, "k", "t0")
     second = debounced(gate, "k", "t1")
 

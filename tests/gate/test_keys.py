@@ -7,7 +7,7 @@ import itertools
 import pytest
 from redis.crc import key_slot
 
-from django_keyed_queue.gate import Lease
+from django_keyed_queue.gate import Finish, Lease, Submission
 from django_keyed_queue.gate.keys import PREFIX, KeyNames, escape, key_from_redis_name, unescape
 from tests.gate_redis import redis_names
 
@@ -101,26 +101,26 @@ def test_different_keys_share_no_redis_name_and_spread_over_slots():
 def test_keys_that_look_alike_escaped_are_separate_queues(gate, gate_redis):
     """'a{b' escapes to 'a%7Bb', which must not be the same queue as the literal key 'a%7Bb'."""
     lookalikes = ["a{b", "a%7Bb", "a%257Bb", "a}b", "a%7Db"]
-    results = {key: gate.submit(key, key.encode(), start=True) for key in lookalikes}
+    results = {key: gate.submit(Submission(key, key.encode(), start=True)) for key in lookalikes}
 
     assert all(r.granted and r.ticket == 1 and r.token > 0 for r in results.values())
     names = redis_names(gate_redis)
     assert len(names) == 3 * len(lookalikes)  # meta, messages and holders of each
     assert {key_from_redis_name(name) for name in names} == set(lookalikes)
     for key, result in results.items():
-        assert gate.finish(key, result.ticket, result.token).ok
+        assert gate.finish(Finish(key, result.ticket, result.token)).ok
 
 
 @pytest.mark.parametrize("key", TRICKY_KEYS)
 def test_the_gate_works_on_tricky_keys_in_one_slot(gate, gate_redis, key):
-    first = gate.submit(key, b"m1", start=True, join_id="j1")
-    gate.submit(key, b"m2")
+    first = gate.submit(Submission(key, b"m1", start=True, join_id="j1"))
+    gate.submit(Submission(key, b"m2"))
     assert list(gate.renew([Lease(key, first.ticket, first.token)]).values()) == [True]
 
     names = redis_names(gate_redis)
     assert {key_from_redis_name(name) for name in names} == {key}
     assert len({key_slot(name.encode()) for name in names}) == 1
-    (grant,) = gate.finish(key, first.ticket, first.token).granted
+    (grant,) = gate.finish(Finish(key, first.ticket, first.token)).granted
     assert (grant.key, grant.ticket, grant.message) == (key, 2, b"m2")
     state = gate.inspect(key)
     assert state.key == key and list(state.holders) == [2]
@@ -128,7 +128,7 @@ def test_the_gate_works_on_tricky_keys_in_one_slot(gate, gate_redis, key):
 
 def test_a_key_redis_cannot_carry_fails_before_anything_is_written(gate, gate_redis):
     with pytest.raises(ValueError):  # a lone surrogate has no UTF-8 encoding
-        gate.submit("half \ud800 pair", b"m")
+        gate.submit(Submission("half \ud800 pair", b"m"))
     assert redis_names(gate_redis) == set()
 
 

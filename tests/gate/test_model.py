@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
-from django_keyed_queue.gate import Code, Gate, KeptStart, Lease, RecoveryAction, Submission
+from django_keyed_queue.gate import Cancel, Code, Finish, Gate, KeptStart, Lease, RecoveryAction, Start, Submission
 from django_keyed_queue.gate.keys import BLOCKED_KEYS, PAUSED_KEYS, KeyNames
 
 
@@ -260,11 +260,12 @@ class GateModel(RuleBasedStateMachine):
         km = self.keys[policy.name]
         replaced = self._replaceable(km, coalesce == "debounce") if coalesce != "no" else None
         ticket, free = self._next_submission(km, blocks, freed=int(replaced in km.holders))
-        result = self.gate.submit(
-            km.name, km.messages[ticket], limit=policy.limit, task_id=km.task_id(ticket),
-            start=start, max_lost=max_lost, block=blocks, coalesce=MODEL_TASK if coalesce != "no" else "",
+        submission = Submission(
+            km.name, km.messages[ticket], limit=policy.limit, task_id=km.task_id(ticket), start=start,
+            max_lost=max_lost, block=blocks, coalesce=MODEL_TASK if coalesce != "no" else "",
             debounce_ms=1000 if coalesce == "debounce" else 0,
         )  # fmt: skip
+        result = self.gate.submit(submission)
         assert (result.ticket, result.granted) == (ticket, free)
         assert result.superseded == (None if replaced is None else (replaced, km.task_id(replaced)))
         if replaced is not None:
@@ -306,7 +307,9 @@ class GateModel(RuleBasedStateMachine):
         km, ticket = self._pick(pick, self._holders("granted"))
         holder = km.holders[ticket]
         started = self.gate.start(
-            km.name, ticket, holder.dispatch, max_lost=max_lost, block=km.blocks[ticket], task_id=km.task_id(ticket)
+            Start(
+                km.name, ticket, holder.dispatch, max_lost=max_lost, block=km.blocks[ticket], task_id=km.task_id(ticket)
+            )
         )
         assert started.code is Code.OK and started.attempts == holder.attempts + 1
         self._started(km, ticket, started.token, first=holder.attempts == 0)
@@ -334,7 +337,7 @@ class GateModel(RuleBasedStateMachine):
         else:
             return  # the ticket's own message may start it: the start rule's case
         task_id = km.task_id(ticket + 1 if foreign else ticket)
-        assert self.gate.start(km.name, ticket, dispatch, task_id=task_id).code is expected
+        assert self.gate.start(Start(km.name, ticket, dispatch, task_id=task_id)).code is expected
 
     @precondition(lambda self: self._holders("running"))
     @rule(pick=PICK, failed=st.booleans(), keep=st.sampled_from(["none", "keep", "keep and start"]))
@@ -345,10 +348,11 @@ class GateModel(RuleBasedStateMachine):
         blocks = failed and km.blocks[ticket]
         kept_blocks = bool(km.waiting) and km.blocks[km.waiting[0]]
         start_kept = KeptStart(MODEL_TASK, max_lost=1, block=kept_blocks) if keep == "keep and start" else None
-        done = self.gate.finish(
+        finish = Finish(
             km.name, ticket, km.holders[ticket].token, limit=km.policy.limit, block=blocks,
             keep_first_seconds=30 if keep != "none" else 0, start_kept=start_kept,
         )  # fmt: skip
+        done = self.gate.finish(finish)
         if blocks:
             assert (done.code, done.granted) == (Code.BLOCKED, [])
             km.fence(ticket)
@@ -374,7 +378,7 @@ class GateModel(RuleBasedStateMachine):
         km, ticket = self._pick(pick, self._holders("running"))
         holder = km.holders[ticket]
         km.messages[ticket] = _message(km.task_id(ticket), holder.attempts)
-        dispatch = self.gate.retry(km.name, ticket, holder.token, km.messages[ticket], countdown_seconds=0)
+        dispatch = self.gate.retry(Lease(km.name, ticket, holder.token), km.messages[ticket], countdown_seconds=0)
         assert dispatch == holder.dispatch + 1
         km.fence(ticket)
         # A stopped run that retried itself (it outlived the signal) ended that attempt: the mark was its own.
@@ -475,7 +479,7 @@ class GateModel(RuleBasedStateMachine):
         return granted
 
     def _cancel(self, km: ModelKey, ticket: int):
-        done = self.gate.cancel(km.name, ticket)
+        done = self.gate.cancel(Cancel(km.name, ticket))
         holder = km.holders.get(ticket)
         if holder is not None and holder.state != "granted":
             assert (done.code, done.granted) == (Code.RUNNING if holder.state == "running" else Code.BLOCKED, [])
@@ -541,11 +545,11 @@ class GateModel(RuleBasedStateMachine):
         """A fenced attempt (retried, released, reaped or failed) ends late: it ends nothing."""
         km, (ticket, token) = self._pick(pick, [(km, f) for km in self.keys.values() for f in km.fenced])
         if how == "finish":
-            assert self.gate.finish(km.name, ticket, token, limit=km.policy.limit).code is Code.STALE_TOKEN
+            assert self.gate.finish(Finish(km.name, ticket, token, limit=km.policy.limit)).code is Code.STALE_TOKEN
         elif how == "fail":
-            assert self.gate.finish(km.name, ticket, token, block=True).code is Code.STALE_TOKEN
+            assert self.gate.finish(Finish(km.name, ticket, token, block=True)).code is Code.STALE_TOKEN
         elif how == "retry":
-            assert self.gate.retry(km.name, ticket, token, b"late", countdown_seconds=0) is None
+            assert self.gate.retry(Lease(km.name, ticket, token), b"late", countdown_seconds=0) is None
         else:
             assert self.gate.renew([Lease(km.name, ticket, token)]) == {Lease(km.name, ticket, token): False}
 
@@ -610,10 +614,10 @@ def test_a_key_stays_blocked_while_any_failed_ticket_holds_a_slot(gate):
     """The shortest example the model found (hand-trimmed): one blocked mark per key was cleared by
     unblocking either of two failed tickets, and the key granted beside the other."""
     key = "two-fail"
-    first, second = (gate.submit(key, _message(f"t{n}"), limit=2, start=True, block=True) for n in (1, 2))
-    third = gate.submit(key, _message("t3"), limit=2)
+    first, second = (gate.submit(Submission(key, _message(f"t{n}"), limit=2, start=True, block=True)) for n in (1, 2))
+    third = gate.submit(Submission(key, _message("t3"), limit=2))
     for run in (first, second):
-        assert gate.finish(key, run.ticket, run.token, limit=2, block=True).code is Code.BLOCKED
+        assert gate.finish(Finish(key, run.ticket, run.token, limit=2, block=True)).code is Code.BLOCKED
     assert gate.inspect(key).blocked in (first.ticket, second.ticket)
 
     assert gate.unblock(key, first.ticket, retry=False).ok

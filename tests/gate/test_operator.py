@@ -2,15 +2,15 @@
 
 import time
 
-from django_keyed_queue.gate import Lease, RecoveryAction
+from django_keyed_queue.gate import Lease, RecoveryAction, Start, Submission
 from django_keyed_queue.gate.keys import PAUSED_KEYS, KeyNames
 from tests.gate_redis import DEADLINES, holder
 from tests.waiting import wait_until
 
 
 def running(gate, key, message=b"m", *, max_lost=1):
-    sub = gate.submit(key, message)
-    started = gate.start(key, sub.ticket, 1, max_lost=max_lost)
+    sub = gate.submit(Submission(key, message))
+    started = gate.start(Start(key, sub.ticket, 1, max_lost=max_lost))
     assert started.ok
     return sub.ticket, started.token
 
@@ -27,13 +27,13 @@ def test_release_of_a_running_holder_fences_it_and_dispatches_it_again(gate, gat
     )
     assert not gate.holds(Lease("k", ticket, token)), "the stuck run is fenced at once, its lease not yet expired"
     assert gate.renew([Lease("k", ticket, token)]) == {Lease("k", ticket, token): False}
-    assert gate.start("k", ticket, 2, max_lost=1).ok
+    assert gate.start(Start("k", ticket, 2, max_lost=1)).ok
     assert gate_redis.zscore(DEADLINES.shard_of("k"), "k") is not None, "the reaper watches the re-dispatched message"
 
 
 def test_release_past_the_recoveries_fails_the_holder_and_grants_the_next(gate):
     ticket, _ = running(gate, "k", max_lost=0)
-    parked = gate.submit("k", b"next")
+    parked = gate.submit(Submission("k", b"next"))
     recoveries = gate.release("k", ticket)
     assert [(r.action, r.ticket) for r in recoveries] == [
         (RecoveryAction.FAIL, ticket),
@@ -43,7 +43,7 @@ def test_release_past_the_recoveries_fails_the_holder_and_grants_the_next(gate):
 
 
 def test_release_of_a_granted_holder_publishes_it_again_with_its_next_dispatch_once(gate):
-    sub = gate.submit("k", b"lost")
+    sub = gate.submit(Submission("k", b"lost"))
     [recovery] = gate.release("k", sub.ticket, dispatch=1)
     assert (recovery.action, recovery.dispatch) == (RecoveryAction.REPUBLISH, 2), "the lost copy cannot start"
     assert holder(gate, "k", sub.ticket).state == "granted"
@@ -51,9 +51,20 @@ def test_release_of_a_granted_holder_publishes_it_again_with_its_next_dispatch_o
     assert holder(gate, "k", sub.ticket).dispatch == 2
 
 
+def test_a_release_of_an_unstarted_holder_leaves_one_that_started_meanwhile_running(gate, gate_redis):
+    sub = gate.submit(Submission("k", b"m"))
+    started = gate.start(Start("k", sub.ticket, 1))  # a worker started it after the operator saw it granted
+    before = gate_redis.hgetall(KeyNames("k").holders)
+    assert gate.release("k", sub.ticket, dispatch=1, unstarted=True) == []
+    assert gate_redis.hgetall(KeyNames("k").holders) == before and gate.holds(Lease("k", sub.ticket, started.token))
+    granted = gate.submit(Submission("other", b"m"))
+    [recovery] = gate.release("other", granted.ticket, dispatch=1, unstarted=True)
+    assert (recovery.action, recovery.dispatch) == (RecoveryAction.REPUBLISH, 2)
+
+
 def test_release_of_a_ticket_holding_nothing_changes_nothing(gate, gate_redis):
     ticket, token = running(gate, "k")
-    parked = gate.submit("k", b"next")
+    parked = gate.submit(Submission("k", b"next"))
     before = gate_redis.hgetall(KeyNames("k").holders)
     assert gate.release("k", parked.ticket) == []
     assert gate.release("k", 999) == []
@@ -63,20 +74,20 @@ def test_release_of_a_ticket_holding_nothing_changes_nothing(gate, gate_redis):
 
 def test_a_refused_join_makes_the_later_join_a_duplicate(gate, gate_redis):
     assert gate.refuse_join("k", "task-1", due_in_seconds=5)
-    assert gate.submit("k", b"m", start=True, join_id="task-1") is None
+    assert gate.submit(Submission("k", b"m", start=True, join_id="task-1")) is None
     assert gate.inspect("k").last_ticket == 0, "no ticket was taken"
     assert gate_redis.pttl(KeyNames("k").joined) > 3_600_000, "kept until due plus the idle horizon"
 
 
 def test_a_join_that_happened_cannot_be_refused(gate):
-    joined = gate.submit("k", b"m", start=True, join_id="task-1")
+    joined = gate.submit(Submission("k", b"m", start=True, join_id="task-1"))
     assert joined is not None and joined.granted
     assert not gate.refuse_join("k", "task-1")
 
 
 def test_refusing_a_join_keeps_the_other_joins_working(gate):
     assert gate.refuse_join("k", "task-1")
-    assert gate.submit("k", b"m", start=True, join_id="task-2") is not None
+    assert gate.submit(Submission("k", b"m", start=True, join_id="task-2")) is not None
 
 
 def test_paused_keys_are_listed_until_resumed(gate, gate_redis):
@@ -92,7 +103,7 @@ def test_paused_keys_are_listed_until_resumed(gate, gate_redis):
 
 def test_inspect_many_reads_each_key(gate):
     ticket, _ = running(gate, "busy")
-    parked = gate.submit("busy", b"next")
+    parked = gate.submit(Submission("busy", b"next"))
     gate.pause("idle")
     busy, idle, unknown = gate.inspect_many(["busy", "idle", "unknown"])
     assert (busy.key, busy.waiting, list(busy.holders)) == ("busy", [parked.ticket], [ticket])
@@ -105,7 +116,7 @@ def test_inspect_many_reads_each_key(gate):
 def test_inspect_reads_only_the_waiting_tickets_it_shows(gate, gate_redis):
     gate.pause("deep")
     for _ in range(1000):
-        gate.submit("deep", b"m")
+        gate.submit(Submission("deep", b"m"))
     shown, counted, everything = (gate.inspect("deep", waiting_shown=n) for n in (5, 0, None))
     assert (shown.waiting, shown.depth) == ([1, 2, 3, 4, 5], 1000)
     assert (counted.waiting, counted.depth) == ([], 1000)
@@ -123,7 +134,7 @@ def test_paused_keys_are_read_in_bounded_steps(gate, gate_redis):
 def test_a_stopped_run_keeps_its_slot_while_it_renews_and_fails_without_recovery_once_released(make_gate):
     gate = make_gate(lease_seconds=30)
     ticket, token = running(gate, "k", max_lost=3)
-    parked = gate.submit("k", b"next")
+    parked = gate.submit(Submission("k", b"next"))
 
     stopping = gate.stop("k", ticket, 1, by="ops", how="SIGTERM")
 
@@ -164,7 +175,7 @@ def test_the_first_stop_names_the_run_and_a_kill_by_celery_after_it_keeps_the_op
 
 def test_stopping_a_ticket_that_does_not_run_changes_nothing(gate, gate_redis):
     ticket, token = running(gate, "k")
-    granted = gate.submit("other", b"m")
+    granted = gate.submit(Submission("other", b"m"))
     before = {name: gate_redis.hgetall(KeyNames(name).holders) for name in ("k", "other")}
     assert gate.stop("k", ticket, 2, by="ops", how="SIGTERM") is None, "another dispatch than the run's"
     assert gate.stop("other", granted.ticket, 1, by="ops", how="SIGTERM") is None, "granted, not started"
@@ -208,7 +219,7 @@ def test_a_pause_keeps_who_paused_the_key_and_when_until_it_is_resumed(gate, gat
 
 def test_waiting_ahead_counts_the_tickets_before_one_in_its_queue(gate):
     ticket, _ = running(gate, "k")
-    parked = [gate.submit("k", f"m{n}".encode()).ticket for n in range(3)]
+    parked = [gate.submit(Submission("k", f"m{n}".encode())).ticket for n in range(3)]
     assert [gate.waiting_ahead("k", t) for t in parked] == [0, 1, 2]
     assert gate.waiting_ahead("k", ticket) is None, "a holder does not wait"
     assert gate.waiting_ahead("other", 1) is None

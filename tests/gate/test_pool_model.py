@@ -27,7 +27,18 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from django_keyed_queue.gate import Code, Gate, Lease, Pool, PoolAcquired, RecoveryAction
+from django_keyed_queue.gate import (
+    Cancel,
+    Code,
+    Finish,
+    Gate,
+    Lease,
+    Pool,
+    PoolAcquired,
+    RecoveryAction,
+    Start,
+    Submission,
+)
 from django_keyed_queue.gate.keys import POOLS, KeyNames, PoolNames, pool_member
 from tests.gate.test_model import MODEL_SETTINGS
 
@@ -177,10 +188,11 @@ class PoolModel(RuleBasedStateMachine):
     def _start(self, message: Message) -> None:
         """A worker starts a delivered message: its pool and its key, as the gate asks them."""
         key, ticket = message.key, message.ticket
-        started = self.gate.start(
+        start = Start(
             key, ticket, message.dispatch, max_lost=self.max_lost[key, ticket], task_id=_task_id(key, ticket),
             pool=self.pool,
         )  # fmt: skip
+        started = self.gate.start(start)
         self._granted(started.granted)
         if started.ok:
             self._started(message, started.token)
@@ -190,7 +202,7 @@ class PoolModel(RuleBasedStateMachine):
             )
 
     def _ask_the_pool(self, message: Message) -> None:
-        """The first call of a start on a Redis Cluster (``Gate._start_pooled_apart``); the worker pauses after it."""
+        """The first call of a start on a Redis Cluster (``Gate.start`` on a cluster); the worker pauses after it."""
         acquired = self.gate.pool_acquire(self.pool, message.key, message.ticket)
         self._granted(acquired.granted)
         assert acquired.code in (Code.OK, Code.PARKED), f"{message}: the pool said {acquired.code.name}"
@@ -200,10 +212,10 @@ class PoolModel(RuleBasedStateMachine):
         """The rest of that start, as the gate makes it (``Gate.start_after_pool``): the pool said wait, or the key
         is asked, and the slot checked once it started."""
         key, ticket, dispatch = paused.message.key, paused.message.ticket, paused.message.dispatch
-        started = self.gate.start_after_pool(
-            paused.acquired, key, ticket, dispatch, self.pool, max_lost=self.max_lost[key, ticket],
-            task_id=_task_id(key, ticket),
-        )  # fmt: skip
+        start = Start(
+            key, ticket, dispatch, max_lost=self.max_lost[key, ticket], task_id=_task_id(key, ticket), pool=self.pool
+        )
+        started = self.gate.start_after_pool(paused.acquired, start)
         self._granted(started.granted)
         if started.ok:
             self._started(paused.message, started.token)
@@ -215,7 +227,7 @@ class PoolModel(RuleBasedStateMachine):
     def _finish(self, key: str, *, dies: bool) -> None:
         """A run ends; ``dies``: its process died before its pool heard (the calls apart of a Redis Cluster)."""
         run = self.running[key]
-        done = self.gate.finish(key, run.ticket, run.token, pool=None if dies else self.pool.name)
+        done = self.gate.finish(Finish(key, run.ticket, run.token, pool=None if dies else self.pool.name))
         assert done.code is Code.OK, f"{key} ticket {run.ticket} finished: {done.code.name}"
         self._end(key, run.ticket, "succeeded")
         self._granted(done.granted)
@@ -244,7 +256,7 @@ class PoolModel(RuleBasedStateMachine):
         self.steps += 1
         name = self.keys[key]
         ticket = self.last_ticket[name] + 1
-        submitted = self.gate.submit(name, _message(_task_id(name, ticket)), task_id=_task_id(name, ticket))
+        submitted = self.gate.submit(Submission(name, _message(_task_id(name, ticket)), task_id=_task_id(name, ticket)))
         assert submitted is not None and submitted.ticket == ticket, f"{name} took {submitted}, not {ticket}"
         self.last_ticket[name] = ticket
         self.max_lost[name, ticket] = max_lost
@@ -295,12 +307,12 @@ class PoolModel(RuleBasedStateMachine):
         key = self._pick(pick, sorted(self.running))
         run = self.running.pop(key)
         if requeue:
-            assert self.gate.requeue(key, run.ticket, run.token)
+            assert self.gate.requeue(Lease(key, run.ticket, run.token))
             message = Message(key, run.ticket, run.dispatch)
             self.started.discard(message)  # the same grant may start it again
         else:
             retried = _message(_task_id(key, run.ticket))
-            dispatch = self.gate.retry(key, run.ticket, run.token, retried, countdown_seconds=0)
+            dispatch = self.gate.retry(Lease(key, run.ticket, run.token), retried, countdown_seconds=0)
             assert dispatch == run.dispatch + 1, f"{key} ticket {run.ticket} retried with dispatch {dispatch}"
             message = Message(key, run.ticket, dispatch)
         if not dies:
@@ -368,7 +380,7 @@ class PoolModel(RuleBasedStateMachine):
         if not candidates:
             return
         key, ticket = self._pick(pick, candidates)
-        done = self.gate.cancel(key, ticket)
+        done = self.gate.cancel(Cancel(key, ticket))
         assert done.code is Code.OK, f"{key} ticket {ticket} cancelled: {done.code.name}"
         self._end(key, ticket, "cancelled")
         self._granted(done.granted)
@@ -467,25 +479,27 @@ def test_a_stale_copy_given_the_slot_of_a_ticket_about_to_wait_does_not_strand_i
     before that worker's ``pool_wait``, a stale copy (dispatch 1) is handed the ticket's slot, first in line. Its key
     refuses it as stale, and the slot goes to the ticket: published again (dispatch 3), not left waiting with it."""
     one, names = Pool("one", limit=1, interval_ms=0), PoolNames("one")
-    held, waiting = (gate.submit(k, _message(_task_id(k, 1)), task_id=_task_id(k, 1)).ticket for k in ("a", "b"))
-    run = gate.start("a", held, 1, task_id=_task_id("a", held), pool=one)
+    held, waiting = (
+        gate.submit(Submission(k, _message(_task_id(k, 1)), task_id=_task_id(k, 1))).ticket for k in ("a", "b")
+    )
+    run = gate.start(Start("a", held, 1, task_id=_task_id("a", held), pool=one))
     assert run.ok
     assert [(r.action, r.dispatch) for r in gate.release("b", waiting)] == [(RecoveryAction.REPUBLISH, 2)]
     second = gate.pool_acquire(one, "b", waiting)  # dispatch 2's worker, before its key
     assert second.code is Code.PARKED
     # a's run ends, its process dies before its pool hears, and its slot's deadline passes.
-    assert gate.finish("a", held, run.token).ok
+    assert gate.finish(Finish("a", held, run.token)).ok
     gate_redis.zadd(names.running, {pool_member("a", held): 1})
 
     stale = gate.pool_acquire(one, "b", waiting)  # dispatch 1's copy: b, first in the line, takes the freed slot
     assert (stale.code, stale.given) == (Code.OK, True)
-    refused = gate.start_after_pool(stale, "b", waiting, 1, one, task_id=_task_id("b", waiting))
+    refused = gate.start_after_pool(stale, Start("b", waiting, 1, task_id=_task_id("b", waiting), pool=one))
     assert refused.code is Code.STALE_DISPATCH
     assert [(g.key, g.ticket, g.dispatch) for g in refused.granted] == [("b", waiting, 3)], "the slot is b's"
-    assert gate.start_after_pool(second, "b", waiting, 2, one).code is Code.PARKED  # dispatch 2's worker goes on
+    assert gate.start_after_pool(second, Start("b", waiting, 2, pool=one)).code is Code.PARKED  # dispatch 2's goes on
 
     assert gate.inspect("b").holders[waiting].state == "granted", "not left waiting: dispatch 3 is out"
-    assert gate.start("b", waiting, 3, task_id=_task_id("b", waiting), pool=one).ok
+    assert gate.start(Start("b", waiting, 3, task_id=_task_id("b", waiting), pool=one)).ok
 
 
 def test_a_start_whose_pool_slot_a_requeue_gave_back_does_not_run_beyond_the_limit(gate, gate_redis):
@@ -495,16 +509,16 @@ def test_a_start_whose_pool_slot_a_requeue_gave_back_does_not_run_beyond_the_lim
     back. Another ticket takes the slot. A's start then finds its slot gone once its key started it: it is undone,
     and the pool asked again says wait."""
     one, names = Pool("one", limit=1, interval_ms=0), PoolNames("one")
-    a, c = (gate.submit(k, _message(_task_id(k, 1)), task_id=_task_id(k, 1)).ticket for k in ("a", "c"))
+    a, c = (gate.submit(Submission(k, _message(_task_id(k, 1)), task_id=_task_id(k, 1))).ticket for k in ("a", "c"))
     paused = gate.pool_acquire(one, "a", a)  # worker A, before its key
     assert paused.ok
-    copy = gate.start("a", a, 1, task_id=_task_id("a", a), pool=one)  # worker B, a copy of the same message
+    copy = gate.start(Start("a", a, 1, task_id=_task_id("a", a), pool=one))  # worker B, a copy of the same message
     assert copy.ok
-    assert gate.requeue("a", a, copy.token)
+    assert gate.requeue(Lease("a", a, copy.token))
     assert gate.pool_release("one", [("a", a)]) == []  # B gives the slot back, as a requeued run does
-    assert gate.start("c", c, 1, task_id=_task_id("c", c), pool=one).ok
+    assert gate.start(Start("c", c, 1, task_id=_task_id("c", c), pool=one)).ok
 
-    resumed = gate.start_after_pool(paused, "a", a, 1, one, task_id=_task_id("a", a))  # worker A goes on
+    resumed = gate.start_after_pool(paused, Start("a", a, 1, task_id=_task_id("a", a), pool=one))  # worker A goes on
 
     assert resumed.code is Code.PARKED
     runs = [k for k in ("a", "c") for h in gate.inspect(k).holders.values() if h.state == "running"]
@@ -517,9 +531,9 @@ def test_the_reaper_s_pass_serves_a_pool_its_tasks_only_started_and_finished_in(
     (``POOLS``) all the same, so that ``reap_pools`` returns a dead worker's slot to the line (the model's drain
     found a cancelled ticket's member left in the line when it was not)."""
     one = Pool("one", limit=1, interval_ms=0)
-    a, b = (gate.submit(k, _message(_task_id(k, 1)), task_id=_task_id(k, 1)).ticket for k in ("a", "b"))
-    assert gate.start("a", a, 1, task_id=_task_id("a", a), pool=one).ok
-    assert gate.start("b", b, 1, task_id=_task_id("b", b), pool=one).code is Code.PARKED
+    a, b = (gate.submit(Submission(k, _message(_task_id(k, 1)), task_id=_task_id(k, 1))).ticket for k in ("a", "b"))
+    assert gate.start(Start("a", a, 1, task_id=_task_id("a", a), pool=one)).ok
+    assert gate.start(Start("b", b, 1, task_id=_task_id("b", b), pool=one)).code is Code.PARKED
     # a's worker died: its run fails, and its slot's deadline passes.
     assert [r.action for r in gate.release("a", a)] == [RecoveryAction.FAIL]
     gate_redis.zadd(PoolNames("one").running, {pool_member("a", a): 1})

@@ -15,14 +15,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis.crc import key_slot
 
-from django_keyed_queue.gate import Code, Gate, Lease, Pool, RecoveryAction
+from django_keyed_queue.gate import Cancel, Code, Finish, Gate, Lease, Pool, RecoveryAction, Start, Submission
 from django_keyed_queue.gate.keys import POOLS, KeyNames, PoolNames, member_ticket, pool_member
 
 PAIR = Pool("payments", limit=2, interval_ms=0)
 
 
 def _granted(gate: Gate, key: str) -> tuple[int, int]:
-    submitted = gate.submit(key, b"m")
+    submitted = gate.submit(Submission(key, b"m"))
     assert submitted is not None and submitted.granted
     return submitted.ticket, 1
 
@@ -33,7 +33,7 @@ def _run(gate: Gate, pool: Pool, key: str, ticket: int, dispatch: int):
     if acquired.code is Code.PARKED:
         assert gate.pool_wait(key, ticket, dispatch, pool=pool.name)
         return acquired, None
-    return acquired, gate.start(key, ticket, dispatch)
+    return acquired, gate.start(Start(key, ticket, dispatch))
 
 
 def test_at_most_the_limit_runs_whatever_the_keys(gate):
@@ -49,12 +49,14 @@ def test_at_most_the_limit_runs_whatever_the_keys(gate):
 
     assert acquired.code is Code.PARKED and start is None
     assert gate.inspect("c").holders[ticket].state == "waiting_for_pool"
-    assert gate.start("c", ticket, dispatch).code is Code.NOT_GRANTED, "a waiting ticket's message cannot start it"
+    assert gate.start(Start("c", ticket, dispatch)).code is Code.NOT_GRANTED, (
+        "a waiting ticket's message cannot start it"
+    )
 
-    gate.finish("a", *started["a"])
+    gate.finish(Finish("a", *started["a"]))
     (grant,) = gate.pool_release(PAIR.name, [("a", started["a"][0])])
     assert (grant.key, grant.ticket, grant.dispatch) == ("c", ticket, dispatch + 1)
-    assert gate.start("c", ticket, dispatch).code is Code.STALE_DISPATCH, "the refused message stays refused"
+    assert gate.start(Start("c", ticket, dispatch)).code is Code.STALE_DISPATCH, "the refused message stays refused"
     acquired, start = _run(gate, PAIR, "c", ticket, grant.dispatch)
     assert acquired.ok and start.ok
 
@@ -70,7 +72,7 @@ def test_the_pool_serves_waiting_tickets_first_come_whatever_their_key(gate):
     served = []
     key, ticket, token = "first", first, start.token
     for _ in arrivals:
-        gate.finish(key, ticket, token)
+        gate.finish(Finish(key, ticket, token))
         (grant,) = gate.pool_release(one.name, [(key, ticket)])
         served.append(grant.key)
         acquired, start = _run(gate, one, grant.key, grant.ticket, grant.dispatch)
@@ -120,13 +122,13 @@ def test_the_reaper_asks_the_pool_again_for_a_ticket_that_still_waits(gate, gate
     assert still.action is RecoveryAction.POOL and still.message == b"one", "no slot yet: it waits on"
 
     # The run ends and its slot goes back, but the process died before its key heard of it.
-    gate.finish("a", held, start.token)
+    gate.finish(Finish("a", held, start.token))
     gate_redis.zrem(PoolNames("one").running, pool_member("a", held))
     gate_redis.zadd(PoolNames("one").running, {pool_member("b", waiting): 10**13})
 
     (granted,) = gate.release("b", waiting)
     assert (granted.action, granted.ticket, granted.dispatch) == (RecoveryAction.GRANT, waiting, dispatch + 1)
-    assert gate.start("b", waiting, granted.dispatch).ok
+    assert gate.start(Start("b", waiting, granted.dispatch)).ok
 
 
 def test_a_slot_given_to_a_ticket_that_ended_goes_to_the_next(gate):
@@ -135,9 +137,9 @@ def test_a_slot_given_to_a_ticket_that_ended_goes_to_the_next(gate):
     start = _run(gate, one, "a", held, dispatch)[1]
     for key in ("b", "c"):
         assert _run(gate, one, key, *_granted(gate, key))[0].code is Code.PARKED
-    assert gate.cancel("b", 1).ok  # it waited for its pool; its member is still in the line
+    assert gate.cancel(Cancel("b", 1)).ok  # it waited for its pool; its member is still in the line
 
-    gate.finish("a", held, start.token)
+    gate.finish(Finish("a", held, start.token))
     (grant,) = gate.pool_release("one", [("a", held)])
 
     assert (grant.key, grant.ticket) == ("c", 1)
@@ -189,14 +191,14 @@ def test_any_pool_name_and_key_keep_their_slots_apart(gate, gate_redis, pool, ke
     keys share one slot (a Redis Cluster runs each script on one)."""
     names = PoolNames(pool)
     assert len({key_slot(n.encode()) for n in names.all()}) == 1
-    ticket = gate.submit(key, b"m").ticket
+    ticket = gate.submit(Submission(key, b"m")).ticket
     acquired = gate.pool_acquire(Pool(pool, limit=1, interval_ms=0), key, ticket)
     assert acquired.ok
     (member,) = gate_redis.zrange(names.running, 0, -1)
     assert member_ticket(member.decode()) == (key, ticket)
     assert gate.pool_release(pool, [(key, ticket)]) == []
     assert gate_redis.zcard(names.running) == 0
-    gate.cancel(key, ticket)
+    gate.cancel(Cancel(key, ticket))
     gate_redis.delete(*names.all(), *KeyNames(key).all())
 
 
@@ -207,27 +209,27 @@ def test_start_asks_the_pool_and_finish_gives_its_slot_to_the_next(gate):
     one = Pool("one", limit=1, interval_ms=0)
     a, _ = _granted(gate, "a")
     b, _ = _granted(gate, "b")
-    running = gate.start("a", a, 1, pool=one)
-    waiting = gate.start("b", b, 1, pool=one)
+    running = gate.start(Start("a", a, 1, pool=one))
+    waiting = gate.start(Start("b", b, 1, pool=one))
 
     assert running.ok and waiting.code is Code.PARKED
     assert gate.inspect("b").holders[b].state == "waiting_for_pool"
     assert gate.inspect_pool("one").waiting_first == [("b", b)]
 
-    finished = gate.finish("a", a, running.token, pool="one")
+    finished = gate.finish(Finish("a", a, running.token, pool="one"))
 
     assert [(g.key, g.ticket, g.dispatch) for g in finished.granted] == [("b", b, 2)]
-    assert gate.start("b", b, 2, pool=one).ok
+    assert gate.start(Start("b", b, 2, pool=one)).ok
     assert [(k, t) for k, t, _ in gate.inspect_pool("one").running] == [("b", b)]
 
 
 def test_a_start_the_key_refuses_takes_no_pool_slot(gate, gate_redis):
     one = Pool("one", limit=1, interval_ms=0)
     a, _ = _granted(gate, "a")
-    started = gate.start("a", a, 1, pool=one)
-    gate.finish("a", a, started.token, pool="one")
+    started = gate.start(Start("a", a, 1, pool=one))
+    gate.finish(Finish("a", a, started.token, pool="one"))
 
-    late_copy = gate.start("a", a, 1, pool=one)
+    late_copy = gate.start(Start("a", a, 1, pool=one))
 
     assert late_copy.code is Code.NOT_GRANTED
     assert gate_redis.zcard(PoolNames("one").running) == 0, "the slot is free for the next"
@@ -237,10 +239,10 @@ def test_a_blocked_run_keeps_its_key_and_gives_its_pool_slot_back(gate):
     one = Pool("one", limit=1, interval_ms=0)
     a, _ = _granted(gate, "a")
     b, _ = _granted(gate, "b")
-    started = gate.start("a", a, 1, pool=one, block=True)
-    assert gate.start("b", b, 1, pool=one).code is Code.PARKED
+    started = gate.start(Start("a", a, 1, pool=one, block=True))
+    assert gate.start(Start("b", b, 1, pool=one)).code is Code.PARKED
 
-    finished = gate.finish("a", a, started.token, block=True, pool="one")
+    finished = gate.finish(Finish("a", a, started.token, block=True, pool="one"))
 
     assert finished.code is Code.BLOCKED
     assert [(g.key, g.ticket) for g in finished.granted] == [("b", b)]
@@ -249,10 +251,10 @@ def test_a_blocked_run_keeps_its_key_and_gives_its_pool_slot_back(gate):
 def test_the_pool_s_rate_at_start_says_when_with_the_stored_message(gate):
     paced = Pool("paced", limit=0, interval_ms=400)
     a, _ = _granted(gate, "a")
-    b = gate.submit("b", b"the message of b").ticket
+    b = gate.submit(Submission("b", b"the message of b")).ticket
 
-    assert gate.start("a", a, 1, pool=paced).ok
-    early = gate.start("b", b, 1, pool=paced)
+    assert gate.start(Start("a", a, 1, pool=paced)).ok
+    early = gate.start(Start("b", b, 1, pool=paced))
 
     assert early.code is Code.TOO_EARLY and 0.3 < early.wait_seconds <= 0.4
     assert early.message == b"the message of b"
@@ -266,15 +268,15 @@ def test_a_freed_slot_reaches_a_key_of_any_name(gate, gate_redis, keys):
     the gate does, and tells that key (on one server, in the same call)."""
     one = Pool("one", limit=1, interval_ms=0)
     first, second = keys
-    a, b = gate.submit(first, b"m").ticket, gate.submit(second, b"m").ticket
-    started = gate.start(first, a, 1, pool=one)
-    assert gate.start(second, b, 1, pool=one).code is Code.PARKED
+    a, b = gate.submit(Submission(first, b"m")).ticket, gate.submit(Submission(second, b"m")).ticket
+    started = gate.start(Start(first, a, 1, pool=one))
+    assert gate.start(Start(second, b, 1, pool=one)).code is Code.PARKED
 
-    (grant,) = gate.finish(first, a, started.token, pool="one").granted
+    (grant,) = gate.finish(Finish(first, a, started.token, pool="one")).granted
 
     assert (grant.key, grant.ticket, grant.dispatch) == (second, b, 2)
     assert gate.inspect(second).holders[b].state == "granted"
-    gate.cancel(second, b)
+    gate.cancel(Cancel(second, b))
     gate_redis.delete(*PoolNames("one").all(), *KeyNames(first).all(), *KeyNames(second).all())
 
 
@@ -285,11 +287,11 @@ def test_a_finish_that_starts_its_kept_grant_asks_its_pool_for_it(gate):
 
     one = Pool("one", limit=1, interval_ms=0)
     message = json.dumps({"task": "t", "id": "x"}).encode()
-    first, second = gate.submit("a", message).ticket, gate.submit("a", message).ticket
-    started = gate.start("a", first, 1, pool=one)
+    first, second = gate.submit(Submission("a", message)).ticket, gate.submit(Submission("a", message)).ticket
+    started = gate.start(Start("a", first, 1, pool=one))
     kept = KeptStart("t", max_lost=1)
 
-    finished = gate.finish("a", first, started.token, pool="one", keep_first_seconds=5, start_kept=kept)
+    finished = gate.finish(Finish("a", first, started.token, pool="one", keep_first_seconds=5, start_kept=kept))
 
     (grant,) = finished.granted
     if gate.pools_apart:  # a Redis Cluster: the finish cannot ask the pool, so it starts nothing
@@ -298,10 +300,10 @@ def test_a_finish_that_starts_its_kept_grant_asks_its_pool_for_it(gate):
     assert grant.ticket == second and grant.token > 0, "started with the slot the finish gave back"
     assert [(k, t) for k, t, _ in gate.inspect_pool("one").running] == [("a", second)]
 
-    b = gate.submit("b", b"m").ticket
-    assert gate.start("b", b, 1, pool=one).code is Code.PARKED
-    third = gate.submit("a", message).ticket
-    finished = gate.finish("a", second, grant.token, pool="one", keep_first_seconds=5, start_kept=kept)
+    b = gate.submit(Submission("b", b"m")).ticket
+    assert gate.start(Start("b", b, 1, pool=one)).code is Code.PARKED
+    third = gate.submit(Submission("a", message)).ticket
+    finished = gate.finish(Finish("a", second, grant.token, pool="one", keep_first_seconds=5, start_kept=kept))
 
     assert [(g.key, g.ticket, g.token) for g in finished.granted] == [("a", third, 0), ("b", b, 0)], (
         "the line first: b takes the slot, and a's kept grant is not started"
@@ -355,8 +357,8 @@ def test_a_pooled_task_with_room_makes_no_call_more_than_a_keyed_one(gate, monke
     trips = {}
     for key, pool in (("warm", None), ("warm-pooled", roomy), ("keyed", None), ("pooled", roomy)):  # scripts loaded
         sent.clear()
-        ticket = gate.submit(key, b"m").ticket
-        started = gate.start(key, ticket, 1, pool=pool)
-        gate.finish(key, ticket, started.token, pool=pool.name if pool else None)
+        ticket = gate.submit(Submission(key, b"m")).ticket
+        started = gate.start(Start(key, ticket, 1, pool=pool))
+        gate.finish(Finish(key, ticket, started.token, pool=pool.name if pool else None))
         trips[key] = (len(sent), sum(sent))
     assert trips["pooled"] == trips["keyed"], "as many round trips, as many commands"

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from django_keyed_queue.gate import Gate
+from django_keyed_queue.gate import Finish, Gate, Start, Submission
 from tests.gate.conftest import GATE_SETTINGS
 from tests.gate_redis import ON_CLUSTER
 
@@ -57,8 +57,8 @@ def test_a_push_the_gates_user_may_not_make_is_left_to_its_caller_and_told_once(
     gate = gate_as()  # the gate's keys only: not the broker's queue
 
     with caplog.at_level(logging.WARNING, logger=PUSHES_LOGGER):
-        first = gate.submit("k1", b"m", wire=TEMPLATE)
-        second = gate.submit("k2", b"m", wire=TEMPLATE)
+        first = gate.submit(Submission("k1", b"m", wire=TEMPLATE))
+        second = gate.submit(Submission("k2", b"m", wire=TEMPLATE))
 
     assert first is not None and second is not None
     assert (first.granted, first.pushed, second.granted, second.pushed) == (True, False, True, False)
@@ -74,7 +74,7 @@ def test_the_rule_the_warning_names_lets_the_gate_push(gate_as, gate_redis, capl
     gate = gate_as(f"%W~{QUEUE}*", "%R~_kombu.binding.*")
 
     with caplog.at_level(logging.WARNING, logger=PUSHES_LOGGER):
-        submitted = gate.submit("k", b"m", wire=TEMPLATE)
+        submitted = gate.submit(Submission("k", b"m", wire=TEMPLATE))
 
     assert submitted is not None and submitted.granted and submitted.pushed
     assert gate_redis.rpop(QUEUE) == b'{"body": "m"}'
@@ -86,9 +86,9 @@ def test_a_push_refused_for_another_cause_is_told_once_too(gate_as, gate_redis, 
     gate_redis.set(QUEUE, "not a list")  # each push meets WRONGTYPE
 
     with caplog.at_level(logging.WARNING, logger=PUSHES_LOGGER):
-        first = gate.submit("k", b"m1", wire=TEMPLATE)
-        gate.submit("k", b"m2", wire=TEMPLATE)
-        finished = gate.finish("k", 1, gate.start("k", 1, 1).token)
+        first = gate.submit(Submission("k", b"m1", wire=TEMPLATE))
+        gate.submit(Submission("k", b"m2", wire=TEMPLATE))
+        finished = gate.finish(Finish("k", 1, gate.start(Start("k", 1, 1)).token))
 
     assert first is not None and first.granted and not first.pushed
     assert [(g.ticket, g.pushed) for g in finished.granted] == [(2, False)], "a finish's grant: its caller publishes it"

@@ -8,7 +8,7 @@ from collections import Counter, defaultdict
 
 import redis
 
-from django_keyed_queue.gate import Code, Gate, Grant
+from django_keyed_queue.gate import Cancel, Code, Finish, Gate, Grant, Start, Submission
 from django_keyed_queue.gate.clients import close
 from django_keyed_queue.gate.keys import KeyNames
 from tests.gate_redis import connect_to
@@ -81,7 +81,7 @@ def _run_pool(gate: Gate, client: redis.Redis, url: str, limit: int, total: int,
 
     with Crew(client, rw.worker, threads, processes, args):
         for n in range(total):
-            submitted = gate.submit("pool", f"task {n}".encode(), limit=limit)
+            submitted = gate.submit(Submission("pool", f"task {n}".encode(), limit=limit))
             if submitted.granted:
                 rw.publish(client, [Grant("pool", submitted.ticket, 1, b"")])
     state = gate.inspect("pool")
@@ -144,14 +144,14 @@ def test_pool_with_limit_three_runs_at_most_three_at_once(gate, gate_redis, redi
 def test_duplicate_starts_of_one_ticket_start_it_once(gate, redis_url):
     racers, rounds = 12, 10
     for n in range(rounds):
-        gate.submit("dup", f"m{n}".encode(), task_id=f"t{n}")  # remembered: the drained key's counters stay
+        gate.submit(Submission("dup", f"m{n}".encode(), task_id=f"t{n}"))  # remembered: the drained key's counters stay
     results: dict[int, list] = defaultdict(list)
     lock = threading.Lock()
     current = {"ticket": 1}
 
     def finish_round() -> None:  # run by one thread once every racer has started its round
         (winner,) = [r for r in results[current["ticket"]] if r.ok]
-        gate.finish("dup", current["ticket"], winner.token)
+        gate.finish(Finish("dup", current["ticket"], winner.token))
         current["ticket"] += 1
 
     barrier = threading.Barrier(racers, action=finish_round, timeout=10)
@@ -163,7 +163,7 @@ def test_duplicate_starts_of_one_ticket_start_it_once(gate, redis_url):
             mine = rw.make_gate(client)
             for _ in range(rounds):
                 ticket = current["ticket"]
-                result = mine.start("dup", ticket, 1)
+                result = mine.start(Start("dup", ticket, 1))
                 with lock:
                     results[ticket].append(result)
                 barrier.wait()
@@ -193,7 +193,7 @@ def test_cancel_racing_start_lets_exactly_one_win(gate, redis_url):
     rounds = 40
     outcomes = Counter()
     for _ in range(rounds):
-        ticket = gate.submit("race", b"m").ticket
+        ticket = gate.submit(Submission("race", b"m")).ticket
         barrier = threading.Barrier(2, timeout=10)
         got: dict[str, object] = {}
 
@@ -207,8 +207,8 @@ def test_cancel_racing_start_lets_exactly_one_win(gate, redis_url):
                 close(client)  # a cluster client's node pools too
 
         runners = [
-            threading.Thread(target=call, args=("start", lambda g, t: g.start("race", t, 1))),
-            threading.Thread(target=call, args=("cancel", lambda g, t: g.cancel("race", t))),
+            threading.Thread(target=call, args=("start", lambda g, t: g.start(Start("race", t, 1)))),
+            threading.Thread(target=call, args=("cancel", lambda g, t: g.cancel(Cancel("race", t)))),
         ]
         for runner in runners:
             runner.start()
@@ -218,7 +218,7 @@ def test_cancel_racing_start_lets_exactly_one_win(gate, redis_url):
         assert pair in {(Code.OK, Code.RUNNING), (Code.NOT_GRANTED, Code.OK)}, pair
         outcomes[pair] += 1
         if got["start"].ok:
-            assert gate.finish("race", ticket, got["start"].token).ok
+            assert gate.finish(Finish("race", ticket, got["start"].token)).ok
         state = gate.inspect("race")
         assert state.holders == {} and state.messages == 0
     assert sum(outcomes.values()) == rounds

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from django_keyed_queue.gate import Code, Lease, Outcome, RecoveryAction
+from django_keyed_queue.gate import Cancel, Code, Finish, Lease, Outcome, RecoveryAction, Start, Submission
 from django_keyed_queue.gate.keys import KeyNames
 from tests.gate_redis import DEADLINES, evalsha_calls, holder, index_scores, set_index_scores
 from tests.waiting import wait_until
@@ -25,8 +25,8 @@ def reap_until(gate, message="a recovery", **kwargs):
 
 
 def started(gate, key, *, max_lost=1):
-    sub = gate.submit(key, f"msg-{key}".encode())
-    result = gate.start(key, sub.ticket, 1, max_lost=max_lost)
+    sub = gate.submit(Submission(key, f"msg-{key}".encode()))
+    result = gate.start(Start(key, sub.ticket, 1, max_lost=max_lost))
     assert result.ok
     return sub.ticket, result.token
 
@@ -42,17 +42,17 @@ def test_an_expired_lease_is_redispatched_and_only_the_new_message_may_start(qui
     )
     assert recovery.action is RecoveryAction.REDISPATCH and f"{recovery.action}" == "redispatch", "logged as before"
     assert holder(quick, "k", ticket).state == "granted"
-    assert quick.start("k", ticket, 1).code is Code.STALE_DISPATCH
-    assert quick.finish("k", ticket, token).code is Code.STALE_TOKEN, "the lost holder is fenced"
+    assert quick.start(Start("k", ticket, 1)).code is Code.STALE_DISPATCH
+    assert quick.finish(Finish("k", ticket, token)).code is Code.STALE_TOKEN, "the lost holder is fenced"
     assert not quick.holds(Lease("k", ticket, token))
-    again = quick.start("k", ticket, 2, max_lost=1)
+    again = quick.start(Start("k", ticket, 2, max_lost=1))
     assert again.ok and again.attempts == 2 and again.token > token
     assert quick.holds(Lease("k", ticket, again.token))
 
 
 def test_past_its_max_lost_a_ticket_fails_and_the_next_one_is_granted(quick):
     ticket, _ = started(quick, "k", max_lost=0)
-    parked = quick.submit("k", b"next")
+    parked = quick.submit(Submission("k", b"next"))
     recoveries = reap_until(quick)
     assert [(r.action, r.ticket) for r in recoveries] == [
         (RecoveryAction.FAIL, ticket),
@@ -64,12 +64,12 @@ def test_past_its_max_lost_a_ticket_fails_and_the_next_one_is_granted(quick):
 
 
 def test_a_granted_ticket_never_started_is_republished_with_the_same_dispatch(quick):
-    sub = quick.submit("k", b"lost-message")
+    sub = quick.submit(Submission("k", b"lost-message"))
     [recovery] = reap_until(quick)
     assert (recovery.action, recovery.dispatch, recovery.attempts) == (RecoveryAction.REPUBLISH, 1, 0)
     # Both the late original and the republished copy carry dispatch 1: the first start wins.
-    assert quick.start("k", sub.ticket, 1).ok
-    assert quick.start("k", sub.ticket, 1).code is Code.ALREADY_STARTED
+    assert quick.start(Start("k", sub.ticket, 1)).ok
+    assert quick.start(Start("k", sub.ticket, 1)).code is Code.ALREADY_STARTED
 
 
 def test_a_renewed_lease_is_not_reaped(quick):
@@ -83,12 +83,12 @@ def test_a_renewed_lease_is_not_reaped(quick):
 
 def test_the_index_follows_each_keys_real_next_deadline(make_gate, gate_redis):
     gate = make_gate(lease_seconds=30, dispatch_timeout_seconds=60)
-    gate.submit("idle", b"m")
-    ticket = gate.submit("busy", b"m").ticket
-    gate.start("busy", ticket, 1)
+    gate.submit(Submission("idle", b"m"))
+    ticket = gate.submit(Submission("busy", b"m")).ticket
+    gate.start(Start("busy", ticket, 1))
     [idle_ticket] = gate.inspect("idle").holders
-    gate.finish("idle", idle_ticket, 0)  # not started: stale, the holder stays granted
-    gate.cancel("idle", idle_ticket)
+    gate.finish(Finish("idle", idle_ticket, 0))  # not started: stale, the holder stays granted
+    gate.cancel(Cancel("idle", idle_ticket))
     # Make every key due now, as if its hint had passed.
     set_index_scores(gate_redis, DEADLINES, {"idle": 0, "busy": 0})
     assert gate.reap() == (2, [])
@@ -101,7 +101,7 @@ def test_the_index_follows_each_keys_real_next_deadline(make_gate, gate_redis):
 
 def test_a_dry_run_reports_and_changes_nothing(quick, gate_redis):
     ticket, token = started(quick, "k", max_lost=0)
-    quick.submit("k", b"next")
+    quick.submit(Submission("k", b"next"))
     wait_until(lambda: holder(quick, "k", ticket).deadline_in < 0, timeout=5, message="the lease to expire")
     before = (quick.inspect("k"), index_scores(gate_redis, DEADLINES))
     planned = recoveries(quick, dry_run=True)
@@ -141,8 +141,8 @@ def test_reapers_racing_recover_each_ticket_once(make_gate):
 def test_reaping_touches_only_the_due_keys(make_gate, gate_redis):
     slow = make_gate(lease_seconds=60, dispatch_timeout_seconds=120)
     for i in range(200):
-        ticket = slow.submit(f"far-{i}", b"m").ticket
-        slow.start(f"far-{i}", ticket, 1)
+        ticket = slow.submit(Submission(f"far-{i}", b"m")).ticket
+        slow.start(Start(f"far-{i}", ticket, 1))
     set_index_scores(gate_redis, DEADLINES, {f"far-{i}": 10**13 for i in range(200)}, xx=True)
     quick = make_gate(lease_seconds=0.2, dispatch_timeout_seconds=0.4)
     ticket, _ = started(quick, "near", max_lost=1)
@@ -157,7 +157,7 @@ def test_reaping_touches_only_the_due_keys(make_gate, gate_redis):
 def test_an_unwritten_outcome_is_handed_back_after_the_grace(make_gate, gate_redis):
     gate = make_gate(lease_seconds=30, outcome_grace_seconds=0.3)
     ticket, token = started(gate, "k")
-    assert gate.finish("k", ticket, token, outcome=Outcome("task-1", b"the record")).ok
+    assert gate.finish(Finish("k", ticket, token, outcome=Outcome("task-1", b"the record"))).ok
     assert gate_redis.hget(KeyNames("k").outcomes, "task-1").endswith(b"|the record")
     gate_redis.zadd(DEADLINES.shard_of("k"), {"k": 0})
     assert recoveries(gate) == [], "within the grace the worker may still write it"

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from django_keyed_queue.gate import ReplicasBehind
+from django_keyed_queue.gate import ReplicasBehind, Submission
 from tests.gate_redis import ON_CLUSTER
 
 
@@ -16,10 +16,10 @@ def test_without_replicas_a_transition_that_must_wait_for_one_fails_after_the_ti
     with pytest.raises(
         ReplicasBehind, match="0 of the 1 replicas required acknowledged the gate's writes within 200 ms"
     ):
-        gate.submit("k", b"m1", task_id="t1")
+        gate.submit(Submission("k", b"m1", task_id="t1"))
     assert time.monotonic() - started >= 0.19, "it waited for the replica"
     # It ran on the master: asked again, as a caller does after a lost reply, it finds the same ticket.
-    again = make_gate().submit("k", b"m1", task_id="t1", retried=True)
+    again = make_gate().submit(Submission("k", b"m1", task_id="t1"), retried=True)
     assert (again.ticket, again.granted) == (1, True)
 
 
@@ -34,5 +34,5 @@ def test_a_read_waits_for_nothing(make_gate):
 @pytest.mark.skipif(ON_CLUSTER, reason="one server's replicas: the cluster's are in tests/topologies")
 def test_no_wait_is_sent_unless_asked(make_gate, gate_redis):
     before = gate_redis.info("commandstats").get("cmdstat_wait", {}).get("calls", 0)
-    make_gate().submit("k", b"m")
+    make_gate().submit(Submission("k", b"m"))
     assert gate_redis.info("commandstats").get("cmdstat_wait", {}).get("calls", 0) == before

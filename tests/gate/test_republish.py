@@ -2,12 +2,12 @@
 
 import time
 
-from django_keyed_queue.gate import Code, RecoveryAction
+from django_keyed_queue.gate import Code, RecoveryAction, Start, Submission
 from tests.gate_redis import holder
 
 
 def granted(gate, key: str) -> int:
-    submitted = gate.submit(key, f"msg-{key}".encode())
+    submitted = gate.submit(Submission(key, f"msg-{key}".encode()))
     assert submitted.granted
     return submitted.ticket
 
@@ -15,9 +15,9 @@ def granted(gate, key: str) -> int:
 def test_grants_made_before_the_loss_and_not_started_are_published_again(gate):
     stranded = granted(gate, "stranded")
     running = granted(gate, "running")
-    assert gate.start("running", running, 1).ok
+    assert gate.start(Start("running", running, 1)).ok
     behind = granted(gate, "busy")
-    gate.submit("busy", b"parked")
+    gate.submit(Submission("busy", b"parked"))
     time.sleep(0.3)
     after_the_loss = granted(gate, "late")
 
@@ -29,8 +29,8 @@ def test_grants_made_before_the_loss_and_not_started_are_published_again(gate):
     assert holder(gate, "late", after_the_loss).state == "granted"
 
     # Either copy may start the ticket; the other is then dropped.
-    assert gate.start("stranded", stranded, 1).ok
-    assert gate.start("stranded", stranded, 1).code is Code.ALREADY_STARTED
+    assert gate.start(Start("stranded", stranded, 1)).ok
+    assert gate.start(Start("stranded", stranded, 1)).code is Code.ALREADY_STARTED
 
 
 def test_a_second_worker_that_lost_its_connection_too_publishes_nothing_more(gate):
@@ -54,7 +54,7 @@ def test_a_refused_publish_is_due_for_the_reaper_after_the_delay(gate):
 def test_only_a_granted_ticket_of_that_dispatch_is_brought_forward(gate):
     ticket = granted(gate, "k")
     assert not gate.republish_soon("k", ticket, 2, delay_seconds=0.1), "another dispatch"
-    assert gate.start("k", ticket, 1).ok
+    assert gate.start(Start("k", ticket, 1)).ok
     assert not gate.republish_soon("k", ticket, 1, delay_seconds=0.1), "it started"
     assert not gate.republish_soon("k", ticket + 1, 1, delay_seconds=0.1), "no such ticket"
     assert holder(gate, "k", ticket).deadline_in > 20

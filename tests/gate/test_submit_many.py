@@ -15,8 +15,8 @@ def test_submissions_take_tickets_in_list_order_per_key(gate):
 
 
 def test_a_full_key_refuses_its_submission_and_takes_the_others(gate):
-    gate.submit("a", b"held")
-    gate.submit("a", b"waits")
+    gate.submit(Submission("a", b"held"))
+    gate.submit(Submission("a", b"waits"))
     results = gate.submit_many(
         [Submission("a", b"a3", "t1", max_waiting=1), Submission("b", b"b1", "t2", max_waiting=1)]
     )

@@ -10,7 +10,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from django_keyed_queue.gate import Gate, NotSent
+from django_keyed_queue.gate import Gate, NotSent, Submission
 from testproject.servers import RedisServer, free_port
 from tests.gate.conftest import GATE_SETTINGS
 from tests.gate_redis import ON_CLUSTER
@@ -21,7 +21,7 @@ CALLS = 200
 
 
 def _submits(gate: Gate, key: str) -> list[int]:
-    return [gate.submit(key, b"m").ticket for _ in range(CALLS)]
+    return [gate.submit(Submission(key, b"m")).ticket for _ in range(CALLS)]
 
 
 def _never_retried(url: str) -> Gate:
@@ -30,7 +30,7 @@ def _never_retried(url: str) -> Gate:
 
 
 def test_a_forked_child_takes_a_connection_of_its_own_and_leaves_its_parent_s_alone(gate):
-    assert gate.submit("parent", b"m").ticket == 1  # the parent holds its connection now
+    assert gate.submit(Submission("parent", b"m")).ticket == 1  # the parent holds its connection now
     child = os.fork()
     if child == 0:  # the child: its calls' replies must be its own, in order
         try:
@@ -60,11 +60,11 @@ def test_threads_calling_at_once_each_get_their_own_replies(gate):
 
 def test_a_call_after_the_server_closed_the_idle_connection_connects_first(redis_url, gate_redis):
     gate = _never_retried(redis_url)
-    gate.submit("k", b"m1")
+    gate.submit(Submission("k", b"m1"))
     # As a server's ``timeout`` closes an idle client: every client but this test's own.
     assert gate_redis.client_kill_filter(_type="normal", skipme=True) >= 1
 
-    assert gate.submit("k", b"m2").ticket == 2, "sent on a new connection, not lost on the closed one"
+    assert gate.submit(Submission("k", b"m2")).ticket == 2, "sent on a new connection, not lost on the closed one"
     assert gate.inspect("k").last_ticket == 2
 
 
@@ -73,8 +73,8 @@ def test_a_server_gone_after_the_connection_was_held_is_reported_as_not_sent(tmp
     server.start()
     try:
         gate = _never_retried(server.url)
-        gate.submit("k", b"m")
+        gate.submit(Submission("k", b"m"))
     finally:
         server.stop()
     with pytest.raises(NotSent):  # the held connection's server is gone, and so is any to connect to
-        gate.submit("k", b"m")
+        gate.submit(Submission("k", b"m"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from django_keyed_queue.gate import RecoveryAction, Submission
+from django_keyed_queue.gate import Cancel, Finish, RecoveryAction, Start, Submission
 from django_keyed_queue.gate.keys import KeyNames
 from tests.gate_redis import UNWRITTEN, index_scores
 
@@ -20,9 +20,9 @@ def _due_now(gate, client) -> set[str]:
 
 
 def test_a_submission_keeps_its_record_with_its_ticket_and_indexes_its_key(gate, gate_redis):
-    granted = gate.submit("k", b"m1", record=b"r1")
-    parked = gate.submit("k", b"m2", record=b"r2")
-    gate.submit("other", b"m3")  # no record: not indexed
+    granted = gate.submit(Submission("k", b"m1", record=b"r1"))
+    parked = gate.submit(Submission("k", b"m2", record=b"r2"))
+    gate.submit(Submission("other", b"m3"))  # no record: not indexed
 
     assert set(_index(gate_redis)) == _due_now(gate, gate_redis) == {"k"}, "due at once without a record delay"
     kept = {u.ticket: u for u in gate.unwritten(["k"]).records}
@@ -42,17 +42,17 @@ def test_a_submission_keeps_its_record_with_its_ticket_and_indexes_its_key(gate,
 
 
 def test_a_record_reads_back_without_its_message_once_the_ticket_finished(gate):
-    submitted = gate.submit("k", b"m1", record=b"r1")
-    started = gate.start("k", submitted.ticket, 1)
-    gate.finish("k", submitted.ticket, started.token)
+    submitted = gate.submit(Submission("k", b"m1", record=b"r1"))
+    started = gate.start(Start("k", submitted.ticket, 1))
+    gate.finish(Finish("k", submitted.ticket, started.token))
 
     [kept] = gate.unwritten(["k"]).records
     assert (kept.ticket, kept.record, kept.message) == (submitted.ticket, b"r1", None)
 
 
 def test_claims_are_exclusive_until_released_or_lapsed(gate, gate_redis):
-    gate.submit("a", b"m", record=b"r")
-    gate.submit("b", b"m", record=b"r")
+    gate.submit(Submission("a", b"m", record=b"r"))
+    gate.submit(Submission("b", b"m", record=b"r"))
 
     claims = gate.claim_unwritten(claim_seconds=30, batch=10)
     assert sorted(k for k, _ in claims) == ["a", "b"]
@@ -63,17 +63,17 @@ def test_claims_are_exclusive_until_released_or_lapsed(gate, gate_redis):
     assert gate.unwritten(["a", "b"]).records == []
     assert gate_redis.exists(KeyNames("a").unwritten, KeyNames("b").unwritten) == 0
 
-    gate.submit("c", b"m", record=b"r")
+    gate.submit(Submission("c", b"m", record=b"r"))
     [(key, _)] = gate.claim_unwritten(claim_seconds=0.05, batch=10)
     time.sleep(0.1)
     assert [k for k, _ in gate.claim_unwritten(claim_seconds=30, batch=10)] == [key], "a lapsed claim is taken over"
 
 
 def test_a_submission_during_a_claim_keeps_its_key_indexed(gate, gate_redis):
-    gate.submit("k", b"m1", record=b"r1")
+    gate.submit(Submission("k", b"m1", record=b"r1"))
     claims = gate.claim_unwritten(claim_seconds=30, batch=10)
     read = gate.unwritten(["k"]).records
-    late = gate.submit("k", b"m2", record=b"r2")  # after the writer read, before it forgets
+    late = gate.submit(Submission("k", b"m2", record=b"r2"))  # after the writer read, before it forgets
 
     gate.forget_unwritten(read, claims)
 
@@ -86,35 +86,35 @@ def test_batch_bounds_a_claim(gate):
     shards = gate.unwritten_index.names
     keys = [f"k{i}" for i in range(100 * len(shards)) if gate.unwritten_index.shard_of(f"k{i}") == shards[0]][:3]
     for key in keys:
-        gate.submit(key, b"m", record=b"r")
+        gate.submit(Submission(key, b"m", record=b"r"))
     batch = 2 * len(shards)
     assert len(gate.claim_unwritten(claim_seconds=30, batch=batch)) == 2
     assert len(gate.claim_unwritten(claim_seconds=30, batch=batch)) == 1
 
 
 def test_a_failed_submission_s_cancel_drops_its_record_and_an_operator_s_keeps_it(gate):
-    failed = gate.submit("k", b"m1", record=b"r1")
-    cancelled = gate.submit("k", b"m2", record=b"r2")
+    failed = gate.submit(Submission("k", b"m1", record=b"r1"))
+    cancelled = gate.submit(Submission("k", b"m2", record=b"r2"))
 
-    assert gate.cancel("k", failed.ticket, failed=True).ok
-    assert gate.cancel("k", cancelled.ticket).ok
+    assert gate.cancel(Cancel("k", failed.ticket, failed=True)).ok
+    assert gate.cancel(Cancel("k", cancelled.ticket)).ok
 
     assert [u.ticket for u in gate.unwritten(["k"]).records] == [cancelled.ticket]
 
 
 def test_a_retried_submission_keeps_one_record(gate):
-    first = gate.submit("k", b"m1", task_id="t1", record=b"r1")
-    again = gate.submit("k", b"m1", task_id="t1", record=b"r1", retried=True)
+    first = gate.submit(Submission("k", b"m1", task_id="t1", record=b"r1"))
+    again = gate.submit(Submission("k", b"m1", task_id="t1", record=b"r1"), retried=True)
 
     assert again.ticket == first.ticket
     assert [(u.ticket, u.record) for u in gate.unwritten(["k"]).records] == [(first.ticket, b"r1")]
 
 
 def test_an_unclaimed_key_is_due_again_at_once_and_a_claim_moved_since_is_left(gate, gate_redis):
-    gate.submit("a", b"m", record=b"r")
-    gate.submit("b", b"m", record=b"r")
+    gate.submit(Submission("a", b"m", record=b"r"))
+    gate.submit(Submission("b", b"m", record=b"r"))
     claims = dict(gate.claim_unwritten(claim_seconds=30, batch=10))
-    gate.submit("b", b"m2", record=b"r2")  # b due again by a submission
+    gate.submit(Submission("b", b"m2", record=b"r2"))  # b due again by a submission
 
     gate.unclaim_unwritten(claims.items())
 
@@ -145,7 +145,7 @@ def test_a_deep_key_s_records_are_read_a_bounded_step_at_a_time_until_none_is_le
 def test_a_reap_reads_a_key_s_unwritten_outcomes_a_bounded_step_at_a_time(make_gate, gate_redis):
     gate = make_gate(outcome_grace_seconds=0)
     gate_redis.hset(KeyNames("k").outcomes, mapping={f"t{n}#1": f"1|outcome {n}" for n in range(5000)})
-    gate.submit("k", b"m")  # the key is indexed for the reaper
+    gate.submit(Submission("k", b"m"))  # the key is indexed for the reaper
     seen: set[bytes] = set()
     for _ in range(500):
         found = [r for r in gate.release("k", 999) if r.action is RecoveryAction.OUTCOME]
@@ -159,9 +159,9 @@ def test_a_reap_reads_a_key_s_unwritten_outcomes_a_bounded_step_at_a_time(make_g
 
 def test_a_background_pass_waits_out_the_record_delay_and_a_writer_that_shows_all_does_not(make_gate, gate_redis):
     gate = make_gate(record_delay_seconds=0.6)
-    gate.submit("k", b"m1", record=b"r1")
+    gate.submit(Submission("k", b"m1", record=b"r1"))
     time.sleep(0.2)
-    gate.submit("k", b"m2", record=b"r2")  # a later record does not put its key's first one off
+    gate.submit(Submission("k", b"m2", record=b"r2"))  # a later record does not put its key's first one off
 
     assert gate.claim_unwritten(claim_seconds=30, batch=10, young=False) == [], "younger than the delay"
     time.sleep(0.5)
@@ -169,7 +169,7 @@ def test_a_background_pass_waits_out_the_record_delay_and_a_writer_that_shows_al
     assert key == "k", "due once its first record is as old as the delay"
     gate.unclaim_unwritten([(key, claim)])
 
-    gate.submit("j", b"m", record=b"r")
+    gate.submit(Submission("j", b"m", record=b"r"))
     assert [k for k, _ in gate.claim_unwritten(claim_seconds=30, batch=10, young=False)] == ["k"]
     gate.unclaim_unwritten(gate.claim_unwritten(claim_seconds=30, batch=10, young=False))  # none: k is claimed
     assert [k for k, _ in gate.claim_unwritten(claim_seconds=30, batch=10)] == ["j"], (
@@ -178,11 +178,11 @@ def test_a_background_pass_waits_out_the_record_delay_and_a_writer_that_shows_al
 
 
 def test_finish_hands_back_its_submission_s_record_until_the_row_is_written(gate, gate_redis):
-    first = gate.submit("k", b"m1", task_id="t1", record=b"r1")
-    second = gate.submit("k", b"m2", task_id="t2", record=b"r2")
-    started = gate.start("k", first.ticket, 1)
+    first = gate.submit(Submission("k", b"m1", task_id="t1", record=b"r1"))
+    second = gate.submit(Submission("k", b"m2", task_id="t2", record=b"r2"))
+    started = gate.start(Start("k", first.ticket, 1))
 
-    finished = gate.finish("k", first.ticket, started.token)
+    finished = gate.finish(Finish("k", first.ticket, started.token))
 
     kept = finished.unwritten
     assert kept is not None
@@ -193,15 +193,15 @@ def test_finish_hands_back_its_submission_s_record_until_the_row_is_written(gate
 
     # Written by a writer's pass before the run ended: nothing to hand back.
     gate.forget_unwritten(gate.unwritten(["k"]).records)
-    again = gate.start("k", second.ticket, 1)
-    assert gate.finish("k", second.ticket, again.token).unwritten is None
+    again = gate.start(Start("k", second.ticket, 1))
+    assert gate.finish(Finish("k", second.ticket, again.token)).unwritten is None
 
 
 def test_a_run_that_blocks_its_key_hands_back_its_record_too(gate):
-    submitted = gate.submit("k", b"m1", task_id="t1", record=b"r1")
-    started = gate.start("k", submitted.ticket, 1)
+    submitted = gate.submit(Submission("k", b"m1", task_id="t1", record=b"r1"))
+    started = gate.start(Start("k", submitted.ticket, 1))
 
-    finished = gate.finish("k", submitted.ticket, started.token, block=True)
+    finished = gate.finish(Finish("k", submitted.ticket, started.token, block=True))
 
     assert finished.code.name == "BLOCKED" and finished.unwritten is not None
     assert finished.unwritten.record == b"r1"
@@ -210,9 +210,9 @@ def test_a_run_that_blocks_its_key_hands_back_its_record_too(gate):
 def test_a_background_pass_leaves_a_key_s_young_records_and_comes_back_when_they_are_due(make_gate, gate_redis):
     """A key is due when its first record is; the records submitted since wait out the delay themselves."""
     gate = make_gate(record_delay_seconds=0.6)
-    old = gate.submit("k", b"m1", record=b"r1")
+    old = gate.submit(Submission("k", b"m1", record=b"r1"))
     time.sleep(0.7)
-    young = gate.submit("k", b"m2", record=b"r2")
+    young = gate.submit(Submission("k", b"m2", record=b"r2"))
 
     [claim] = gate.claim_unwritten(claim_seconds=30, batch=10, young=False)
     step = gate.unwritten(["k"], young=False)

@@ -9,7 +9,7 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from django_keyed_queue.gate import Gate, NotSent, ReplicasBehind, Submission
+from django_keyed_queue.gate import Finish, Gate, NotSent, ReplicasBehind, Start, Submission
 from django_keyed_queue.gate.clients import close, connect
 from django_keyed_queue.gate.keys import KeyNames
 from testproject.topologies import LocalCluster
@@ -83,21 +83,21 @@ def test_scripts_lost_by_some_masters_are_loaded_and_each_refused_call_is_sent_o
 
 
 def test_a_slot_moved_to_another_master_is_followed(gate, cluster):
-    first = gate.submit("moving", b"m1")  # the client learns where the key's slot is
+    first = gate.submit(Submission("moving", b"m1"))  # the client learns where the key's slot is
     migration = Migration(cluster, "moving")
     migration.begin()
     assert migration.move_keys() >= 3  # meta, queue, messages, holders...
     migration.end()
 
-    second = gate.submit("moving", b"m2")  # sent to the old master, which answers MOVED
+    second = gate.submit(Submission("moving", b"m2"))  # sent to the old master, which answers MOVED
     assert (first.ticket, second.ticket, second.granted) == (1, 2, False)
     assert cluster.node_for_key(KeyNames("moving").meta).port == migration.target.port
-    finished = gate.finish("moving", first.ticket, gate.start("moving", 1, 1).token)
+    finished = gate.finish(Finish("moving", first.ticket, gate.start(Start("moving", 1, 1)).token))
     assert [g.ticket for g in finished.granted] == [2], "the key's state moved whole"
 
 
 def test_a_call_on_a_slot_in_mid_migration_waits_for_the_move_to_end(gate, cluster):
-    gate.submit("asked", b"m1")
+    gate.submit(Submission("asked", b"m1"))
     migration = Migration(cluster, "asked")
     migration.begin()
     migration.move_keys()
@@ -108,7 +108,7 @@ def test_a_call_on_a_slot_in_mid_migration_waits_for_the_move_to_end(gate, clust
     ending.start()
     try:
         started = time.monotonic()
-        assert gate.submit("asked", b"m2").ticket == 2
+        assert gate.submit(Submission("asked", b"m2")).ticket == 2
         assert time.monotonic() - started >= 0.4, "the call waited for the move"
     finally:
         ending.join()
@@ -118,13 +118,13 @@ def test_a_call_on_a_slot_in_mid_migration_waits_for_the_move_to_end(gate, clust
 
 
 def test_a_call_on_a_slot_whose_move_does_not_end_is_reported_as_not_sent(gate, cluster):
-    gate.submit("stuck", b"m1")
+    gate.submit(Submission("stuck", b"m1"))
     migration = Migration(cluster, "stuck")
     migration.begin()
     migration.move_keys()
     try:
         with pytest.raises(NotSent, match="kept refusing 1 of"):
-            gate.submit("stuck", b"m2")
+            gate.submit(Submission("stuck", b"m2"))
     finally:
         migration.end()
     assert gate.inspect("stuck").last_ticket == 1, "nothing was taken"
@@ -140,7 +140,7 @@ def test_each_master_s_replica_acknowledges_a_transition_when_asked(tmp_path):
                 1
             ] * 30
             with pytest.raises(ReplicasBehind, match="1 of the 2 replicas required"):
-                Gate(client, wait_replicas=2, wait_timeout_seconds=0.2).submit("acct:0", b"m2")
+                Gate(client, wait_replicas=2, wait_timeout_seconds=0.2).submit(Submission("acct:0", b"m2"))
         finally:
             close(client)  # a cluster client's node pools too
             disconnect_clients({node.port for node in replicated.nodes})

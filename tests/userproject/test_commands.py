@@ -74,7 +74,8 @@ def test_rebuild_after_redis_lost_everything(make_project, user_redis):
     assert rebuilt.stdout.splitlines() == [
         "restored 3 tasks of key='acct:0'",
         "restored 3 tasks of key='acct:1'",
-        "restored 6 tasks over 2 keys; skipped 0 live keys; 0 tasks without a stored message of their own",
+        "restored 6 tasks over 2 keys; 0 running at the loss marked lost; 0 keys held back by one; "
+        "0 tasks the gate still keeps left as they are; 0 tasks without a stored message of their own",
     ]
     assert rebuilt.stderr == ""
     project.worker("a")

@@ -28,7 +28,8 @@ def test_a_run_whose_pool_process_was_killed_is_told_lost_until_its_lease_ends(m
     project.worker("a")
     [task] = accepted_by(project.produce("step", 1, 1, 0, 4))
     wait_until(lambda: started(project, task["id"]), timeout=20)
-    assert why(project, task["id"])["reasons"][0].startswith("it holds its key: running for ")
+    # "running for 1.2 s" once its worker wrote its start (within a records pass), "running" before: no time made up.
+    assert why(project, task["id"])["reasons"][0].startswith("it holds its key: running")
 
     os.kill(started(project, task["id"])[0]["pid"], signal.SIGKILL)  # the pool child: Celery sees it exit
 
@@ -38,7 +39,7 @@ def test_a_run_whose_pool_process_was_killed_is_told_lost_until_its_lease_ends(m
 
     reasons = wait_until(told_lost, timeout=10)
     assert "WorkerLostError" in reasons[0] and "it is dispatched again at its lease's end, in " in reasons[0]
-    assert reasons[1].startswith("it holds its key: running for "), "it keeps its key until its lease ends"
+    assert reasons[1].startswith("it holds its key: running"), "it keeps its key until its lease ends"
     check_run(project, [task], timeout=40, killed=frozenset({task["id"]}))  # recovered, run again, once at a time
 
 

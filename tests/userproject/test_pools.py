@@ -8,6 +8,7 @@ at a time, in order.
 
 import json
 import os
+import time
 
 import pytest
 
@@ -75,7 +76,10 @@ def test_a_pool_rate_of_five_a_second_over_keys_and_two_workers(make_project):
 def test_a_killed_worker_s_pool_slots_return_at_its_leases_end_and_the_pool_never_exceeds_its_limit(make_project):
     """SIGKILL to a worker running the pool's tasks: their runs are recovered and run again, the slots they
     held return by their leases' end, and at no moment do more than three of the pool's runs live."""
-    project = make_project()
+    # A run that ends before the kill gives its slot to a waiting task, whose message the gate pushes; worker a
+    # may have fetched it (Celery's prefetch) and dies with it unacknowledged, as plain Celery loses one. The
+    # reaper publishes such a grant again at its dispatch timeout: 10 s here, not the default 300.
+    project = make_project(KEYED_QUEUE_DISPATCH_TIMEOUT_SECONDS=10)
     doomed = project.worker("a", concurrency=4)
     accepted = accepted_by(project.produce("pooled_step", 24, 12, 0, 0.6, prefix="pooled"))
     wait_until(lambda: sum(e["event"] == "start" for e in project.history()) >= 3, 30, 0.05, "the pool's three runs")
@@ -99,11 +103,11 @@ def test_a_killed_worker_s_pool_slots_return_at_its_leases_end_and_the_pool_neve
     assert len(events) >= 2 * len(accepted)
 
 
-def note(project, event: str) -> None:
+def note(project, event: str, task_id: str = "") -> None:
     """A line in the project's history, in order with the tasks' own (appended as they append theirs)."""
     fd = os.open(project.directory / "history.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, (json.dumps({"event": event, "key": "", "n": 0, "id": "", "pid": 0}) + "\n").encode())
+        os.write(fd, (json.dumps({"event": event, "key": "", "n": 0, "id": task_id, "pid": 0}) + "\n").encode())
     finally:
         os.close(fd)
 
@@ -112,3 +116,43 @@ def cut_short(events: list[dict], pids: set[int]) -> set[str]:
     """The tasks whose run in one of ``pids`` started and never ended."""
     started = {e["id"] for e in events if e["event"] == "start" and e["pid"] in pids}
     return started - {e["id"] for e in events if e["event"] == "end" and e["pid"] in pids}
+
+
+def test_stopped_pooled_runs_give_their_pool_slots_back_when_their_processes_end(make_project):
+    """Two Stops of a full pool's runs: the tasks waiting for the pool start once those processes are gone,
+    not at the stopped runs' leases' end (30 s here), and the pool never runs more than three."""
+    project = make_project(KEYED_QUEUE_LEASE_SECONDS=30)
+    project.worker("a", concurrency=4)
+    accepted = accepted_by(project.produce("pooled_step", 5, 5, 0, 15, prefix="pooled"))
+    ids = {a["id"] for a in accepted}
+    running = wait_until(
+        lambda: len(s := {e["id"] for e in project.history() if e["event"] == "start"}) == 3 and s, 30, 0.05
+    )
+    stopped = sorted(running)[:2]
+    wait_until(lambda: all(project.rows().get(i, {}).get("worker") for i in stopped), 20, 0.1, "their workers")
+    stopped_at = time.time()
+    for task_id in stopped:
+        note(project, "stopping", task_id)  # before its process is killed, so before its slot can go back
+        project.manage("keyed_queue_stop", task_id, "--signal", "SIGKILL")
+
+    waiting = ids - running
+    starts = wait_until(
+        lambda: len(s := [e for e in project.history() if e["event"] == "start" and e["id"] in waiting]) == 2 and s,
+        30,
+        0.05,
+        "the pool's waiting tasks to start",
+    )
+    assert max(e["t"] for e in starts) - stopped_at < 8, "they started once the stopped runs ended, not at lease end"
+    wait_until(lambda: ids - set(stopped) <= project.ended(), 60, 0.2, "the others to end")
+    rows = project.rows()
+    assert {rows[i]["status"] for i in stopped} == {"failed"} and all(rows[i]["attempts"] == 1 for i in stopped)
+    live, most = set(), 0
+    for e in project.history():
+        if e["event"] == "stopping":
+            live.discard(e["id"])  # SIGKILLed: its run ends with its process
+        elif e["event"] == "start":
+            live.add(e["id"])
+        elif e["event"] == "end":
+            live.discard(e["id"])
+        most = max(most, len(live))
+    assert most == 3, "never a fourth run of the pool"

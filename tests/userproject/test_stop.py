@@ -29,8 +29,9 @@ def status(project, task_id: str) -> dict:
     return json.loads(project.manage("keyed_queue_status", "--task", task_id, "--json").stdout)
 
 
-def test_a_hung_holder_is_stopped_and_its_key_moves_on_only_after_its_process_ended(make_project):
-    project = make_project()
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+def test_a_hung_holder_is_stopped_and_its_key_moves_on_only_after_its_process_ended(make_project, database):
+    project = make_project(database)
     project.worker("a")
     [hung] = accepted_by(project.produce("stubborn_step", 1, 1, 0, 120))
     [after] = accepted_by(project.produce("step", 1, 1, 0, 0))  # the same key

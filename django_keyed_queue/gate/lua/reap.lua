@@ -25,6 +25,8 @@
           broker connection lost may have stranded
   ARGV[7] released_dispatch: with ARGV[5]: the dispatch of the ticket the operator released ('' = any):
           a ticket that moved on since (released already, started again) is left alone
+  ARGV[8] released_unstarted: with ARGV[5]: 1 = release the ticket only if it was granted and has not
+          started (a release of many tasks at once, which never frees a running one); '' or 0 = any
 
   Returns {next_deadline_ms, action1, ticket1, dispatch1, attempts1, message1, pushed1, stopped1, action2, ...}
     next_deadline_ms  earliest deadline left among the key's holders, -1 if none
@@ -49,6 +51,7 @@ local grace = tonumber(ARGV[4])
 local release = ARGV[5]
 local republish_before = tonumber(ARGV[6]) or -1
 local released_dispatch = tonumber(ARGV[7])
+local released_unstarted = ARGV[8] == '1'
 
 local now = now_ms()
 local out = {-1}
@@ -57,6 +60,7 @@ local holders = redis.call('HGETALL', holders_key)
 for i = 1, #holders, 2 do
   local ticket, holder = holders[i], decode_holder(holders[i + 1])
   local released = ticket == release and (released_dispatch == nil or released_dispatch == holder.dispatch)
+    and (not released_unstarted or holder.state == 'g')
   if holder.state ~= 'b' and (holder.deadline <= now or released
       or (holder.state == 'g' and holder.deadline <= republish_before)) then
     local message = redis.call('HGET', messages_key, ticket)

@@ -1,6 +1,7 @@
 --[[
-  Move keys in an index after the reaper visited them, unless a grant moved
-  them meanwhile (their score is no longer the one the reaper read); or
+  Move keys in an index after the reaper visited them, unless a call indexed
+  them meanwhile (every such call changes the score, even one that keeps an
+  earlier score: the score is no longer the one the reaper read); or
   release a writer's claims on the unwritten index, unless a submission
   scored the key again.
 

@@ -1,7 +1,7 @@
 from django.core.management.base import CommandError
 
 from django_keyed_queue.ops.display import rate_said
-from django_keyed_queue.ops.limits import DEFAULT, set_pool_typed, set_typed
+from django_keyed_queue.ops.limits import DEFAULT, set_typed
 from django_keyed_queue.process.state import get_gate
 
 from ._key import KeyCommand, gate_reachable, operator
@@ -37,12 +37,12 @@ class Command(KeyCommand):
             self.stdout.write(self.act_on_pool(pool))
 
     def act(self, key: str) -> str:
-        said = set_typed(key, self._limit or "", self._rate or "", by=operator("keyed_queue_limit"))
+        said = set_typed(key=key, limit=self._limit or "", rate=self._rate or "", by=operator("keyed_queue_limit"))
         state = get_gate().inspect(key, waiting_shown=0)
         return _now(f"key {key!r}", said, state.limit_override, "its tasks'", state.interval_override_ms)
 
     def act_on_pool(self, pool: str) -> str:
-        said = set_pool_typed(pool, self._limit or "", self._rate or "", by=operator("keyed_queue_limit"))
+        said = set_typed(pool=pool, limit=self._limit or "", rate=self._rate or "", by=operator("keyed_queue_limit"))
         state = get_gate().inspect_pool(pool, waiting_shown=0)
         own = f"{state.task_limit or 'none'}, its tasks'"
         now = _now(f"pool {pool!r}", said, state.limit_override, own, state.interval_override_ms)
