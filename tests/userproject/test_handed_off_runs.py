@@ -24,7 +24,7 @@ def events(project, task_id: str, event: str) -> list[dict]:
 
 
 def shell(project, code: str) -> dict:
-    out = project.manage("shell", "-c", f"import json\nfrom mysite.celery import app\n{code}").stdout
+    out = project.manage("shell", "-c", f"import json, time\nfrom mysite.celery import app\n{code}").stdout
     return json.loads(out.splitlines()[-1])
 
 
@@ -32,29 +32,32 @@ def shell(project, code: str) -> dict:
 def test_a_revoke_with_terminate_of_a_task_that_ended_leaves_the_run_it_handed_off_alone(make_project, database):
     project = make_project(database)
     project.worker("a", concurrency=1)
-    first, second = accepted_by(project.produce("step", 2, 1, 0, "0.3,6"))
+    first, second = accepted_by(project.produce("step", 2, 1, 0, "0.3,8"))
     [start] = wait_until(lambda: events(project, second["id"], "start"), timeout=30)
     assert events(project, first["id"], "end"), "the second runs after the first"
 
     seen = shell(
         project,
-        f"active = app.control.inspect(timeout=5).active()\n"
+        # limit=1: the one worker's reply ends the wait, so the revoke goes out while the second runs.
+        f"active = app.control.inspect(timeout=5, limit=1).active()\n"
         f"app.control.revoke({first['id']!r}, terminate=True)\n"
-        "print(json.dumps(active))",
+        "print(json.dumps({'active': active, 'revoked_at': time.time()}))",
     )
-    [running] = [r for runs in seen.values() for r in runs]
+    active, revoked_at = seen["active"], seen["revoked_at"]
+    [running] = [r for runs in active.values() for r in runs]
     # Celery's inspect shows the run executing, not the task whose job hosts it.
     assert (running["id"], running["hosted_by"], running["worker_pid"]) == (second["id"], first["id"], start["pid"])
     assert running["name"] == "shop.tasks.step" and running["time_start"] >= start["t"] - 1
 
-    wait_until(lambda: events(project, second["id"], "end"), timeout=30, message="the handed-off run to end")
+    [end] = wait_until(lambda: events(project, second["id"], "end"), timeout=30, message="the handed-off run to end")
+    assert revoked_at < end["t"], "the revoke was sent while the second ran"
     assert len(events(project, second["id"], "start")) == 1, "it was not killed, and did not run again"
     rows = wait_until(
         lambda: (r := project.rows()).get(second["id"], {}).get("status") == "succeeded" and r, timeout=20
     )
     assert rows[second["id"]]["attempts"] == 1 and rows[first["id"]]["status"] == "succeeded"
     assert "has ended: not terminated" in project.workers[0].log()
-    stats = shell(project, "print(json.dumps(app.control.inspect(timeout=5).stats()))")
+    stats = shell(project, "print(json.dumps(app.control.inspect(timeout=5, limit=1).stats()))")
     [total] = [reply["total"] for reply in stats.values()]
     assert total == {"shop.tasks.step": 2}, "Celery's stats count the run handed off too"
 
