@@ -8,7 +8,7 @@ from .cancel import Cancel
 from .finish import Finish
 from .gate import Gate, NotSent, ReplicasBehind
 from .keys import MAX_KEY_LENGTH
-from .operator import UNCHANGED
+from .override import UNCHANGED
 from .pools import Pool, PoolAcquired
 from .results import (
     FinishResult,

@@ -39,38 +39,6 @@ def or_empty(value: int | None) -> int | str:
     return "" if value is None else value
 
 
-def wait_to_start(key: str, *, ticket: int, dispatch: int, interval_ms: int, lease_ms: int) -> ScriptCall:
-    n = KeyNames(key)
-    return ScriptCall("wait_to_start", [n.meta, n.holders, n.messages], [ticket, dispatch, interval_ms, lease_ms])
-
-
-def override(key: str, *, limit: str, interval_ms: str, dispatch_timeout_ms: int, idle_horizon_ms: int) -> ScriptCall:
-    n = KeyNames(key)
-    return ScriptCall(
-        "override",
-        [n.meta, n.queue, n.messages, n.holders, n.wires],
-        [limit, interval_ms, dispatch_timeout_ms, idle_horizon_ms],
-    )
-
-
-def newer_waiting(key: str, *, task_name: str, ticket: int) -> ScriptCall:
-    n = KeyNames(key)
-    return ScriptCall("newer_waiting", [n.meta, n.messages, n.holders], [task_name, ticket])
-
-
-def pause(key: str, *, pause: bool, dispatch_timeout_ms: int, idle_horizon_ms: int, paused_by: str) -> ScriptCall:
-    n = KeyNames(key)
-    return ScriptCall(
-        "pause",
-        [n.meta, n.queue, n.messages, n.holders, n.wires],
-        [flag(pause), dispatch_timeout_ms, idle_horizon_ms, paused_by],
-    )
-
-
-def refuse_join(key: str, *, join_id: str, due_in_ms: int, idle_horizon_ms: int) -> ScriptCall:
-    return ScriptCall("refuse_join", [KeyNames(key).joined], [join_id, due_in_ms, idle_horizon_ms])
-
-
 def claim_unwritten(shard: str, *, claim_ms: int, most_keys: int, ahead_ms: int) -> ScriptCall:
     """``shard``: one name of the unwritten index (see :class:`~.keys.Index`)."""
     return ScriptCall("claim_unwritten", [shard], [claim_ms, most_keys, ahead_ms])
@@ -84,41 +52,6 @@ def unwritten(key: str, *, count: int, keep_ms: int, min_age_ms: int = 0) -> Scr
 def replacement(key: str, *, task_id: str, ticket: int | None, max_hops: int) -> ScriptCall:
     n = KeyNames(key)
     return ScriptCall("replacement", [n.unwritten, n.recent, n.recent_older], [task_id, or_empty(ticket), max_hops])
-
-
-def reap(
-    key: str,
-    *,
-    dispatch_timeout_ms: int,
-    idle_horizon_ms: int,
-    dry_run: bool,
-    outcome_grace_ms: int,
-    release: int | None = None,
-    republish_before: int | None = None,
-    released_dispatch: int | None = None,
-    released_unstarted: bool = False,
-) -> ScriptCall:
-    n = KeyNames(key)
-    return ScriptCall(
-        "reap",
-        [n.meta, n.queue, n.messages, n.holders, n.outcomes, n.scan_cursors, n.wires],
-        [
-            dispatch_timeout_ms, idle_horizon_ms, flag(dry_run), outcome_grace_ms,
-            or_empty(release), or_empty(republish_before), or_empty(released_dispatch),
-            flag(released_unstarted),
-        ],
-    )  # fmt: skip
-
-
-def republish_soon(
-    key: str, *, ticket: int, dispatch: int, delay_ms: int, undelivered_keep_ms: int | None = None, later: bool = False
-) -> ScriptCall:
-    """With ``undelivered_keep_ms``, the drop is counted (KEYS[2] and ARGV[4] are sent); else they are not.
-    ``later``: the deadline is set also if it is later than the one it had."""
-    n = KeyNames(key)
-    if undelivered_keep_ms is None:
-        return ScriptCall("republish_soon", [n.holders], [ticket, dispatch, delay_ms, "", flag(later)])
-    return ScriptCall("republish_soon", [n.holders, n.undelivered], [ticket, dispatch, delay_ms, undelivered_keep_ms])
 
 
 def reindex(index: Index, *, moves: Iterable[tuple[str, float, int]]) -> list[ScriptCall]:

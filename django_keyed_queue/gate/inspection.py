@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from redis.cluster import RedisCluster
 
-from . import calls
+from . import newer_waiting as newer
 from .base import GateBase, stored_text, text
 from .keys import KeyNames
 from .results import Holder, HolderState, KeySnapshot, Lease, Stopping
@@ -132,7 +132,7 @@ class InspectCalls(GateBase):
     def newer_waiting(self, key: str, task_name: str, ticket: int) -> bool:
         """Whether a submission of coalescing task ``task_name`` newer than ``ticket`` waits in ``key``'s
         queue (``submit(coalesce=...)`` parked it); one script call, reads only."""
-        return bool(self._call(calls.newer_waiting(key, task_name=task_name, ticket=ticket)))
+        return newer.parse(self._call(newer.call(key, task_name, ticket)))
 
     def holds(self, lease: Lease) -> bool:
         """True while ``lease`` is the running holder of its ticket (not fenced)."""

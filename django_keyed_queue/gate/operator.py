@@ -9,41 +9,19 @@ says which).
 
 from __future__ import annotations
 
-import enum
 import logging
 
-from . import calls
+from . import override as overriding
+from . import pause as pausing
+from . import refuse_join as refusing_join
 from . import run_now as running_now
-from .base import grants, text
+from .base import text
 from .inspection import InspectCalls, stored_task_id
 from .keys import BLOCKED_KEYS, OVERRIDDEN_KEYS, PAUSED_KEYS, KeyNames
+from .override import UNCHANGED, Unchanged
 from .results import Grant, Overridden
-from .scripts import Code, seconds_to_ms
 
 logger = logging.getLogger(__name__)
-
-#: Who paused a key is kept to this many characters (an operator's name; a command's own words).
-PAUSED_BY_MAX = 200
-
-
-class Unchanged(enum.Enum):
-    """``set_overrides``'s word for "leave it as it is"."""
-
-    UNCHANGED = "unchanged"
-
-
-UNCHANGED = Unchanged.UNCHANGED
-
-
-def override_value(value: int | None | Unchanged) -> str:
-    """An override as ``override.lua`` takes it: '-' unchanged, '' cleared, else the number."""
-    if value is UNCHANGED:
-        return "-"
-    if value is None:
-        return ""
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"an override is an int >= 1 or None, got {value!r}")
-    return str(value)
 
 
 class OperatorCalls(InspectCalls):
@@ -59,29 +37,15 @@ class OperatorCalls(InspectCalls):
         # Listed first, in a call of its own, so that every paused key is listed (a listed key may
         # have failed to pause).
         self.client.sadd(PAUSED_KEYS, key)
-        self._call(
-            calls.pause(
-                key,
-                pause=True,
-                dispatch_timeout_ms=self.dispatch_timeout_ms,
-                idle_horizon_ms=self.idle_horizon_ms,
-                paused_by=by[:PAUSED_BY_MAX],
-            )  # fmt: skip
-        )
-        logger.debug("pause key=%r", key)
+        self._call(pausing.call(key, self, pause=True, by=by))
 
     def resume(self, key: str) -> list[Grant] | None:
         """Let ``key`` grant again; returns the tickets granted at once, to be published, or None if the key
         was not paused (two racing resumes: one resumes it, the other is told so)."""
-        call = calls.pause(
-            key, pause=False, dispatch_timeout_ms=self.dispatch_timeout_ms, idle_horizon_ms=self.idle_horizon_ms,
-            paused_by="",
-        )  # fmt: skip
-        reply = self._call_and_index(call, key)
+        reply = self._call_and_index(pausing.call(key, self, pause=False), key)
         # Unlisted after, in a call of its own, so that a key is never unlisted while it is still paused.
         self.client.srem(PAUSED_KEYS, key)
-        logger.debug("resume key=%r code=%s", key, Code(reply[0]).name)
-        return None if reply[0] == Code.NOT_PAUSED else grants(key, reply[1:], self.pushes.pushed)
+        return pausing.parse(key, reply, self.pushes.pushed)
 
     def set_overrides(self, key: str, *, limit: int | None | Unchanged = UNCHANGED,
                       interval_ms: int | None | Unchanged = UNCHANGED) -> Overridden:  # fmt: skip
@@ -90,23 +54,15 @@ class OperatorCalls(InspectCalls):
         from the next grant and start on; a raised limit grants waiting tickets at once, returned to be
         published; a lowered one takes back grants never started, newest first, down to it (they wait
         again; see ``override.lua``). Setting the same again changes nothing."""
-        args = [override_value(value) for value in (limit, interval_ms)]
+        call = overriding.call(key, self, limit=limit, interval_ms=interval_ms)
         # Listed first, in a call of its own, so that every overridden key is listed.
         self.client.sadd(OVERRIDDEN_KEYS, key)
-        call = calls.override(
-            key, limit=args[0], interval_ms=args[1], dispatch_timeout_ms=self.dispatch_timeout_ms,
-            idle_horizon_ms=self.idle_horizon_ms,
-        )  # fmt: skip
         reply = self._call_and_index(call, key)
         # Listed again after: a clear racing this set may have unlisted it between the first SADD and the script.
         self._list_as_overridden([key])
-        logger.debug("overrides of key=%r: limit=%s interval_ms=%s", key, *args)
-        withdrawn = [int(t) for t in reply[2 : 2 + int(reply[1])]]
+        withdrawn, granted = overriding.parse(key, reply, self.pushes.pushed)
         messages = self.client.hmget(KeyNames(key).messages, withdrawn) if withdrawn else []
-        return Overridden(
-            grants(key, reply[2 + len(withdrawn) :], self.pushes.pushed),
-            [(t, stored_task_id(m)) for t, m in zip(withdrawn, messages, strict=True)],
-        )
+        return Overridden(granted, [(t, stored_task_id(m)) for t, m in zip(withdrawn, messages, strict=True)])
 
     def _overridden_of(self, keys: list[str]) -> set[str]:
         """Which of ``keys`` have an operator's limit or rate (one pipelined read of their meta)."""
@@ -180,9 +136,5 @@ class OperatorCalls(InspectCalls):
 
         False if it already joined (it has a ticket: cancel that instead).
         """
-        call = calls.refuse_join(
-            key, join_id=task_id, due_in_ms=seconds_to_ms(due_in_seconds), idle_horizon_ms=self.idle_horizon_ms
-        )
-        [code] = self._call(call)
-        logger.debug("refuse join key=%r task_id=%s code=%s", key, task_id, Code(code).name)
-        return Code(code) is Code.OK
+        reply = self._call(refusing_join.call(key, task_id, self, due_in_seconds=due_in_seconds))
+        return refusing_join.parse(key, task_id, reply)

@@ -35,7 +35,7 @@ from redis.cluster import RedisCluster
 from . import calls
 from .base import GateBase, scored, text, texts
 from .keys import POOLS, PoolNames, member_ticket, pool_member
-from .operator import UNCHANGED, Unchanged, override_value
+from .override import UNCHANGED, Unchanged, override_value
 from .results import Grant, Lease, Recovery, RecoveryAction
 from .scripts import Code, ms_to_seconds
 

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
-from typing import Any
 
-from . import calls
-from .base import grants, scored, stored_text, text
+from . import calls, reap
+from . import republish_soon as republishing
+from .base import grants, scored, text
 from .inspection import stored_task_id
 from .keys import BLOCKED_KEYS, KeyNames
 from .pools import PoolCalls
-from .results import FinishResult, Recovery, RecoveryAction, RestoredAhead, Stopping
+from .reap import Reap
+from .results import FinishResult, Recovery, RecoveryAction, RestoredAhead
 from .scripts import Code, seconds_to_ms
 
 logger = logging.getLogger(__name__)
@@ -102,14 +102,14 @@ class ReaperCalls(PoolCalls):
         """A pass's first half: the reap script on each (key, index score) read, in one round trip; the
         recoveries, and each key's move in the index (its score read, its next deadline; -1: none)."""
         replies = self._pipelined(
-            [self._reap_call(text(m), dry_run=dry_run, republish_before=republish_before) for m, _ in due]
+            [reap.call(Reap(text(m), dry_run=dry_run, republish_before=republish_before), self) for m, _ in due]
         )
         recoveries: list[Recovery] = []
         moves: list[tuple[str, float, int]] = []
         longest_gap = min(self.lease_ms, self.dispatch_timeout_ms)
         for (member, seen), reply in zip(due, replies, strict=True):
-            next_deadline = int(reply[0])
-            recoveries += _recoveries(text(member), reply, self.pushes.pushed)
+            next_deadline, recovered = reap.parse(text(member), reply, self.pushes.pushed)
+            recoveries += recovered
             # Look again at the key's next deadline, and at least that often while it has holders.
             moves.append((text(member), seen, -1 if next_deadline < 0 else min(next_deadline, now_ms + longest_gap)))
         return recoveries, moves
@@ -142,13 +142,10 @@ class ReaperCalls(PoolCalls):
         self, key: str, ticket: int, dispatch: int, delay_seconds: float, *, count: bool, later: bool = False
     ) -> int | None:
         delay_ms = seconds_to_ms(delay_seconds)
-        call = calls.republish_soon(
-            key, ticket=ticket, dispatch=dispatch, delay_ms=delay_ms,
-            undelivered_keep_ms=self.idle_horizon_ms if count else None, later=later,
-        )  # fmt: skip
-        [(code, *drops)] = self._pipelined([call], index=key, index_within_ms=delay_ms)
-        logger.debug("republish_soon key=%r ticket=%s code=%s", key, ticket, Code(code).name)
-        return int(drops[0]) if Code(code) is Code.OK else None
+        keep_ms = self.idle_horizon_ms if count else None
+        call = republishing.call(key, ticket, dispatch, delay_ms=delay_ms, undelivered_keep_ms=keep_ms, later=later)
+        [reply] = self._pipelined([call], index=key, index_within_ms=delay_ms)
+        return republishing.parse(key, ticket, reply)
 
     def release(self, key: str, ticket: int, *, dispatch: int | None = None, unstarted: bool = False) -> list[Recovery]:
         """Recover ``ticket``'s holder now, as the reaper does when its deadline passes.
@@ -160,9 +157,9 @@ class ReaperCalls(PoolCalls):
         With ``unstarted``, only a holder granted and not started is released (one that started meanwhile
         is left running). The ticket is among the recoveries only if it was released.
         """
-        call = self._reap_call(key, release=ticket, released_dispatch=dispatch, released_unstarted=unstarted)
-        [reply] = self._pipelined([call], index=key)
-        return self._ask_pools(_recoveries(key, reply, self.pushes.pushed))
+        release = Reap(key, release=ticket, released_dispatch=dispatch, released_unstarted=unstarted)
+        [reply] = self._pipelined([reap.call(release, self)], index=key)
+        return self._ask_pools(reap.parse(key, reply, self.pushes.pushed)[1])
 
     def _ask_pools(self, recoveries: list[Recovery]) -> list[Recovery]:
         """The recoveries, those of tickets waiting for their pool replaced by what their pool said."""
@@ -170,23 +167,6 @@ class ReaperCalls(PoolCalls):
         if not waiting:
             return recoveries
         return [r for r in recoveries if r.action is not RecoveryAction.POOL] + self.ask_pools_again(waiting)
-
-    def _reap_call(
-        self,
-        key: str,
-        *,
-        dry_run: bool = False,
-        release: int | None = None,
-        republish_before: int | None = None,
-        released_dispatch: int | None = None,
-        released_unstarted: bool = False,
-    ) -> calls.ScriptCall:
-        """``reap.lua``'s call with this gate's durations filled in."""
-        return calls.reap(
-            key, dispatch_timeout_ms=self.dispatch_timeout_ms, idle_horizon_ms=self.idle_horizon_ms, dry_run=dry_run,
-            outcome_grace_ms=self.outcome_grace_ms, release=release, republish_before=republish_before,
-            released_dispatch=released_dispatch, released_unstarted=released_unstarted,
-        )  # fmt: skip
 
     def rebuild(self, key: str, *, last_ticket: int, waiting: list[tuple[int, bytes]], limit: int = 1) -> FinishResult:
         """Restore a key lost with Redis: ``waiting`` (ticket, message) pairs, oldest first.
@@ -262,30 +242,3 @@ class ReaperCalls(PoolCalls):
         if len(replies) > 1:
             due.sort(key=lambda pair: pair[1])
         return due if num is None else due[:num]
-
-
-def _recoveries(key: str, reply: list[Any], pushed: Callable[[Any], bool]) -> list[Recovery]:
-    """``reap.lua``'s reply after its next deadline: action, ticket, dispatch, attempts, message, pushed,
-    stopped, repeated (``pushed``: the gate's ``pushes.pushed``, which reads that field)."""
-    flat = reply[1:]
-    return [
-        Recovery(
-            key,
-            RecoveryAction(flat[i].decode()),
-            int(flat[i + 1]),
-            int(flat[i + 2]),
-            int(flat[i + 3]),
-            flat[i + 4],
-            pushed=pushed(flat[i + 5]),
-            stopped=_stopped(flat[i + 6]),
-        )  # fmt: skip
-        for i in range(0, len(flat), 7)
-    ]
-
-
-def _stopped(note: bytes | str) -> Stopping | None:
-    """A stopped run's note in ``reap.lua``'s reply: since|how|by, or empty."""
-    if not note:
-        return None
-    since_ms, how, by = stored_text(note).split("|", 2)
-    return Stopping(by, int(since_ms), how)

@@ -1,8 +1,8 @@
 """A ticket's life: taken, granted, started, renewed, retried, finished or withdrawn.
 
 These are the calls of producers and workers, on the hot path: each is one script call in one
-round trip (``unblock``, an operator's, says why it is not). Their arguments are built in
-``calls.py``, one builder per script.
+round trip (``unblock``, an operator's, says why it is not). Each call's arguments are built and its
+reply read by the transition's module beside its script (``start.py`` beside ``lua/start.lua``).
 """
 
 from __future__ import annotations
@@ -11,15 +11,17 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
-from . import calls, submit
 from . import cancel as cancelling
 from . import finish as finishing
 from . import renew as renewing
+from . import republish_soon as republishing
 from . import requeue as requeueing
 from . import retry as retrying
 from . import start as starting
 from . import stop as stopping
+from . import submit
 from . import unblock as unblocking
+from . import wait_to_start as waiting_to_start
 from .base import text
 from .cancel import Cancel
 from .finish import Finish
@@ -33,7 +35,7 @@ from .results import (
     Stopping,
     SubmitResult,
 )
-from .scripts import Code, ms_to_seconds, seconds_to_ms
+from .scripts import Code, seconds_to_ms
 from .start import Start
 from .submit import Submission
 from .transport import Command
@@ -125,7 +127,7 @@ class TicketCalls(PoolCalls):
             message = stored.encode() if isinstance(stored, str) else stored
             # Its dispatch deadline moves past then, so that the reaper publishes no copy sooner.
             delay_ms = seconds_to_ms(acquired.wait_seconds) + self.lease_ms
-            move = calls.republish_soon(key, ticket=ticket, dispatch=dispatch, delay_ms=delay_ms, later=True)
+            move = republishing.call(key, ticket, dispatch, delay_ms=delay_ms, later=True)
             self._pipelined([move], index=key, index_within_ms=delay_ms)
             return StartResult(Code.TOO_EARLY, wait_seconds=acquired.wait_seconds, message=message)
         [reply] = self._pipelined([starting.call(start, self, pool_here=False)], index=key)
@@ -149,10 +151,8 @@ class TicketCalls(PoolCalls):
         """Seconds before the message of ``dispatch`` may start ``ticket`` under a rate of one start per
         ``interval_ms`` on ``key``, and the ticket's stored message if it must wait; (0.0, None) when it
         may start now, or may not start at all (:meth:`start` says why). A check, not a claim."""
-        wait, *message = self._call(
-            calls.wait_to_start(key, ticket=ticket, dispatch=dispatch, interval_ms=interval_ms, lease_ms=self.lease_ms)
-        )
-        return (ms_to_seconds(int(wait)), message[0]) if wait else (0.0, None)
+        reply = self._call(waiting_to_start.call(key, ticket, dispatch, self, interval_ms=interval_ms))
+        return waiting_to_start.parse(reply)
 
     def finish(self, finish: Finish) -> FinishResult:
         """End a running ticket and grant the next ones; their messages are returned (each pushed to the

@@ -17,7 +17,7 @@ from celery import Celery, current_app
 
 from ..exceptions import ActionRefused
 from ..gate import UNCHANGED
-from ..gate.operator import Unchanged
+from ..gate.override import Unchanged
 from ..messaging.dispatch import Dispatched, publish_grants
 from ..pools import configured_pools
 from ..process.state import current, get_gate
