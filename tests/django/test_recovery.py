@@ -112,6 +112,8 @@ def test_a_run_terminated_by_celery_keeps_its_key_until_its_process_is_gone(gate
                message="the run to end once its process is gone")  # fmt: skip
     row = KeyedTask.objects.get(task_id=result.id)
     assert "its process terminated (SIGTERM)" in row.error and f"its process {pool_process.pid} ended" in row.error
+    # Its row is written before the follower's message is published, in the same end.
+    wait_until(lambda: broker.llen(QUEUE) > 0, timeout=5, message="the next task to be published")
     assert json.loads(broker.lindex(QUEUE, 0))["headers"]["id"] == follower.id
 
 
