@@ -115,17 +115,27 @@ class UserProject:
     def worker(self, name: str, concurrency: int = 2, pool: str = "") -> Worker:
         """A worker started as Celery's docs say: ``celery -A mysite worker -l INFO``, named for the host
         (``pool``: Celery's ``--pool``, else its default, prefork)."""
-        worker = Worker(
-            name,
-            self.directory / "logs",
-            concurrency=concurrency,
-            args=(f"--pool={pool}",) if pool else (),
-            project="mysite",
-            cwd=self.directory,
-            base_env=self.env,
-        )
-        self.workers.append(worker.start())
+        [worker] = self.start_workers(name, concurrency=concurrency, pool=pool)
         return worker
+
+    def start_workers(self, *names: str, concurrency: int = 2, pool: str = "") -> list[Worker]:
+        """Workers started as :meth:`worker` starts one, all at once (each waits out Celery's mingle once,
+        not once after another)."""
+        workers = [
+            Worker(
+                name,
+                self.directory / "logs",
+                concurrency=concurrency,
+                args=(f"--pool={pool}",) if pool else (),
+                project="mysite",
+                cwd=self.directory,
+                base_env=self.env,
+            )
+            for name in names
+        ]
+        for worker in workers:
+            self.workers.append(worker.launch())
+        return [worker.wait_ready() for worker in workers]
 
     def produce(
         self, task: str, tasks: int, keys: int, interval: float, seconds: float | str, prefix: str = "acct"

@@ -26,8 +26,8 @@ class Chaos:
             name = f"{self.queue}-{len(self.workers) + 1}"
             worker = Worker(name, self.log_dir, concurrency=concurrency, extra_env=env, queues=self.queue)
             self.workers.append(worker)
-            started.append(worker.start())
-        return started
+            started.append(worker.launch())
+        return [worker.wait_ready() for worker in started]  # started at once, not one after another
 
     def owner_of(self, pool_pid: int) -> Worker:
         from testproject.servers import parent_pid

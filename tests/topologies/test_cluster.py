@@ -48,8 +48,7 @@ def test_a_pool_holds_its_limit_over_keys_on_every_master(make_project, cluster)
     pool, then the key, in two calls; the limit rests on neither call's order being kept by another."""
     cluster.flushall()
     project = make_project(KEYED_QUEUE_REDIS_URL=cluster.url, KEYED_QUEUE_REDIS_CLUSTER=True, **TIER_SETTINGS)
-    project.worker("a", concurrency=4)
-    project.worker("b", concurrency=4)
+    project.start_workers("a", "b", concurrency=4)
     accepted = accepted_by(project.produce("pooled_step", 60, 30, 0, "0.05-0.15", prefix="pooled"))
     accepted += accepted_by(project.produce("plain_pooled_step", 20, 20, 0, "0.05-0.15", prefix="plain"))
 

@@ -97,8 +97,7 @@ def test_a_pool_keeps_its_limit_through_a_failover(make_project, sentinel):
     """Pool "three" over thirty keys and two workers while the master is killed and a replica promoted:
     with replica acknowledgement no slot's holder is lost, so never a fourth run, and every task runs."""
     project = sentinel_project(make_project, sentinel, **FAILOVER_SETTINGS, KEYED_QUEUE_REDIS_WAIT_REPLICAS=1)
-    project.worker("a", concurrency=4)
-    project.worker("b", concurrency=4)
+    project.start_workers("a", "b", concurrency=4)
     producer = project.produce("pooled_step", 150, 30, 0.04, "0.05-0.15", prefix="pooled")
     wait_until(lambda: sum(e["event"] == "end" for e in project.history()) >= 20, 30, 0.1, "runs before the kill")
     failover = Failover(sentinel)

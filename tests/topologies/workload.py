@@ -74,8 +74,7 @@ def run_workload(
     """Run ``workload`` with a kill and a pause (and ``disrupt()`` once the victim is killed); check
     nothing yet (see :func:`check_strictly` and :func:`anomalies`)."""
     workload = workload or Workload()
-    project.worker("a")
-    project.worker("b")
+    project.start_workers("a", "b")
     victim = accepted_by(project.produce("step", 1, 1, 0, 5.0, prefix="victim"))
     producer = project.produce("step", workload.tasks, workload.keys, workload.interval, workload.durations)
     victim_start = wait_until(

@@ -18,8 +18,7 @@ FAILING = {"key": "acct:0", "n": 1}
 def blocked_ledger(project) -> tuple[list[dict], dict]:
     """Runs the ledger until acct:0 is blocked by its step 1 and acct:1 ran all its steps."""
     (project.directory / "fail-acct:0-1").touch()
-    project.worker("a")
-    project.worker("b")
+    project.start_workers("a", "b")
     accepted = accepted_by(project.produce("strict_step", 10, 2, 0, 0.05))
     failing = next(a for a in accepted if (a["key"], a["n"]) == (FAILING["key"], FAILING["n"]))
     others = {a["id"] for a in accepted if a["key"] == "acct:1"}

@@ -36,8 +36,7 @@ def wait_for_starts(project, count: int, timeout: float = 30) -> None:
 
 def run_through_a_restart(project, server, task: str = "step") -> list[dict]:
     """Two workers, a producer, ``server`` SIGKILLed mid-run and started again 1 s later; then the checks."""
-    project.worker("a")
-    project.worker("b")
+    project.start_workers("a", "b")
     producer = project.produce(task, TASKS, KEYS, INTERVAL, SECONDS)
     wait_for_starts(project, 30)
     server.process.kill()
@@ -68,8 +67,7 @@ def test_the_broker_s_redis_restarting_beside_a_gate_redis_of_its_own_loses_noth
 
 def test_connections_cut_by_redis_mid_run_lose_nothing(make_project, user_redis):
     project = make_project()
-    project.worker("a")
-    project.worker("b")
+    project.start_workers("a", "b")
     producer = project.produce("step", TASKS, KEYS, INTERVAL, SECONDS)
     wait_for_starts(project, 30)
     with redis.Redis.from_url(user_redis.url) as admin:

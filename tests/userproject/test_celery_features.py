@@ -49,8 +49,7 @@ print(json.dumps(seen))
 
 def test_canvas_retries_replace_reject_revoke_and_results_behave_as_celery_s(make_project, user_redis):
     project = make_project(CELERY_RESULT_BACKEND=f"{user_redis.url}/1")
-    project.worker("a")
-    project.worker("b")
+    project.start_workers("a", "b")
     seen = json.loads(project.manage("shell", "-c", SCRIPT).stdout.splitlines()[-1])
     assert seen == {
         "starmap": [1, 2, 3],
@@ -175,8 +174,7 @@ def test_celery_s_features_behave_on_a_keyed_task_as_on_its_plain_twin(make_proj
     """Stamping, revoke by stamped headers, argsrepr, pydantic, typing=False, a delayed task's message
     and revoke(terminate=True) of a task that waited for its key (run by local handoff)."""
     project = make_project(CELERY_RESULT_BACKEND=f"{user_redis.url}/1")
-    project.worker("a")
-    project.worker("b")
+    project.start_workers("a", "b")
     out = json.loads(project.manage("shell", "-c", SIDE_BY_SIDE).stdout.splitlines()[-1])
     plain, keyed = out["seen"]["plain"], out["seen"]["keyed"]
     record = keyed.pop("record")

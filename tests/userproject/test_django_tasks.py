@@ -140,8 +140,7 @@ def test_using_maps_priority_queue_name_and_run_after_to_celerys_priority_queue_
 
 def test_django_tasks_sharing_a_key_run_one_at_a_time_in_order_across_two_workers(project_and_client):
     project, client = project_and_client
-    project.worker("a")
-    project.worker("b")
+    project.start_workers("a", "b")
     keyed = [client.ask(enqueue="django_step", args=[f"acct:{i % 3}", i // 3, 0.2]) for i in range(12)]
     plain = [client.ask(enqueue="django_plain", args=["plain:0", n, 0.2]) for n in range(2)]
     assert all(r["status"] == "READY" and r["enqueued_at"] for r in keyed + plain), keyed + plain

@@ -54,8 +54,7 @@ def ended_rows(project: UserProject, task_ids: list[str]) -> dict[str, dict] | N
 
 def test_the_hard_time_limit_of_a_stalled_attempt_leaves_its_replacement_holding_the_key(make_project):
     project = make_project(KEYED_QUEUE_REAP_INTERVAL_SECONDS=REAP_INTERVAL_SECONDS)
-    project.worker("a")
-    project.worker("b")
+    project.start_workers("a", "b")
     limited, after = submitted(
         project, f"tasks.time_limited_step.delay('tl', 0, {ATTEMPT_SECONDS}), tasks.time_limited_step.delay('tl', 1)"
     )

@@ -52,8 +52,7 @@ def test_fifty_run_and_three_parked_on_a_paused_key_read_as_such_from_a_process_
         urls.write(MOUNTED)
     project.manage("keyed_queue_pause", "held:0")
     parked = accepted_by(project.produce("step", 3, 1, 0, 0.0, prefix="held"))
-    project.worker("a")
-    project.worker("b")
+    project.start_workers("a", "b")
     ran = accepted_by(project.produce("step", 50, 10, 0, 0.0, prefix="acct"))
     check_run(project, ran)
 

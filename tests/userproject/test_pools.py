@@ -35,8 +35,7 @@ def most_running(events: list[dict], ids: set[str]) -> int:
 
 def test_a_pool_of_three_runs_three_at_once_over_forty_keys_tasks_of_no_key_and_two_workers(make_project):
     project = make_project()
-    project.worker("a", concurrency=4)
-    project.worker("b", concurrency=4)
+    project.start_workers("a", "b", concurrency=4)
     keyed = project.produce("pooled_step", 80, 40, 0, "0.05-0.15", prefix="pooled")
     plain = project.produce("plain_pooled_step", 30, 30, 0, "0.05-0.15", prefix="plain")  # no key: the pool alone
     accepted = accepted_by(keyed) + accepted_by(plain)
@@ -54,8 +53,7 @@ def test_a_pool_of_three_runs_three_at_once_over_forty_keys_tasks_of_no_key_and_
 
 def test_a_pool_rate_of_five_a_second_over_keys_and_two_workers(make_project):
     project = make_project()
-    project.worker("a", concurrency=4)
-    project.worker("b", concurrency=4)
+    project.start_workers("a", "b", concurrency=4)
     accepted = accepted_by(project.produce("rated_pool_step", 20, 10, 0, 0, prefix="rated"))
 
     ids = {a["id"] for a in accepted}

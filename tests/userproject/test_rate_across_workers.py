@@ -29,8 +29,7 @@ def test_one_key_starts_at_most_five_a_second_over_two_workers_and_a_kill(make_p
     # The killed worker may hold a granted message it had not started: the gate publishes it again after the
     # dispatch timeout (docs/failure-modes.md, "A whole worker dies"), 300 s by default, 3 s here.
     project = make_project(KEYED_QUEUE_DISPATCH_TIMEOUT_SECONDS=3)
-    doomed = project.worker("a")
-    project.worker("b")
+    doomed, _ = project.start_workers("a", "b")
     paced = accepted_by(project.produce("paced_step", 15, 1, 0, 0.05, prefix="paced"))
     free = accepted_by(project.produce("step", 20, 1, 0, 0.0, prefix="free"))
     submitted = time.time()
