@@ -1,4 +1,8 @@
-"""One builder per Lua script: the KEYS and ARGV of one call, in the order its header lists them.
+"""One builder per Lua script not yet in a transition's module: the KEYS and ARGV of one call.
+
+A transition's module beside its script (``submit.py`` beside ``lua/submit.lua``) names the script's
+arguments in its ``ARGV``, in its header's order, and builds its call from them (``call``) and reads
+its reply (``parse``); ``tests/gate/test_scripts.py`` checks each ``ARGV`` against its header.
 
 A script's arguments are positional on the wire, so a builder is the one place that must stay
 in step with its ``lua/<script>.lua`` header: the builder's parameters are the header's ARGV

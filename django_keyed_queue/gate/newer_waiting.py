@@ -1,8 +1,5 @@
 """Newer waiting: whether a newer submission of a coalescing task waits behind a run (what a running task's
 ``superseded()`` reads), beside ``lua/newer_waiting.lua``. Reads only.
-
-``ARGV`` names the script's arguments in its header's order (``tests/gate/test_scripts.py`` checks the
-two agree).
 """
 
 from __future__ import annotations

@@ -1,8 +1,4 @@
-"""Override: an operator's limit and rate for a key over its tasks' own, beside ``lua/override.lua``.
-
-``ARGV`` names the script's arguments in its header's order (``tests/gate/test_scripts.py`` checks the
-two agree).
-"""
+"""Override: an operator's limit and rate for a key over its tasks' own, beside ``lua/override.lua``."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""Pause and resume: a key grants nothing more, or grants again, beside ``lua/pause.lua``.
-
-``ARGV`` names the script's arguments in its header's order (``tests/gate/test_scripts.py`` checks the
-two agree).
-"""
+"""Pause and resume: a key grants nothing more, or grants again, beside ``lua/pause.lua``."""
 
 from __future__ import annotations
 

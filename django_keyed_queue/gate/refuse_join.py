@@ -1,8 +1,5 @@
 """Refuse join: a delayed task that has not joined its key's queue never will, beside
 ``lua/refuse_join.lua``.
-
-``ARGV`` names the script's arguments in its header's order (``tests/gate/test_scripts.py`` checks the
-two agree).
 """
 
 from __future__ import annotations

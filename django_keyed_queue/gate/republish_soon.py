@@ -1,8 +1,5 @@
 """Republish soon: the reaper publishes a granted ticket's message again after a delay, not at its
 dispatch deadline, beside ``lua/republish_soon.lua``.
-
-``ARGV`` names the script's arguments in its header's order (``tests/gate/test_scripts.py`` checks the
-two agree).
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
 """Run now: an operator starts a granted ticket that waits for its key's rate or an eta, beside
 ``lua/run_now.lua``.
-
-``ARGV`` names the script's arguments in its header's order (``tests/gate/test_scripts.py`` checks the
-two agree).
 """
 
 from __future__ import annotations

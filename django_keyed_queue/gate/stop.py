@@ -1,8 +1,4 @@
-"""Stop: a running attempt is stopped and keeps its slot until it has ended, beside ``lua/stop.lua``.
-
-``ARGV`` names the script's arguments in its header's order (``tests/gate/test_scripts.py`` checks the
-two agree).
-"""
+"""Stop: a running attempt is stopped and keeps its slot until it has ended, beside ``lua/stop.lua``."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""Unblock: an operator runs again, or withdraws, the ticket that blocks its key, beside ``lua/unblock.lua``.
-
-``ARGV`` names the script's arguments in its header's order (``tests/gate/test_scripts.py`` checks the
-two agree).
-"""
+"""Unblock: an operator runs again, or withdraws, the ticket that blocks its key, beside ``lua/unblock.lua``."""
 
 from __future__ import annotations
 

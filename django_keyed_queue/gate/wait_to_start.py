@@ -1,8 +1,5 @@
 """Wait to start: how long a key's rate makes a granted ticket's message wait before a worker hands it to a
 process, beside ``lua/wait_to_start.lua``. A check, not a claim: the start decides.
-
-``ARGV`` names the script's arguments in its header's order (``tests/gate/test_scripts.py`` checks the
-two agree).
 """
 
 from __future__ import annotations
