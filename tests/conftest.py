@@ -138,8 +138,8 @@ def workers(redis_server, django_db_setup, django_db_blocker):
     started = [Worker(f"w{i}", log_dir, extra_env=handoff) for i in (1, 2)]
     try:
         for worker in started:
-            worker.launch()
-        yield [worker.wait_ready() for worker in started]
+            worker.start()
+        yield started
     finally:
         for worker in started:
             worker.kill()
