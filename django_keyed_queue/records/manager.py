@@ -18,13 +18,14 @@ The database is ``router.db_for_write(KeyedTask)``: with ``KeyedQueueRouter`` in
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from datetime import datetime
 from functools import cache
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 from django.db import DataError, IntegrityError, connections, models, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -32,7 +33,7 @@ from django.db.models.constants import OnConflict
 from django.db.models.functions import Concat
 from django.utils import timezone
 
-from . import key_words
+from . import forks, key_words
 from .columns import shown, storable_text
 from .statuses import ACTIVE_STATUSES, STATUS_RANK, TERMINAL_STATUSES, Status
 from .transitions import FIELDS, Transition
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from .models import KeyedTask  # noqa: F401
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 #: Pairs one query of ``waiting_since`` looks up (two parameters each), task ids one of ``holding`` or
@@ -189,10 +191,24 @@ def seconds_since(at: datetime | None) -> float:
 _KeyedTaskManagerBase = models.Manager.from_queryset(KeyedTaskQuerySet)
 
 
+def _holding_off_forks(write: Callable[..., T]) -> Callable[..., T]:
+    """A write of the records holds off forks of this process while it runs, on SQLite (see ``forks.py``)."""
+
+    @functools.wraps(write)
+    def held(manager: Any, *args: Any, **kwargs: Any) -> T:
+        if connections[manager.db_for_write()].vendor != "sqlite":
+            return write(manager, *args, **kwargs)
+        with forks.writing():
+            return write(manager, *args, **kwargs)
+
+    return held
+
+
 class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
     def db_for_write(self) -> str:
         return router.db_for_write(self.model)
 
+    @_holding_off_forks
     def insert_submission(self, **row: Any) -> None:
         """Write a new submission's row now (the producer's one synchronous write).
 
@@ -216,6 +232,7 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
             if ticket is None or not made_by_worker.update(enqueued_at=row["enqueued_at"], arguments=row["arguments"]):
                 raise
 
+    @_holding_off_forks
     def apply(
         self,
         *transitions: Transition,
@@ -294,12 +311,14 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
             rows = rows.filter(status__in=(Status.WAITING, Status.DISPATCHED))
         return self._settle(rows if task_id is None else rows.filter(task_id=task_id), status, fields)
 
+    @_holding_off_forks
     def note_running(self, task_id: str, key: str, ticket: int, **fields: Any) -> int:
         """Set ``fields`` of a submission's row while it is dispatched or running (a note on a run that
         has not ended, such as its process lost); a row that moved on keeps its own. How many changed."""
         rows = self.filter(task_id=task_id, key=key, ticket=ticket, status__in=(Status.DISPATCHED, Status.RUNNING))
         return rows.using(self.db_for_write()).update(**fields)
 
+    @_holding_off_forks
     def note(self, task_id: str, key: str, ticket: int, line: str) -> int:
         """Append ``line`` to the notes of submission ``(task_id, key, ticket)`` (an atomic append in the
         database: a racing write of its status or error keeps it). How many rows took it."""
@@ -318,6 +337,7 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
             said += f", {beside:.1f} s of it beside attempt {later[0]} (started {later[1]:%H:%M:%S})"
         self.note(task_id, key, ticket, said)
 
+    @_holding_off_forks
     def renumber(self, key: str, moves: dict[tuple[str, int], int]) -> int:
         """Give submissions of ``key`` new tickets: ((task id, ticket) -> new ticket), as a rebuild numbered
         them again in the gate (``Gate.restore_ahead``); a row not written yet takes its new ticket from the
@@ -332,6 +352,7 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
         """``settle`` for rows an operator's action or a rebuild has in hand."""
         return self._settle(self.filter(pk__in=list(pks)), status, fields)
 
+    @_holding_off_forks
     def _settle(self, rows: models.QuerySet[Any], status: str, fields: dict[str, Any]) -> int:
         unfinished = rows.using(self.db_for_write()).exclude(status__in=TERMINAL_STATUSES)
         fields = {
