@@ -1,8 +1,7 @@
 """Reap: one key's visit by the reaper (or an operator's release), beside ``lua/reap.lua``.
 
 A ``Reap`` is built by the reaper's pass, ``republish_unstarted`` or ``release`` and passed unchanged to
-the call; ``ARGV`` names the script's arguments in its header's order (``tests/gate/test_scripts.py``
-checks the two agree).
+the call.
 """
 
 from __future__ import annotations
