@@ -11,6 +11,7 @@ from django.db import close_old_connections
 
 from ..conf import settings
 from ..process.outage import TRANSIENT
+from ..records import forks
 
 logger = logging.getLogger(__name__)
 
@@ -55,11 +56,12 @@ class WorkerReaper:
             with self._lock:
                 lost_at, self._lost_at = self._lost_at, None
             try:
-                close_old_connections()
-                if lost_at is not None:
-                    republish_unstarted(time.monotonic() - lost_at, app=self.app)
-                if self.periodic:
-                    reap(app=self.app)
+                with forks.held_off():
+                    close_old_connections()
+                    if lost_at is not None:
+                        republish_unstarted(time.monotonic() - lost_at, app=self.app)
+                    if self.periodic:
+                        reap(app=self.app)
             except TRANSIENT as exc:
                 if lost_at is not None:
                     self.republish_unstarted(lost_at)  # ask again at the next pass

@@ -192,13 +192,11 @@ _KeyedTaskManagerBase = models.Manager.from_queryset(KeyedTaskQuerySet)
 
 
 def _holding_off_forks(write: Callable[..., T]) -> Callable[..., T]:
-    """A write of the records holds off forks of this process while it runs, on SQLite (see ``forks.py``)."""
+    """A write of the records holds off forks of this process while it runs (see ``forks.py``)."""
 
     @functools.wraps(write)
     def held(manager: Any, *args: Any, **kwargs: Any) -> T:
-        if connections[manager.db_for_write()].vendor != "sqlite":
-            return write(manager, *args, **kwargs)
-        with forks.writing():
+        with forks.held_off():
             return write(manager, *args, **kwargs)
 
     return held

@@ -20,6 +20,7 @@ from dataclasses import replace
 from django.db import close_old_connections, connections, router
 
 from ..conf import settings
+from . import forks
 from .manager import gave_way_to_a_lock
 from .models import KeyedTask
 from .transitions import Transition
@@ -174,17 +175,22 @@ class Recorder:
 
     def _run(self) -> None:
         while not self._stop.wait(settings.RECORD_FLUSH_SECONDS):
+            with forks.held_off():
+                self._pass()
+        with forks.held_off():
+            connections.close_all()  # this thread's own: a server's connection ends with the thread
+
+    def _pass(self) -> None:
+        try:
+            # The thread's connection is kept while there is work: reconnecting
+            # every pass cost about 0.5 ms (SQLite) each time.
+            if self._pending:
+                self.flush(held_too=False, lock_wait=BACKGROUND_LOCK_WAIT_SECONDS)  # logs its own failure
+            else:
+                close_old_connections()
+        except Exception:  # the thread must outlive a database that is down: retry on a new connection
+            logger.debug("keyed task record flusher pass failed", exc_info=True)
             try:
-                # The thread's connection is kept while there is work: reconnecting
-                # every pass cost about 0.5 ms (SQLite) each time.
-                if self._pending:
-                    self.flush(held_too=False, lock_wait=BACKGROUND_LOCK_WAIT_SECONDS)  # logs its own failure
-                else:
-                    close_old_connections()
-            except Exception:  # the thread must outlive a database that is down: retry on a new connection
-                logger.debug("keyed task record flusher pass failed", exc_info=True)
-                try:
-                    connections[router.db_for_write(KeyedTask)].close()
-                except Exception:
-                    pass
-        connections.close_all()  # this thread's own: a server's connection ends with the thread
+                connections[router.db_for_write(KeyedTask)].close()
+            except Exception:
+                pass

@@ -28,7 +28,7 @@ from django.db import close_old_connections
 
 from ..conf import settings
 from ..gate import Unwritten
-from . import idempotency
+from . import forks, idempotency
 from .models import KeyedTask
 from .statuses import ACTIVE_STATUSES, Status
 from .transitions import Transition, outcome_field
@@ -240,10 +240,14 @@ class RecordWriter:
 
     def _run(self) -> None:
         while not self._stop.wait(settings.RECORD_FLUSH_SECONDS):
-            try:
-                if not write_due(self._gate(), young=False):
-                    # Kept open while there is work: reconnecting every pass costs a connection's set-up.
-                    close_old_connections()
-            except Exception:  # Redis or the database is down: the records stay in the gate, try again
-                logger.warning("keyed queue: writing submissions' rows failed; trying again", exc_info=True)
+            with forks.held_off():
+                self._pass()
+
+    def _pass(self) -> None:
+        try:
+            if not write_due(self._gate(), young=False):
+                # Kept open while there is work: reconnecting every pass costs a connection's set-up.
                 close_old_connections()
+        except Exception:  # Redis or the database is down: the records stay in the gate, try again
+            logger.warning("keyed queue: writing submissions' rows failed; trying again", exc_info=True)
+            close_old_connections()

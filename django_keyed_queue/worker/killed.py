@@ -25,6 +25,7 @@ from django.db import connections
 from ..conf import settings
 from ..messaging.recovered import carry_out
 from ..process.state import current
+from ..records import forks
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -121,10 +122,12 @@ def _end_once_gone(
                     )  # fmt: skip
                 return
             time.sleep(WATCH_SECONDS)
-        _end(app, task_id, key, ticket, dispatch, pid, status)
+        with forks.held_off():
+            _end(app, task_id, key, ticket, dispatch, pid, status)
     finally:
         _watched.pop(task_id, None)
-        connections.close_all()  # this thread's own
+        with forks.held_off():
+            connections.close_all()  # this thread's own
 
 
 def kill_again(pool: Any, task_ids: list[str], signum: int) -> list[str]:
