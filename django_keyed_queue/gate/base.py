@@ -89,7 +89,7 @@ class GateBase:
         before: Sequence[Command] = (),
         also: Sequence[Command] = (),
     ) -> list[Any]:
-        """Run ``calls`` (all of one script, from the builders of ``calls.py``) in one round trip,
+        """Run ``calls`` (all of one script, each from its script's builder: see ``calls.py``) in one round trip,
         loading the script if Redis lost it.
 
         With ``index`` (a key, or several), also move those keys early in the deadline index
@@ -160,6 +160,16 @@ def index_commands(index: Index, keys: Iterable[str], score: int) -> list[Comman
         by_shard.setdefault(shard, []).extend((score, key))
         touches.append(("ZINCRBY", shard, -TOUCH_MS, key))
     return [*(("ZADD", shard, "LT", *scored) for shard, scored in by_shard.items()), *touches]
+
+
+def reindex_calls(index: Index, *, moves: Iterable[tuple[str, float, int]]) -> list[ScriptCall]:
+    """``reindex.lua``'s calls moving each (key, score read, next score; -1 = remove) in ``index``: one per shard."""
+    by_shard: dict[str, list[EncodableT]] = {}
+    for key, seen, next_score in moves:
+        # The score as Redis wrote it: a float index score read back whole prints without ".0".
+        read = repr(seen) if seen != int(seen) else int(seen)
+        by_shard.setdefault(index.shard_of(key), []).extend((key, read, next_score))
+    return [ScriptCall("reindex", [shard], args) for shard, args in by_shard.items()]
 
 
 def grants(key: str, flat: list[Any], pushed: Callable[[Any], bool]) -> list[Grant]:

@@ -3,7 +3,8 @@
 ``Gate`` holds no code of its own: each concern lives in a module of its own, as one class of
 calls, and ``Gate`` is all of them together, so that callers see one object. Every class
 derives from :class:`~.base.GateBase`, whose runner sends every script call; the arguments of
-each script are built in ``calls.py``.
+each script are built by its transition's module beside it, or by the module of the concern that
+sends it (``calls.py`` says which).
 
 =================  =========================================================================
 tickets.py         a ticket's life: submit, start, renew, retry, requeue, finish, cancel, ...
@@ -15,7 +16,7 @@ totals.py          the deployment's totals the metrics read
 inspection.py      snapshots, and the holder record's one parser in Python
 listing.py         which keys have work: the deadline index read earliest first, searched
 base.py            the client, the durations, the indexes, the one script runner
-calls.py           one builder per script, in step with its Lua header
+calls.py           a script call, and its arguments' encoding on the wire
 =================  =========================================================================
 """
 

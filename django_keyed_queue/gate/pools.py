@@ -31,10 +31,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from redis.cluster import RedisCluster
+from redis.typing import EncodableT
 
-from . import calls
 from .base import GateBase, scored, text, texts
-from .keys import POOLS, PoolNames, member_ticket, pool_member
+from .calls import ScriptCall, flag, or_empty
+from .keys import POOLS, KeyNames, PoolNames, member_ticket, pool_member
 from .override import UNCHANGED, Unchanged, override_value
 from .results import Grant, Lease, Recovery, RecoveryAction
 from .scripts import Code, ms_to_seconds
@@ -121,7 +122,7 @@ class PoolCalls(GateBase):
         and the slot is held a lease); else the slot is held for its start, a dispatch timeout.
 
         One round trip, and one more per other ticket the pool gave a freed slot to."""
-        call = calls.pool_acquire(
+        call = pool_acquire_call(
             pool.name, member=pool_member(key, ticket), limit=pool.limit, interval_ms=pool.interval_ms,
             hold_ms=self.running_hold_ms if starting else self.dispatch_timeout_ms, starting=starting,
             grant_ms=self.dispatch_timeout_ms,
@@ -156,7 +157,7 @@ class PoolCalls(GateBase):
         """The pool had no slot for ``ticket``, granted with ``dispatch``: it waits for its pool (no message of it
         starts until the pool gives it a slot). False if it moved on meanwhile (the pool gave it one already,
         and its key published it again; or it ended)."""
-        call = calls.pool_wait(key, ticket=ticket, dispatch=dispatch, pool=pool, ask_again_ms=self.dispatch_timeout_ms)
+        call = pool_wait_call(key, ticket=ticket, dispatch=dispatch, pool=pool, ask_again_ms=self.dispatch_timeout_ms)
         code, _ = self._pipelined([call], index=key, index_within_ms=self.dispatch_timeout_ms)[0]
         return Code(code) is Code.OK
 
@@ -165,7 +166,7 @@ class PoolCalls(GateBase):
         wait), and the expired ones; the oldest waiting tickets take the free slots. Returns their grants:
         publish those not pushed. One round trip, and one more if any ticket took a slot."""
         members = [pool_member(key, ticket) for key, ticket in tickets]
-        call = calls.pool_release(pool, grant_ms=self.dispatch_timeout_ms, members=members)
+        call = pool_release_call(pool, grant_ms=self.dispatch_timeout_ms, members=members)
         return self.pool_granted(pool, self._pipelined([call])[0])
 
     def pool_renew(self, pool: str, leases: Iterable[Lease]) -> dict[Lease, bool]:
@@ -174,7 +175,7 @@ class PoolCalls(GateBase):
         if not held:
             return {}
         members = [pool_member(h.key, h.ticket) for h in held]
-        call = calls.pool_renew(pool, hold_ms=self.running_hold_ms, members=members)
+        call = pool_renew_call(pool, hold_ms=self.running_hold_ms, members=members)
         return {lease: bool(ok) for lease, ok in zip(held, self._pipelined([call])[0], strict=True)}
 
     def pool_granted(self, pool: str, members: Sequence[bytes | str]) -> list[Grant]:
@@ -183,7 +184,7 @@ class PoolCalls(GateBase):
         grants: list[Grant] = []
         while members:
             tickets = [member_ticket(text(m)) for m in members]
-            batch = [calls.pool_granted(k, ticket=t, dispatch_timeout_ms=self.dispatch_timeout_ms) for k, t in tickets]
+            batch = [pool_granted_call(k, ticket=t, dispatch_timeout_ms=self.dispatch_timeout_ms) for k, t in tickets]
             gone: list[tuple[str, int]] = []
             for (key, ticket), (code, dispatch, message, pushed) in zip(tickets, self._pipelined(batch), strict=True):
                 if code == Code.OK:
@@ -193,7 +194,7 @@ class PoolCalls(GateBase):
             if not gone:
                 break
             members = self._pipelined(
-                [calls.pool_release(pool, grant_ms=self.dispatch_timeout_ms, members=[pool_member(*g) for g in gone])]
+                [pool_release_call(pool, grant_ms=self.dispatch_timeout_ms, members=[pool_member(*g) for g in gone])]
             )[0]
         return grants
 
@@ -241,7 +242,7 @@ class PoolCalls(GateBase):
         back to them; ``UNCHANGED`` leaves one as it is. A raised limit gives free slots to waiting tickets at
         once (their grants are returned, to publish); a lowered one stops no run. Setting the same again
         changes nothing."""
-        call = calls.pool_override(
+        call = pool_override_call(
             pool,
             limit=override_value(limit),
             interval_ms=override_value(interval_ms),
@@ -284,3 +285,33 @@ def _granted(grant: Grant) -> Recovery:
     return Recovery(
         grant.key, RecoveryAction.GRANT, grant.ticket, grant.dispatch, 0, grant.message, pushed=grant.pushed
     )
+
+
+def pool_acquire_call(
+    pool: str, *, member: str, limit: int | None, interval_ms: int | None, hold_ms: int, starting: bool, grant_ms: int
+) -> ScriptCall:
+    """``pool_acquire.lua``'s call; ``limit`` and ``interval_ms`` None: as the pool keeps them."""
+    argv: list[EncodableT] = [member, or_empty(limit), or_empty(interval_ms), hold_ms, flag(starting), grant_ms]
+    return ScriptCall("pool_acquire", PoolNames(pool).all(), argv)
+
+
+def pool_release_call(pool: str, *, grant_ms: int, members: Iterable[str]) -> ScriptCall:
+    return ScriptCall("pool_release", PoolNames(pool).all(), [grant_ms, *members])
+
+
+def pool_renew_call(pool: str, *, hold_ms: int, members: Iterable[str]) -> ScriptCall:
+    return ScriptCall("pool_renew", [PoolNames(pool).running], [hold_ms, *members])
+
+
+def pool_wait_call(key: str, *, ticket: int, dispatch: int, pool: str, ask_again_ms: int) -> ScriptCall:
+    n = KeyNames(key)
+    return ScriptCall("pool_wait", [n.meta, n.holders], [ticket, dispatch, pool, ask_again_ms])
+
+
+def pool_granted_call(key: str, *, ticket: int, dispatch_timeout_ms: int) -> ScriptCall:
+    n = KeyNames(key)
+    return ScriptCall("pool_granted", [n.meta, n.holders, n.messages, n.wires], [ticket, dispatch_timeout_ms])
+
+
+def pool_override_call(pool: str, *, limit: str, interval_ms: str, grant_ms: int) -> ScriptCall:
+    return ScriptCall("pool_override", PoolNames(pool).all(), [limit, interval_ms, grant_ms])

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Iterable, Sequence
 
-from . import calls, reap
+from . import reap
 from . import republish_soon as republishing
-from .base import grants, scored, text
+from .base import grants, reindex_calls, scored, text
+from .calls import ScriptCall
 from .inspection import stored_task_id
 from .keys import BLOCKED_KEYS, KeyNames
 from .pools import PoolCalls
@@ -117,7 +119,7 @@ class ReaperCalls(PoolCalls):
     def _reindex(self, moves: list[tuple[str, float, int]]) -> None:
         """A pass's second half: each key moved to its next deadline, or removed, unless a call indexed it
         since its score was read (a new holder's deadline is then the one that counts)."""
-        self._pipelined(calls.reindex(self.deadlines, moves=moves))
+        self._pipelined(reindex_calls(self.deadlines, moves=moves))
 
     def republish_soon(self, key: str, ticket: int, dispatch: int, *, delay_seconds: float) -> bool:
         """The message of a granted ticket failed to publish: the reaper publishes it after ``delay_seconds``.
@@ -176,7 +178,7 @@ class ReaperCalls(PoolCalls):
         tickets stages them, then one call makes them the key's.
         """
         staged = self._staged(key, waiting)
-        call = calls.rebuild(
+        call = rebuild_call(
             key, staged, last_ticket=last_ticket, limit=limit, dispatch_timeout_ms=self.dispatch_timeout_ms
         )
         reply = self._call_and_index(call, key)
@@ -188,7 +190,7 @@ class ReaperCalls(PoolCalls):
         ``Code.NOT_GRANTED`` if the key has no state (:meth:`rebuild` restores it whole); nothing changed then.
         Staged as :meth:`rebuild` stages; the last call's work grows with the key's queue."""
         staged = self._staged(key, list(enumerate(messages, start=1)))
-        call = calls.restore_ahead(key, staged, limit=limit, dispatch_timeout_ms=self.dispatch_timeout_ms)
+        call = restore_ahead_call(key, staged, limit=limit, dispatch_timeout_ms=self.dispatch_timeout_ms)
         reply = self._call_and_index(call, key)
         if Code(reply[0]) is not Code.OK:
             return RestoredAhead(Code(reply[0]))
@@ -205,7 +207,7 @@ class ReaperCalls(PoolCalls):
         staged = KeyNames(key).staged(uuid.uuid4().hex)
         for start in range(0, len(waiting), REBUILD_CHUNK):
             chunk = waiting[start : start + REBUILD_CHUNK]
-            self._call(calls.stage_rebuild(staged, keep_ms=seconds_to_ms(STAGING_SECONDS), waiting=chunk))
+            self._call(stage_rebuild_call(staged, keep_ms=seconds_to_ms(STAGING_SECONDS), waiting=chunk))
         return staged
 
     def held_task_ids(self, key: str) -> set[str]:
@@ -242,3 +244,22 @@ class ReaperCalls(PoolCalls):
         if len(replies) > 1:
             due.sort(key=lambda pair: pair[1])
         return due if num is None else due[:num]
+
+
+def stage_rebuild_call(staged: Sequence[str], *, keep_ms: int, waiting: Iterable[tuple[int, bytes]]) -> ScriptCall:
+    """``staged``: the rebuild's own queue and messages (:meth:`~.keys.KeyNames.staged`)."""
+    return ScriptCall("stage_rebuild", list(staged), [keep_ms, *(v for pair in waiting for v in pair)])
+
+
+def rebuild_call(
+    key: str, staged: Sequence[str], *, last_ticket: int, limit: int, dispatch_timeout_ms: int
+) -> ScriptCall:
+    n = KeyNames(key)
+    keys = [n.meta, n.queue, n.messages, n.holders, *staged, n.wires]
+    return ScriptCall("rebuild", keys, [last_ticket, limit, dispatch_timeout_ms])
+
+
+def restore_ahead_call(key: str, staged: Sequence[str], *, limit: int, dispatch_timeout_ms: int) -> ScriptCall:
+    n = KeyNames(key)
+    keys = [n.meta, n.queue, n.messages, n.holders, *staged, n.wires, n.recent, n.recent_older, n.unwritten]
+    return ScriptCall("restore_ahead", keys, [limit, dispatch_timeout_ms])

@@ -12,8 +12,8 @@ from collections.abc import Iterable, Sequence
 
 from redis.typing import EncodableT
 
-from . import calls
-from .base import GateBase, text
+from .base import GateBase, reindex_calls, text
+from .calls import ScriptCall, or_empty
 from .keys import KeyNames
 from .results import Unwritten, UnwrittenRecords
 from .scripts import seconds_to_ms
@@ -42,7 +42,7 @@ class UnwrittenCalls(GateBase):
         ahead_ms = self.record_delay_ms + 1000 if young and self.record_delay_ms else 0
         claim_ms = seconds_to_ms(claim_seconds)
         batch_calls = [
-            calls.claim_unwritten(shard, claim_ms=claim_ms, most_keys=share, ahead_ms=ahead_ms) for shard in shards
+            claim_unwritten_call(shard, claim_ms=claim_ms, most_keys=share, ahead_ms=ahead_ms) for shard in shards
         ]
         replies = self._pipelined(batch_calls)
         return [(text(flat[i]), int(flat[i + 1])) for flat in replies for i in range(0, len(flat), 2)]
@@ -56,7 +56,7 @@ class UnwrittenCalls(GateBase):
         younger ones, with when they are due."""
         min_age_ms = 0 if young else self.record_delay_ms
         batch = [
-            calls.unwritten(key, count=per_key, keep_ms=self.idle_horizon_ms, min_age_ms=min_age_ms) for key in keys
+            unwritten_call(key, count=per_key, keep_ms=self.idle_horizon_ms, min_age_ms=min_age_ms) for key in keys
         ]
         found, more, later = [], set(), {}
         for key, (left, oldest_young, *flat) in zip(keys, self._pipelined(batch), strict=True):
@@ -88,12 +88,12 @@ class UnwrittenCalls(GateBase):
         one, and so on, as far as the superseded records kept here until their rows are written tell, at most
         ``max_hops`` on: (the last one's id, how many replacements led to it); (``task_id``, 0) if none is kept.
         ``ticket``: the task's, if known (else found among the key's recent submissions). Reads only."""
-        found, hops = self._call(calls.replacement(key, task_id=task_id, ticket=ticket, max_hops=max_hops))
+        found, hops = self._call(replacement_call(key, task_id=task_id, ticket=ticket, max_hops=max_hops))
         return text(found), int(hops)
 
     def unclaim_unwritten(self, claims: Iterable[tuple[str, int]]) -> None:
         """Give back ``claims`` (from :meth:`claim_unwritten`) whose records were not written: due again at once."""
-        if batch := calls.reindex(self.unwritten_index, moves=((key, claim, 0) for key, claim in claims)):
+        if batch := reindex_calls(self.unwritten_index, moves=((key, claim, 0) for key, claim in claims)):
             self._pipelined(batch)
 
     def forget_unwritten(
@@ -109,7 +109,7 @@ class UnwrittenCalls(GateBase):
         # its records were deleted would leave them unindexed, until the key's next submission.
         deleted: list[Command] = [("HDEL", KeyNames(w.key).unwritten, w.field or w.ticket) for w in written]
         moves = [*((key, claim, -1) for key, claim in claims), *later]  # -1: removed
-        released = calls.reindex(self.unwritten_index, moves=moves)
+        released = reindex_calls(self.unwritten_index, moves=moves)
         if released:
             self._pipelined(released, before=deleted)
         elif deleted:
@@ -133,3 +133,18 @@ class UnwrittenCalls(GateBase):
             fields.setdefault(KeyNames(key).unwritten, []).append(ticket)
         if fields:
             self._run([("HDEL", name, *deleted) for name, deleted in fields.items()])
+
+
+def claim_unwritten_call(shard: str, *, claim_ms: int, most_keys: int, ahead_ms: int) -> ScriptCall:
+    """``claim_unwritten.lua``'s call on ``shard``: one name of the unwritten index (see :class:`~.keys.Index`)."""
+    return ScriptCall("claim_unwritten", [shard], [claim_ms, most_keys, ahead_ms])
+
+
+def unwritten_call(key: str, *, count: int, keep_ms: int, min_age_ms: int = 0) -> ScriptCall:
+    n = KeyNames(key)
+    return ScriptCall("unwritten", [n.unwritten, n.messages, n.scan_cursors], [count, keep_ms, min_age_ms])
+
+
+def replacement_call(key: str, *, task_id: str, ticket: int | None, max_hops: int) -> ScriptCall:
+    n = KeyNames(key)
+    return ScriptCall("replacement", [n.unwritten, n.recent, n.recent_older], [task_id, or_empty(ticket), max_hops])

@@ -5,10 +5,12 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
+from pathlib import Path
 
 import pytest
 
-from django_keyed_queue.gate import Cancel, Code, Finish, Lease, Start, Submission, calls
+import django_keyed_queue.gate as gate_package
+from django_keyed_queue.gate import Cancel, Code, Finish, Lease, Start, Submission
 from django_keyed_queue.gate.scripts import SCRIPT_NAMES, _read, ms_to_seconds, seconds_to_ms, source
 
 
@@ -19,6 +21,20 @@ def _transition(name: str):
     except ModuleNotFoundError:
         return None
     return module if hasattr(module, "ARGV") else None
+
+
+def _builders(name: str) -> list[tuple[str, object]]:
+    """Each module of the gate with a builder of script ``name`` not in a module of its own, and that builder."""
+    found = []
+    for path in sorted(Path(gate_package.__file__).parent.glob("*.py")):
+        module = importlib.import_module(f"django_keyed_queue.gate.{path.stem}")
+        for builder in (f"{name}_call", f"{name}_calls"):
+            if (
+                inspect.isfunction(getattr(module, builder, None))
+                and getattr(module, builder).__module__ == module.__name__
+            ):
+                found.append((path.stem, getattr(module, builder)))
+    return found
 
 
 #: Scripts that read a key's state and change nothing.
@@ -110,7 +126,8 @@ def test_the_gate_survives_a_flushed_script_cache(gate, gate_redis):
 
 @pytest.mark.parametrize("name", SCRIPT_NAMES)
 def test_each_script_s_builder_takes_its_header_s_arguments_in_order(name):
-    """``calls.<script>``'s keyword arguments are the names its header gives ARGV, in the header's order."""
+    """A script's builder names its header's ARGV, in the header's order: its module's ``ARGV``, or the keyword
+    arguments of ``<script>_call`` (``reindex_calls``) in the one module of the gate that holds it."""
     header, _ = _header_and_body(name)
     # "ARGV[3] dispatch_timeout_ms", or the repeated tail: "ARGV[2], ARGV[3], ...  leases: ticket, token pairs".
     documented = re.findall(r"^\s*ARGV\[\d+\](?:, ARGV\[\d+\])*(?:, \.\.\.)?\s+(\w+)", header, re.MULTILINE)
@@ -118,6 +135,8 @@ def test_each_script_s_builder_takes_its_header_s_arguments_in_order(name):
     if transition is not None:  # a transition's module beside its script names its ARGV
         assert list(transition.ARGV) == documented, f"gate/{name}.py's ARGV; {name}.lua documents {documented}"
         return
-    builder = getattr(calls, name)
+    builders = _builders(name)
+    assert len(builders) == 1, f"{name}.lua: one builder, in one module of the gate, not {builders}"
+    [(home, builder)] = builders
     taken = [p.name for p in inspect.signature(builder).parameters.values() if p.kind is p.KEYWORD_ONLY]
-    assert taken == documented, f"calls.{name} takes {taken}; {name}.lua documents {documented}"
+    assert taken == documented, f"{home}.{name}_call takes {taken}; {name}.lua documents {documented}"
