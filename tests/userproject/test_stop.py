@@ -36,6 +36,8 @@ def test_a_hung_holder_is_stopped_and_its_key_moves_on_only_after_its_process_en
     [hung] = accepted_by(project.produce("stubborn_step", 1, 1, 0, 120))
     [after] = accepted_by(project.produce("step", 1, 1, 0, 0))  # the same key
     [start] = wait_until(lambda: events(project, hung["id"], "start"), timeout=20)
+    # Stop finds a run's worker in its row (written within a records pass of its start; until then it refuses).
+    wait_until(lambda: project.rows().get(hung["id"], {}).get("worker"), timeout=20)
 
     said = project.manage("keyed_queue_stop", hung["id"]).stdout
     assert said.startswith("SIGTERM sent to worker a@") and hung["id"] in said
