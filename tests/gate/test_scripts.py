@@ -28,12 +28,9 @@ def _builders(name: str) -> list[tuple[str, object]]:
     found = []
     for path in sorted(Path(gate_package.__file__).parent.glob("*.py")):
         module = importlib.import_module(f"django_keyed_queue.gate.{path.stem}")
-        for builder in (f"{name}_call", f"{name}_calls"):
-            if (
-                inspect.isfunction(getattr(module, builder, None))
-                and getattr(module, builder).__module__ == module.__name__
-            ):
-                found.append((path.stem, getattr(module, builder)))
+        for builder in (getattr(module, f"{name}_call", None), getattr(module, f"{name}_calls", None)):
+            if inspect.isfunction(builder) and builder.__module__ == module.__name__:  # its own, not imported
+                found.append((path.stem, builder))
     return found
 
 
@@ -139,4 +136,4 @@ def test_each_script_s_builder_takes_its_header_s_arguments_in_order(name):
     assert len(builders) == 1, f"{name}.lua: one builder, in one module of the gate, not {builders}"
     [(home, builder)] = builders
     taken = [p.name for p in inspect.signature(builder).parameters.values() if p.kind is p.KEYWORD_ONLY]
-    assert taken == documented, f"{home}.{name}_call takes {taken}; {name}.lua documents {documented}"
+    assert taken == documented, f"{home}.{builder.__name__} takes {taken}; {name}.lua documents {documented}"
