@@ -5,7 +5,7 @@ header's order: a transition's module beside its script (``submit.py`` beside ``
 in its ``ARGV``; the module of the concern that sends each of the others (``pools.py``, ``unwritten.py``,
 ``reaping.py``, ``base.py``) in the keyword arguments of its ``<script>_call``. ``tests/gate/test_scripts.py``
 checks each against its header. Change a header and its builder together. Builders only build: the
-gate's runner (``base.GateBase._pipelined``) sends what they return.
+gate's runner (``Gate._pipelined``) sends what they return.
 
 On the wire a yes/no is 1 or 0, and an absent value is ''; ``flag`` and ``or_empty`` make that encoding,
 so that a caller passes ``bool`` and ``None``.

@@ -19,7 +19,7 @@ from .results import FinishResult
 from .scripts import Code
 
 if TYPE_CHECKING:
-    from .base import GateBase
+    from .gate import Gate
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ ARGV = (
 )  # fmt: skip
 
 
-def call(cancel: Cancel, gate: GateBase) -> ScriptCall:
+def call(cancel: Cancel, gate: Gate) -> ScriptCall:
     c = cancel
     argv: dict[str, Any] = {
         "ticket": c.ticket, "limit": or_empty(c.limit),

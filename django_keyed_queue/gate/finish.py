@@ -19,7 +19,7 @@ from .results import FinishResult, Grant, KeptStart, Outcome, Unwritten
 from .scripts import Code, seconds_to_ms
 
 if TYPE_CHECKING:
-    from .pools import PoolCalls
+    from .gate import Gate
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ ARGV = (
 )  # fmt: skip
 
 
-def call(finish: Finish, gate: PoolCalls, *, pool_here: bool) -> ScriptCall:
+def call(finish: Finish, gate: Gate, *, pool_here: bool) -> ScriptCall:
     """``finish.lua``'s call of ``finish`` with ``gate``'s durations; ``pool_here``: its pool's slot is given
     back in the same call (the pool's keys are on the key's server)."""
     f, outcome, kept = finish, finish.outcome, finish.start_kept

@@ -13,7 +13,7 @@ from .keys import KeyNames
 from .results import Grant
 
 if TYPE_CHECKING:
-    from .base import GateBase
+    from .gate import Gate
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def override_value(value: int | None | Unchanged) -> str:
     return str(value)
 
 
-def call(key: str, gate: GateBase, *, limit: int | None | Unchanged, interval_ms: int | None | Unchanged) -> ScriptCall:
+def call(key: str, gate: Gate, *, limit: int | None | Unchanged, interval_ms: int | None | Unchanged) -> ScriptCall:
     """``override.lua``'s call; a value that is no override raises ``ValueError`` before anything is sent."""
     argv: dict[str, Any] = {
         "limit": override_value(limit), "interval_ms": override_value(interval_ms),

@@ -13,7 +13,7 @@ from .results import Grant
 from .scripts import Code
 
 if TYPE_CHECKING:
-    from .base import GateBase
+    from .gate import Gate
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ PAUSED_BY_MAX = 200
 ARGV = ("pause", "dispatch_timeout_ms", "idle_horizon_ms", "paused_by")
 
 
-def call(key: str, gate: GateBase, *, pause: bool, by: str = "") -> ScriptCall:
+def call(key: str, gate: Gate, *, pause: bool, by: str = "") -> ScriptCall:
     """``pause.lua``'s call: pause ``key`` (``by`` whom), or resume it."""
     argv: dict[str, Any] = {
         "pause": flag(pause), "dispatch_timeout_ms": gate.dispatch_timeout_ms,

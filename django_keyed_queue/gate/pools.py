@@ -26,19 +26,15 @@ the reaper's pass too, should no call of the pool come.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
-from redis.cluster import RedisCluster
 from redis.typing import EncodableT
 
-from .base import GateBase, scored, text, texts
 from .calls import ScriptCall, flag, or_empty
-from .keys import POOLS, KeyNames, PoolNames, member_ticket, pool_member
-from .override import UNCHANGED, Unchanged, override_value
-from .results import Grant, Lease, Recovery, RecoveryAction
-from .scripts import Code, ms_to_seconds
+from .keys import KeyNames, PoolNames
+from .results import Grant, Recovery, RecoveryAction
+from .scripts import Code
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +63,7 @@ class Pool:
 
 @dataclass(frozen=True)
 class PoolSnapshot:
-    """A pool as :meth:`PoolCalls.inspect_pool` read it."""
+    """A pool as :meth:`Gate.inspect_pool` read it."""
 
     name: str
     #: What its tasks give (kept by their last ask), and an operator's overrides; None: none given.
@@ -104,7 +100,7 @@ class PoolAcquired:
     #: Other tickets the pool gave a slot meanwhile (an expired one's), their keys told: publish those not pushed.
     granted: list[Grant] = field(default_factory=list)
     #: The slot it holds was given by this ask (it held none before): if its key refuses the message that asked,
-    #: the slot is the ticket's all the same (``PoolCalls.pool_granted``), not the message's.
+    #: the slot is the ticket's all the same (``Gate.pool_granted``), not the message's.
     given: bool = False
 
     @property
@@ -112,176 +108,7 @@ class PoolAcquired:
         return self.code is Code.OK
 
 
-class PoolCalls(GateBase):
-    """A pooled ticket's slot of its pool: asked for at its start, renewed, given back, and the line served."""
-
-    def pool_acquire(self, pool: Pool, key: str, ticket: int, *, starting: bool = True) -> PoolAcquired:
-        """Ask ``pool`` for a slot for ``ticket`` of ``key``: OK (it holds one, and ``starting``, may start
-        now), PARKED (it waits in the pool's line), or TOO_EARLY (the pool's rate: it holds its slot, and
-        may start in ``wait_seconds``). ``starting``: a worker starts it now (its start counts for the rate,
-        and the slot is held a lease); else the slot is held for its start, a dispatch timeout.
-
-        One round trip, and one more per other ticket the pool gave a freed slot to."""
-        call = pool_acquire_call(
-            pool.name, member=pool_member(key, ticket), limit=pool.limit, interval_ms=pool.interval_ms,
-            hold_ms=self.running_hold_ms if starting else self.dispatch_timeout_ms, starting=starting,
-            grant_ms=self.dispatch_timeout_ms,
-        )  # fmt: skip
-        code, wait_ms, given, *others = self._pipelined([call], also=[("SADD", POOLS, pool.name)])[0]
-        granted = self.pool_granted(pool.name, others)
-        result = PoolAcquired(Code(code), ms_to_seconds(int(wait_ms)), granted, given=bool(int(given)))
-        logger.debug("pool_acquire pool=%r key=%r ticket=%s: %s", pool.name, key, ticket, result.code.name)
-        return result
-
-    @property
-    def pools_apart(self) -> bool:
-        """A pool's slot is on another server than its tickets' keys (a Redis Cluster): it is asked in calls of
-        its own. On one server, ``start`` and ``finish`` ask and give back in their own call."""
-        return isinstance(self.client, RedisCluster)
-
-    def pool_grants(self, flat: Sequence[Any]) -> list[Grant]:
-        """Grants from a script's key, ticket, dispatch, message, pushed quintuples (``pool_here.lua``'s)."""
-        return [
-            Grant(
-                text(flat[i]), int(flat[i + 1]), int(flat[i + 2]), flat[i + 3], pushed=self.pushes.pushed(flat[i + 4])
-            )
-            for i in range(0, len(flat), 5)
-        ]
-
-    @property
-    def running_hold_ms(self) -> int:
-        """How long a running ticket holds its pool slot from a start or a renew: its lease, and a margin."""
-        return self.lease_ms + min(HOLD_MARGIN_MS, self.lease_ms)
-
-    def pool_wait(self, key: str, ticket: int, dispatch: int, *, pool: str) -> bool:
-        """The pool had no slot for ``ticket``, granted with ``dispatch``: it waits for its pool (no message of it
-        starts until the pool gives it a slot). False if it moved on meanwhile (the pool gave it one already,
-        and its key published it again; or it ended)."""
-        call = pool_wait_call(key, ticket=ticket, dispatch=dispatch, pool=pool, ask_again_ms=self.dispatch_timeout_ms)
-        code, _ = self._pipelined([call], index=key, index_within_ms=self.dispatch_timeout_ms)[0]
-        return Code(code) is Code.OK
-
-    def pool_release(self, pool: str, tickets: Iterable[tuple[str, int]] = ()) -> list[Grant]:
-        """Give back the pool slots of ``tickets`` ((key, ticket) pairs: their runs ended, or they no longer
-        wait), and the expired ones; the oldest waiting tickets take the free slots. Returns their grants:
-        publish those not pushed. One round trip, and one more if any ticket took a slot."""
-        members = [pool_member(key, ticket) for key, ticket in tickets]
-        call = pool_release_call(pool, grant_ms=self.dispatch_timeout_ms, members=members)
-        return self.pool_granted(pool, self._pipelined([call])[0])
-
-    def pool_renew(self, pool: str, leases: Iterable[Lease]) -> dict[Lease, bool]:
-        """Hold the pool slots of running ``leases`` another lease; False for one whose slot went back."""
-        held = list(leases)
-        if not held:
-            return {}
-        members = [pool_member(h.key, h.ticket) for h in held]
-        call = pool_renew_call(pool, hold_ms=self.running_hold_ms, members=members)
-        return {lease: bool(ok) for lease, ok in zip(held, self._pipelined([call])[0], strict=True)}
-
-    def pool_granted(self, pool: str, members: Sequence[bytes | str]) -> list[Grant]:
-        """The keys of ``members``, to whom ``pool`` just gave slots, publish them again; a member whose
-        ticket no longer holds its key's slot gives its pool slot back, and the next takes it."""
-        grants: list[Grant] = []
-        while members:
-            tickets = [member_ticket(text(m)) for m in members]
-            batch = [pool_granted_call(k, ticket=t, dispatch_timeout_ms=self.dispatch_timeout_ms) for k, t in tickets]
-            gone: list[tuple[str, int]] = []
-            for (key, ticket), (code, dispatch, message, pushed) in zip(tickets, self._pipelined(batch), strict=True):
-                if code == Code.OK:
-                    grants.append(Grant(key, ticket, int(dispatch), message, pushed=self.pushes.pushed(pushed)))
-                elif code == Code.NOT_GRANTED:
-                    gone.append((key, ticket))
-            if not gone:
-                break
-            members = self._pipelined(
-                [pool_release_call(pool, grant_ms=self.dispatch_timeout_ms, members=[pool_member(*g) for g in gone])]
-            )[0]
-        return grants
-
-    def pool_names(self) -> list[str]:
-        """Every pool tasks have used, by name."""
-        return sorted(text(p) for p in self.client.smembers(POOLS))
-
-    def inspect_pool(self, pool: str, *, waiting_shown: int = 20) -> PoolSnapshot:
-        """What ``pool`` holds now: its limit and rate, who runs and who waits (two round trips)."""
-        names = PoolNames(pool)
-        now_ms = self._server_time_ms()
-        running, waiting, first, meta = self._run(
-            [
-                ("ZRANGE", names.running, 0, -1, "WITHSCORES"),
-                ("ZCARD", names.ready),
-                ("ZRANGE", names.ready, 0, waiting_shown - 1),
-                ("HGETALL", names.meta),
-            ]
-        )
-        fields = texts(meta)
-
-        def number(name: str) -> int | None:  # anyone may have written it
-            value = fields.get(name, "")
-            return int(value) if value.isascii() and value.isdigit() else None
-
-        last = number("last_start")
-        return PoolSnapshot(
-            name=pool,
-            task_limit=number("limit"),
-            task_interval_ms=number("interval"),
-            limit_override=number("limit_override"),
-            interval_override_ms=number("interval_override"),
-            running=[
-                (*member_ticket(text(m)), ms_to_seconds(int(float(score)) - now_ms)) for m, score in scored(running)
-            ],
-            waiting=int(waiting),
-            waiting_first=[member_ticket(text(m)) for m in first],
-            last_start_ago=ms_to_seconds(now_ms - last) if last else None,
-        )
-
-    def set_pool_overrides(
-        self, pool: str, *, limit: int | None | Unchanged = UNCHANGED, interval_ms: int | None | Unchanged = UNCHANGED
-    ) -> list[Grant]:
-        """Give ``pool`` an operator's ``limit`` and rate (``interval_ms``) over its tasks' own, or None to go
-        back to them; ``UNCHANGED`` leaves one as it is. A raised limit gives free slots to waiting tickets at
-        once (their grants are returned, to publish); a lowered one stops no run. Setting the same again
-        changes nothing."""
-        call = pool_override_call(
-            pool,
-            limit=override_value(limit),
-            interval_ms=override_value(interval_ms),
-            grant_ms=self.dispatch_timeout_ms,
-        )
-        members = self._pipelined([call], also=[("SADD", POOLS, pool)])[0]
-        logger.debug("overrides of pool=%r: limit=%s interval_ms=%s", pool, limit, interval_ms)
-        return self.pool_granted(pool, members)
-
-    def reap_pools(self) -> list[Recovery]:
-        """Return every pool's expired slots; the oldest waiting tickets take them (the reaper's pass, for a
-        pool no call came to). Their grants, as the reaper's recoveries. One round trip a pool, and one more
-        for each that gave a slot."""
-        recoveries: list[Recovery] = []
-        for pool in self.pool_names():
-            recoveries += [_granted(g) for g in self.pool_release(pool)]
-        return recoveries
-
-    def ask_pools_again(self, waiting: Sequence[Recovery]) -> list[Recovery]:
-        """The reaper's ``pool`` recoveries (tickets that still waited for their pool at their deadline): each
-        pool is asked again, as if the answer it gave was lost; a ticket given a slot is published again (a
-        ``grant``), the others wait on (their deadline was moved)."""
-        recoveries: list[Recovery] = []
-        for r in waiting:
-            pool = text(r.message or b"")
-            if not pool:
-                recoveries.append(r)
-                continue
-            acquired = self.pool_acquire(Pool(pool), r.key, r.ticket, starting=False)
-            granted = acquired.granted
-            if acquired.code is Code.OK:
-                granted += self.pool_granted(pool, [pool_member(r.key, r.ticket)])
-            recoveries += [_granted(g) for g in granted]
-            if not any((g.key, g.ticket) == (r.key, r.ticket) for g in granted):
-                recoveries.append(r)  # it waits on (a slot freed meanwhile may have gone to it through another)
-        return recoveries
-
-
-def _granted(grant: Grant) -> Recovery:
+def granted_recovery(grant: Grant) -> Recovery:
     return Recovery(
         grant.key, RecoveryAction.GRANT, grant.ticket, grant.dispatch, 0, grant.message, pushed=grant.pushed
     )

@@ -16,7 +16,7 @@ from .keys import KeyNames
 from .results import Recovery, RecoveryAction, Stopping
 
 if TYPE_CHECKING:
-    from .base import GateBase
+    from .gate import Gate
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ ARGV = (
 )  # fmt: skip
 
 
-def call(reap: Reap, gate: GateBase) -> ScriptCall:
+def call(reap: Reap, gate: Gate) -> ScriptCall:
     r = reap
     argv: dict[str, Any] = {
         "dispatch_timeout_ms": gate.dispatch_timeout_ms, "idle_horizon_ms": gate.idle_horizon_ms,

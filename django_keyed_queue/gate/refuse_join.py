@@ -12,7 +12,7 @@ from .keys import KeyNames
 from .scripts import Code, seconds_to_ms
 
 if TYPE_CHECKING:
-    from .base import GateBase
+    from .gate import Gate
 
 logger = logging.getLogger(__name__)
 
@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 ARGV = ("join_id", "due_in_ms", "idle_horizon_ms")
 
 
-def call(key: str, task_id: str, gate: GateBase, *, due_in_seconds: float) -> ScriptCall:
+def call(key: str, task_id: str, gate: Gate, *, due_in_seconds: float) -> ScriptCall:
     """``refuse_join.lua``'s call: mark ``task_id`` refused until it is due, ``due_in_seconds`` from now."""
     argv: dict[str, Any] = {
         "join_id": task_id,

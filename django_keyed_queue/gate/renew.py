@@ -14,13 +14,13 @@ from .keys import KeyNames
 from .results import Lease
 
 if TYPE_CHECKING:
-    from .base import GateBase
+    from .gate import Gate
 
 #: renew.lua's ARGV: the lease, then each lease of the key as a ticket, token pair.
 ARGV = ("lease_ms", "leases")
 
 
-def call(key: str, leases: Sequence[Lease], gate: GateBase) -> ScriptCall:
+def call(key: str, leases: Sequence[Lease], gate: Gate) -> ScriptCall:
     """``renew.lua``'s call for ``leases``, all of ``key``, by ``gate``'s lease."""
     pairs = [v for lease in leases for v in (lease.ticket, lease.token)]
     return ScriptCall("renew", [KeyNames(key).holders], [gate.lease_ms, *pairs])

@@ -15,7 +15,7 @@ from .results import Lease
 from .scripts import Code
 
 if TYPE_CHECKING:
-    from .base import GateBase
+    from .gate import Gate
 
 logger = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 ARGV = ("ticket", "token", "dispatch_timeout_ms", "unstarted")
 
 
-def call(lease: Lease, unstarted: bool, gate: GateBase) -> ScriptCall:
+def call(lease: Lease, unstarted: bool, gate: Gate) -> ScriptCall:
     """``requeue.lua``'s call; ``unstarted``: the attempt never ran, and is not counted."""
     argv: dict[str, Any] = {
         "ticket": lease.ticket, "token": lease.token, "dispatch_timeout_ms": gate.dispatch_timeout_ms,

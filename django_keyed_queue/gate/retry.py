@@ -15,7 +15,7 @@ from .results import Lease
 from .scripts import Code, seconds_to_ms
 
 if TYPE_CHECKING:
-    from .base import GateBase
+    from .gate import Gate
 
 logger = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 ARGV = ("ticket", "token", "countdown_ms", "dispatch_timeout_ms", "message")
 
 
-def call(lease: Lease, message: bytes, countdown_seconds: float, gate: GateBase) -> ScriptCall:
+def call(lease: Lease, message: bytes, countdown_seconds: float, gate: Gate) -> ScriptCall:
     """``retry.lua``'s call: the retry's ``message`` may start ``lease``'s ticket after the countdown."""
     n = KeyNames(lease.key)
     argv: dict[str, Any] = {

@@ -13,7 +13,7 @@ from .results import Grant
 from .scripts import Code
 
 if TYPE_CHECKING:
-    from .base import GateBase
+    from .gate import Gate
 
 logger = logging.getLogger(__name__)
 
@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 ARGV = ("ticket", "dispatch", "dispatch_timeout_ms")
 
 
-def call(key: str, ticket: int, dispatch: int, gate: GateBase) -> ScriptCall:
+def call(key: str, ticket: int, dispatch: int, gate: Gate) -> ScriptCall:
     """``run_now.lua``'s call: the grant of ``ticket`` with ``dispatch`` goes out again, to start now."""
     n = KeyNames(key)
     argv: dict[str, Any] = {"ticket": ticket, "dispatch": dispatch, "dispatch_timeout_ms": gate.dispatch_timeout_ms}

@@ -19,7 +19,8 @@ from .results import Grant, StartResult
 from .scripts import Code, ms_to_seconds
 
 if TYPE_CHECKING:
-    from .pools import Pool, PoolCalls
+    from .gate import Gate
+    from .pools import Pool
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ ARGV = (
 )  # fmt: skip
 
 
-def call(start: Start, gate: PoolCalls, *, pool_here: bool) -> ScriptCall:
+def call(start: Start, gate: Gate, *, pool_here: bool) -> ScriptCall:
     """``start.lua``'s call of ``start`` with ``gate``'s durations; ``pool_here``: its pool is asked in the
     same call (the pool's keys are on the key's server)."""
     s = start

@@ -20,7 +20,7 @@ from .results import QueueFull, SubmitResult
 from .scripts import Code, seconds_to_ms
 
 if TYPE_CHECKING:
-    from .base import GateBase
+    from .gate import Gate
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ ARGV = (
 )  # fmt: skip
 
 
-def call(submission: Submission, gate: GateBase, *, retried: bool = False) -> ScriptCall:
+def call(submission: Submission, gate: Gate, *, retried: bool = False) -> ScriptCall:
     """``submit.lua``'s call of ``submission`` with ``gate``'s durations; ``retried``: asked again after a
     lost reply (the ticket this task id took, if it still holds exactly this message, is returned as is)."""
     s = submission

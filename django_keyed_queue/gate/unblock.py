@@ -13,7 +13,7 @@ from .results import FinishResult
 from .scripts import Code
 
 if TYPE_CHECKING:
-    from .base import GateBase
+    from .gate import Gate
 
 logger = logging.getLogger(__name__)
 
@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 ARGV = ("ticket", "retry", "dispatch_timeout_ms", "idle_horizon_ms")
 
 
-def call(key: str, ticket: int, retry: bool, gate: GateBase) -> ScriptCall:
+def call(key: str, ticket: int, retry: bool, gate: Gate) -> ScriptCall:
     """``unblock.lua``'s call: run ``ticket`` again first (``retry``), or withdraw it."""
     n = KeyNames(key)
     argv: dict[str, Any] = {

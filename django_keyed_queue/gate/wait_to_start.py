@@ -11,13 +11,13 @@ from .keys import KeyNames
 from .scripts import ms_to_seconds
 
 if TYPE_CHECKING:
-    from .base import GateBase
+    from .gate import Gate
 
 #: wait_to_start.lua's ARGV, in its header's order.
 ARGV = ("ticket", "dispatch", "interval_ms", "lease_ms")
 
 
-def call(key: str, ticket: int, dispatch: int, gate: GateBase, *, interval_ms: int) -> ScriptCall:
+def call(key: str, ticket: int, dispatch: int, gate: Gate, *, interval_ms: int) -> ScriptCall:
     n = KeyNames(key)
     argv: dict[str, Any] = {
         "ticket": ticket, "dispatch": dispatch, "interval_ms": interval_ms, "lease_ms": gate.lease_ms
