@@ -4,7 +4,7 @@ runs' throughputs side by side; and the fairness rounds' waits of the one-task k
     python -m bench.plot docs/benchmarks-userproject.png "SQLite (startproject)=A.json" "SQLite WAL=B.json" \
         "PostgreSQL=C.json"                   # bench.userproject's --json files, side by side
     python -m bench.plot --fairness docs/benchmarks-fairness.png "SQLite=A.json" ...   # their fairness waits
-    python -m bench.plot --pool-process docs/benchmarks-pool-process.png "SQLite=A.json" ...  # a realistic task's time
+    python -m bench.plot --child-process docs/benchmarks-child-process.png "SQLite=A.json" ...  # a realistic task
     python -m bench.plot --cpu docs/benchmarks-cpu.png "SQLite=A.json" ...  # a many-keys task's CPU, process by process
 
 ``python -m bench.throughput --plot OUT.png`` draws the first kind from its own run.
@@ -153,8 +153,8 @@ def plot_fairness(summaries: dict[str, dict], path: Path) -> None:
     plt.close(fig)
 
 
-def plot_pool_process(summaries: dict[str, dict], path: Path) -> None:
-    """Where a realistic many-keys task's time goes in a pool process, in several runs of bench.userproject
+def plot_child_process(summaries: dict[str, dict], path: Path) -> None:
+    """Where a realistic many-keys task's time goes in a child process, in several runs of bench.userproject
     (its ``--json`` summaries): per run, plain and keyed, the task's body and the gap to the next task in
     that process (the worker's own work around a task), stacked, medians of rounds."""
     import matplotlib
@@ -162,7 +162,7 @@ def plot_pool_process(summaries: dict[str, dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = {name: s["realistic"]["pool process"] for name, s in summaries.items() if "realistic" in s}
+    runs = {name: s["realistic"]["child process"] for name, s in summaries.items() if "realistic" in s}
     fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(runs) + 2), 4.4))
     colors = {"plain": "#8c8c8c", "keyed": "#2c7fb8"}
     width = 0.38
@@ -177,7 +177,7 @@ def plot_pool_process(summaries: dict[str, dict], path: Path) -> None:
                    label=f"{variant}: gap to its next task" if i == 0 else None)  # fmt: skip
             ax.text(x, body + gap, f"{body:.1f}\n+{gap:.1f}", ha="center", va="bottom", fontsize=7)
     ax.set_xticks(range(len(runs)), list(runs), fontsize=8)
-    ax.set_ylabel("ms per task in a pool process (means, medians of rounds)")
+    ax.set_ylabel("ms per task in a child process (means, medians of rounds)")
     ax.set_title("A task that reads and updates a row, then waits 10 ms: its body, and the worker's work around it",
                  fontsize=9)  # fmt: skip
     ax.margins(y=0.15)
@@ -192,7 +192,7 @@ def plot_pool_process(summaries: dict[str, dict], path: Path) -> None:
 CPU_GROUPS = (
     ("producer", "#fdae6b"),
     ("worker main", "#9ecae1"),
-    ("pool processes", "#3182bd"),
+    ("child processes", "#3182bd"),
     ("redis", "#d62728"),
     ("postgres", "#756bb1"),
 )
@@ -200,7 +200,7 @@ CPU_GROUPS = (
 
 def plot_cpu(runs: dict[str, dict], path: Path) -> None:
     """CPU per many-keys task, plain and keyed, stacked by process (the producer, the worker's main process,
-    its pool processes, Redis, PostgreSQL), medians of rounds, for each workload of several runs of
+    its child processes, Redis, PostgreSQL), medians of rounds, for each workload of several runs of
     bench.userproject (its ``--json`` files)."""
     import matplotlib
 
@@ -245,19 +245,19 @@ def plot_cpu(runs: dict[str, dict], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m bench.plot [--fairness|--pool-process|--cpu] OUT.png NAME=RUN.json ...``: the runs' summaries
-    side by side (with ``--fairness``, bench.userproject's fairness waits; with ``--pool-process``, where a
-    realistic task's time goes in a pool process; with ``--cpu``, a many-keys task's CPU, process by process)."""
+    """``python -m bench.plot [--fairness|--child-process|--cpu] OUT.png NAME=RUN.json ...``: the runs' summaries
+    side by side (with ``--fairness``, bench.userproject's fairness waits; with ``--child-process``, where a
+    realistic task's time goes in a child process; with ``--cpu``, a many-keys task's CPU, process by process)."""
     import json
     import sys
 
     args = argv if argv is not None else sys.argv[1:]
-    kinds = {"--fairness": plot_fairness, "--pool-process": plot_pool_process, "--cpu": plot_cpu}
+    kinds = {"--fairness": plot_fairness, "--child-process": plot_child_process, "--cpu": plot_cpu}
     draw = kinds.get(args[0], plot_databases) if args else plot_databases
     given = args[1:] if args and args[0] in kinds else args
     if len(given) < 2 or given[0].startswith("-") or not all("=" in run for run in given[1:]):
         sys.exit(
-            "usage: python -m bench.plot [--fairness|--pool-process|--cpu] OUT.png NAME=RUN.json [NAME=RUN.json ...]"
+            "usage: python -m bench.plot [--fairness|--child-process|--cpu] OUT.png NAME=RUN.json [NAME=RUN.json ...]"
         )
     out, *runs = given
     summaries = {}

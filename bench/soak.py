@@ -8,9 +8,9 @@ every 0.3 s) in the workers and in this process. Each round submits ``lingering_
 (some linger a few seconds on their first attempt), injects one fault, waits for every record to be
 terminal, then checks exclusion, order, one successful end per task, the records and the gate. Faults:
 
-- kill-pool     SIGKILL a pool process running a lingering task;
+- kill-pool     SIGKILL a child process running a lingering task;
 - kill-worker   SIGKILL a whole worker (its process group) with a lingering task, then start a replacement;
-- stall         SIGSTOP a pool process running a lingering task past its lease, then SIGCONT;
+- stall         SIGSTOP a child process running a lingering task past its lease, then SIGCONT;
 - lost-message  delete granted task messages sitting in the broker queue;
 - redis-restart SIGKILL the redis-server, wait 1 s, start it again on its port and directory (opt-in: with it
                 the broker, the gate and the history share that one redis-server, with every write fsynced).
@@ -141,7 +141,7 @@ class Soak:
         return self.events
 
     def running(self, tasks: dict[tuple, Task], start: int) -> list:
-        """Runs of this round now going on in a live pool process of one of our workers."""
+        """Runs of this round now going on in a live child process of one of our workers."""
         runs, _ = pair_runs(self.refresh(), {k for k, _ in tasks}, start)
         return [r for r in runs if r.end is None and alive(r.pid) and self.owner(r.pid) is not None]
 
@@ -176,7 +176,7 @@ class Soak:
         return f"the gate still had the stalled run as holder {expired} ({due})"
 
     def pause_consumers(self) -> list[int]:
-        """SIGSTOP the workers' main processes (their consumers), for 8 s at most; pool processes go on."""
+        """SIGSTOP the workers' main processes (their consumers), for 8 s at most; child processes go on."""
         pids = [worker.process.pid for worker in self.live]
         self.stop(pids)
         self.watchdog = threading.Timer(8.0, self.resume, args=(pids,))

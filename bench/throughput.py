@@ -220,8 +220,8 @@ def handoffs_ms(events: list[dict]) -> list[float]:
     return [(start_t[(k, n + 1)] - t) * 1000 for (k, n), t in end_t.items() if (k, n + 1) in start_t]
 
 
-def pool_process_ms(events: list[dict]) -> tuple[list[float], list[float]]:
-    """Where a pool process's time goes: each task's body (its start to its end), and each gap between the
+def child_process_ms(events: list[dict]) -> tuple[list[float], list[float]]:
+    """Where a child process's time goes: each task's body (its start to its end), and each gap between the
     end of one task and the start of the next in the same process (the worker's own work around a task:
     Celery's, and a keyed task's gate calls and records), in ms."""
     bodies, gaps, by_process = [], [], defaultdict(list)

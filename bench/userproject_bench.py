@@ -22,7 +22,7 @@ from .fairness import waits_ms
 from .harness import cpu_seconds, proc_stat
 from .peer_procrastinate import ProcrastinatePeer
 from .project_database import KEYED_RECORDS, STORED_RESULTS, ProjectDatabase, with_missing
-from .throughput import Round, check_events, handoffs_ms, pool_process_ms
+from .throughput import Round, check_events, child_process_ms, handoffs_ms
 from .userproject_plan import NOOP, REALISTIC, ProjectRound, Workload, with_accounts
 from .userproject_profile import sampled
 
@@ -71,11 +71,11 @@ def own_cpu_seconds(pid: int) -> float:
 
 def split_worker(cpu: dict[str, float], main: float) -> dict[str, float]:
     """``cpu`` with its worker's share split in two, in its place: the worker's main process (``main``: it
-    takes the broker's messages and hands them to its pool) and its pool processes (they run the tasks)."""
+    takes the broker's messages and hands them to its pool) and its child processes (they run the tasks)."""
     split = {}
     for name, used in cpu.items():
         if name == "worker":
-            split["worker main"], split["pool processes"] = main, used - main
+            split["worker main"], split["child processes"] = main, used - main
         else:
             split[name] = used
     return split
@@ -264,7 +264,7 @@ class Bench:
         if scenario == "hot-key" and variant not in UNORDERED:
             result.handoffs_ms = handoffs_ms(events)
         if scenario == "many-keys":
-            result.bodies_ms, result.gaps_ms = pool_process_ms(events)
+            result.bodies_ms, result.gaps_ms = child_process_ms(events)
         if scenario == "fairness" and sent.get("submitted"):
             result.waits_ms = waits_ms(events, plan, sent["submitted"])
         if workload is REALISTIC:

@@ -33,7 +33,7 @@ class ProjectRound(Round):
     waits_ms: list[float] = field(default_factory=list)
     #: Realistic rounds: the account updates a concurrent task of the same account overwrote.
     lost_updates: int | None = None
-    #: Many-keys rounds: each task's body, and each gap between two tasks of one pool process (ms).
+    #: Many-keys rounds: each task's body, and each gap between two tasks of one child process (ms).
     bodies_ms: list[float] = field(default_factory=list)
     gaps_ms: list[float] = field(default_factory=list)
 

@@ -43,7 +43,7 @@ PIECES: list[tuple[str, str]] = [
     ("task body", "shop/tasks.py"),
     ("celery: tracer", "celery/app/trace.py"),
     ("celery: pool (billiard)", "billiard/"),
-    # Last: a pool process's stacks start in the worker's (forked from it), and kombu's serializers serve
+    # Last: a child process's stacks start in the worker's (forked from it), and kombu's serializers serve
     # whoever calls them; in the main process this is its consumer, kombu's transport included.
     ("celery: worker (consumer)", "celery/worker/"),
 ]
@@ -51,7 +51,7 @@ PIECES: list[tuple[str, str]] = [
 KEYED_OTHER = ("keyed: other", "django_keyed_queue/")
 
 #: The worker's processes, named as the bench's CPU lines name them.
-GROUPS = ("worker main", "pool processes")
+GROUPS = ("worker main", "child processes")
 
 _PROCESS = re.compile(r'^process (\d+):"')
 
@@ -84,7 +84,7 @@ def piece_of(frames: list[str]) -> str:
 
 
 def samples(path: Path, main_pid: int) -> dict[str, Counter[str]]:
-    """Samples per piece in the profile at ``path``, for the worker's main process and its pool processes."""
+    """Samples per piece in the profile at ``path``, for the worker's main process and its child processes."""
     counts: dict[str, Counter[str]] = {group: Counter() for group in GROUPS}
     # Only "\n" ends a line: a frame read while its process changed it (--nonblocking) may hold any character.
     for line in path.read_text(errors="replace").split("\n"):
@@ -92,7 +92,7 @@ def samples(path: Path, main_pid: int) -> dict[str, Counter[str]]:
         if not count.isdigit():  # such a torn read, or the end: not a sample
             continue
         frames = stack.split(";")
-        # --subprocesses puts the process's ancestry first: "process <main>;process <pool process>;frames".
+        # --subprocesses puts the process's ancestry first: "process <main>;process <child process>;frames".
         processes = [m for m in map(_PROCESS.match, frames) if m]
         main = not processes or int(processes[-1].group(1)) == main_pid
         counts[GROUPS[0] if main else GROUPS[1]][piece_of(frames[len(processes) :])] += int(count)

@@ -30,10 +30,10 @@ def report_workload(rounds: list, targets: dict[str, float], cpu_extra_target: f
     print_cpu(rounds)
     print_settle(rounds)
     print_lost_updates(rounds)
-    pool_process = summarize_pool_process(rounds)
-    if pool_process:
-        print_pool_process(pool_process)
-        summary["pool process"] = pool_process
+    child_process = summarize_child_process(rounds)
+    if child_process:
+        print_child_process(child_process)
+        summary["child process"] = child_process
     fairness = summarize_fairness([r for r in measured if r.scenario == "fairness"])
     if fairness:
         print_fairness(fairness)
@@ -77,8 +77,8 @@ def print_lost_updates(rounds: list) -> None:
         print(f"  {scenario:<10} {'; '.join(cells)}")
 
 
-def summarize_pool_process(rounds: list) -> dict[str, dict[str, float]]:
-    """Where a many-keys task's time goes in a pool process, per variant: its body (mean and p99), and the gap
+def summarize_child_process(rounds: list) -> dict[str, dict[str, float]]:
+    """Where a many-keys task's time goes in a child process, per variant: its body (mean and p99), and the gap
     to the next task's start in that process (the worker's own work around a task), medians of rounds."""
     measured = [r for r in rounds if r.bodies_ms and r.gaps_ms and not r.problems]
     summary = {}
@@ -92,7 +92,7 @@ def summarize_pool_process(rounds: list) -> dict[str, dict[str, float]]:
     return summary
 
 
-def print_pool_process(summary: dict[str, dict[str, float]]) -> None:
-    print("a many-keys task in a pool process, ms (medians of rounds): body mean / p99; gap to its next task mean")
+def print_child_process(summary: dict[str, dict[str, float]]) -> None:
+    print("a many-keys task in a child process, ms (medians of rounds): body mean / p99; gap to its next task mean")
     for variant, s in summary.items():
         print(f"  {variant:<8} body {s['body ms']:6.2f} / {s['body p99 ms']:6.1f}   gap {s['gap ms']:5.2f}")

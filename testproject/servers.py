@@ -277,13 +277,13 @@ class Worker:
         if self.process is None:
             return
         # The worker leads its process group; a group id is not reused while a member lives, so this
-        # reaches only the worker and pool processes that outlived it.
+        # reaches only the worker and child processes that outlived it.
         with suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait(10)
 
 
 def parent_pid(pid: int) -> int:
-    """The parent of a process, from /proc (pool processes belong to their worker)."""
+    """The parent of a process, from /proc (child processes belong to their worker)."""
     with open(f"/proc/{pid}/stat") as stat:
         return int(stat.read().rsplit(")", 1)[1].split()[1])

@@ -46,7 +46,7 @@ def _assemble(name: str) -> str:
 
 
 # Read once, at import. Read later, in a thread of a worker's main process, a script would take
-# importlib's lock on this package; a pool process forked meanwhile inherits that lock held, and
+# importlib's lock on this package; a child process forked meanwhile inherits that lock held, and
 # hangs on its first gate call.
 _SOURCES = {name: _assemble(name) for name in SCRIPT_NAMES}
 

@@ -77,7 +77,7 @@ class ServerTransport:
     """A single server, or the master that Sentinel names: one connection, one write, every reply read.
 
     The transport holds one connection of its client's pool for its process, used by whichever
-    thread finds it free (a pool process's task thread, mostly); a thread that finds it in use takes
+    thread finds it free (a child process's task thread, mostly); a thread that finds it in use takes
     one from the pool. Taking a pooled connection and giving it back each call (the pool's locks,
     fork checks and metrics) was about a sixth of a call's client CPU. Before each call the held
     connection is checked as the pool checks one it lends: nothing to read (a server that closed it

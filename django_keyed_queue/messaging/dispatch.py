@@ -102,7 +102,7 @@ def publish(
     at_once: bool = False,
 ) -> Published:
     """Publish a granted ticket's stored message and, with ``mark_dispatched``, record its task dispatched;
-    with ``countdown``, for then (Celery's ``eta``: a worker holds it until then, in no pool process);
+    with ``countdown``, for then (Celery's ``eta``: a worker holds it until then, in no child process);
     ``at_once``, without the eta it was sent with (an operator's Run now). A message that keeps an eta
     (a debounce's) is published again by the reaper only past it, if it is lost.
 

@@ -215,7 +215,7 @@ def withdraw_revoked(task_ids: Iterable[str], *, app: Celery | None = None) -> l
     """Celery revoked ``task_ids`` (this worker got ``revoke``): withdraw the keyed ones that wait for their key.
 
     Celery's workers drop a revoked task when its message arrives, but a task that
-    waited for its key may run without one, by local handoff in a pool process that
+    waited for its key may run without one, by local handoff in a child process that
     never sees the revoked ids. So the first worker to get the revoke withdraws the
     ticket here, and does what a worker does for a revoked message: the result says
     ``REVOKED`` and ``task_revoked`` is sent. The task ids withdrawn.

@@ -45,7 +45,7 @@ from .recovery import cancel, unknown_task, withdraw_revoked
 from .stop import STOP_ONLY
 
 logger = logging.getLogger(__name__)
-#: Signals that end a pool process: a run terminated with them never finishes by itself.
+#: Signals that end a child process: a run terminated with them never finishes by itself.
 _ENDING_SIGNALS = (signal.SIGTERM, signal.SIGKILL)
 
 
@@ -75,7 +75,7 @@ def _wrap_control(name: str, wrap: Callable[[Callable[..., Any]], Callable[..., 
 
 
 def _withdraw_revoked_tasks() -> None:
-    """Celery's ``revoke`` control command, then: the ids shared with the pool processes
+    """Celery's ``revoke`` control command, then: the ids shared with the child processes
     (``handoff_runs.revoke``: a revoked task kept for a local handoff never starts), with ``terminate``,
     ``handoff_runs.terminate`` (Celery kills only tasks that came by message), and
     ``recovery.withdraw_revoked`` on its task ids."""
@@ -90,7 +90,7 @@ def _withdraw_revoked_tasks() -> None:
                     worker_state.revoked.discard(stopped)
             try:
                 if not stop_only:
-                    handoff_runs.revoke(task_ids)  # a kept grant of any of them never starts in a pool process
+                    handoff_runs.revoke(task_ids)  # a kept grant of any of them never starts in a child process
                 if terminate:
                     signum = platform_signals.signum(signal or TERM_SIGNAME)
                     handoff_runs.terminate(state.app, state.consumer, task_ids, signum)
@@ -107,7 +107,7 @@ def _withdraw_revoked_tasks() -> None:
 
 def _count_handed_off_runs() -> None:
     """Celery's ``stats`` control command (``inspect stats``), its ``total`` counting the runs the worker's
-    pool processes ran by local handoff too (``handoff_runs.handed_off_totals``), as it counts a message's."""
+    child processes ran by local handoff too (``handoff_runs.handed_off_totals``), as it counts a message's."""
 
     def wrap(command: Callable[..., Any]) -> Callable[..., Any]:
         def stats(state, **kwargs: Any) -> Any:
@@ -126,7 +126,7 @@ def _count_handed_off_runs() -> None:
 
 def _share_task_events() -> None:
     """Celery's ``enable_events`` and ``disable_events`` control commands, then whether the worker sends
-    task events now, shared with its pool processes (``handoff_runs.set_task_events``): a run by local
+    task events now, shared with its child processes (``handoff_runs.set_task_events``): a run by local
     handoff sends its events as the worker's main process sends a message's."""
 
     def wrap(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -181,7 +181,7 @@ def _end_revoked(
 
 @task_failure.connect
 def _note_lost_process(sender=None, task_id: str = "", exception: BaseException | None = None, **_: object) -> None:
-    """Celery's worker reports a keyed task's pool process lost: its record says so at once. The run keeps
+    """Celery's worker reports a keyed task's child process lost: its record says so at once. The run keeps
     its key until its lease ends (a process of its own may outlive it), then the reaper dispatches it again."""
     if not isinstance(sender, KeyedSerialTask) or not isinstance(exception, WorkerLostError):
         return

@@ -3,7 +3,7 @@
 An operator's Stop, from the task's page, the live keys page or ``keyed_queue_stop``, is noted at
 the gate first (``Gate.stop``: the run is not recovered, and keeps its key's slot), then sent as
 Celery's revoke with ``terminate`` to the worker that runs it, with the signal the operator picks.
-That worker's main process kills the pool process, watches it end and only then releases the
+That worker's main process kills the child process, watches it end and only then releases the
 key (``worker.killed``): the task fails, or blocks its key, "stopped by" the operator, and the
 key's next task starts after it, never beside it. A worker that does not answer, or a process
 that outlives the signal, keeps the key until the run's lease ends.

@@ -1,7 +1,7 @@
 """Everything one OS process keeps for the keyed queue, in one object: ``current()``.
 
 A web process, a management command, a worker's main process and each of its
-pool processes has its own: the gate's Redis client, the record buffer, the
+child processes has its own: the gate's Redis client, the record buffer, the
 lease keeper and the counts for the metrics. It is made on first use in each
 process, never shared across a fork (a forked child makes its own and never
 touches its parent's sockets or threads), and closed at exit: what is
@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class WorkerTraits:
     """What a Celery worker applies to every message, noted in its main process (``worker_init``)
-    and inherited by its pool processes: a task run by local handoff gets the same."""
+    and inherited by its child processes: a task run by local handoff gets the same."""
 
     time_limits: tuple[float | None, float | None] = (None, None)
     sends_task_events: bool = False
@@ -39,7 +39,7 @@ class WorkerTraits:
 class Process:
     def __init__(self, worker: WorkerTraits) -> None:
         self.pid = os.getpid()
-        #: A Celery worker's own in it and its pool processes; no limits and no events elsewhere.
+        #: A Celery worker's own in it and its child processes; no limits and no events elsewhere.
         self.worker = worker
         self._lock = threading.Lock()
         self._gate: Gate | None = None
@@ -65,7 +65,7 @@ class Process:
             close(gate.client)
 
     def close(self) -> None:
-        """Write what is buffered and let go of the connection (process exit, pool process shutdown)."""
+        """Write what is buffered and let go of the connection (process exit, child process shutdown)."""
         if self.pid != os.getpid():
             return  # a forked child exiting: its parent's buffer and sockets are not its own
         self.leases.close()
@@ -107,7 +107,7 @@ def _connect() -> Gate:
 
 _current: Process | None = None
 _lock = threading.Lock()
-#: A worker's traits, carried from its main process into each forked pool process.
+#: A worker's traits, carried from its main process into each forked child process.
 _inherited = WorkerTraits()
 
 

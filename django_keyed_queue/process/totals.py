@@ -3,7 +3,7 @@
 Series are counted by task name and outcome, never by key: a key's value is no label (a million
 keys would be a million series). Each task's key template, the other label, is written with its
 counts. What a process counted in its last second is lost if it is killed (SIGKILL); a process
-that exits, or a pool process Celery shuts down, adds it first.
+that exits, or a child process Celery shuts down, adds it first.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A fork and the other threads' database connections. Celery's prefork worker forks its pool processes
+"""A fork and the other threads' database connections. Celery's prefork worker forks its child processes
 from its main process, whose own threads use the database (the recorder, the submissions' writer, the
 worker's reaper, the watcher of killed runs). A fork copies the state of the database's client library
 as those threads left it:
@@ -13,7 +13,7 @@ as those threads left it:
   never take the WAL's shared lock a reader of the file must hold. Once the parent's connections had all
   closed, its next one rebuilt the WAL's index under the live child, and the child's writes were lost.
   The child closes every SQLite connection the other threads had open (the forking thread's own are
-  Celery's to close: it does, in each pool process).
+  Celery's to close: it does, in each child process).
 """
 
 from __future__ import annotations

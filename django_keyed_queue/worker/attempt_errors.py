@@ -45,7 +45,7 @@ def with_earlier(error: str, earlier: list[str]) -> str:
     return f"{error}\n\nEarlier attempts:\n\n{shown}" if error else f"Earlier attempts:\n\n{shown}"
 
 
-#: How a run's record says Celery reported its pool process lost (``WorkerLostError``); the attempt is
+#: How a run's record says Celery reported its child process lost (``WorkerLostError``); the attempt is
 #: named by its dispatch. The run still holds its key until its lease ends.
 LOST_PROCESS = "its worker process was lost (dispatch {dispatch})"
 

@@ -9,7 +9,7 @@ process runs this way.
 
 When a run finishes and the gate grants the key's next ticket, publishing that
 ticket's message costs a broker round trip, a wake-up of a worker's main
-process and of a pool process, and the next run waits for all of it. Instead,
+process and of a child process, and the next run waits for all of it. Instead,
 the process that finished keeps the grant and, once Celery has stored the
 finished task's result (``task_postrun``), runs it through Celery's own tracer
 (result backend, signals, retries, callbacks) with the request the broker
@@ -21,7 +21,7 @@ fencing are unchanged.
 
 A process keeps handing off locally for at most
 ``KEYED_QUEUE_LOCAL_HANDOFF_SECONDS``, then publishes the next grant through
-the broker, so one busy key cannot hold a pool process for long. Only a task
+the broker, so one busy key cannot hold a child process for long. Only a task
 that a broker message would have brought to this worker is run here, and only
 when nothing needs the worker's own machinery: no time limit (the pool
 enforces it per message), no expiry, no canvas options beyond links.
@@ -111,7 +111,7 @@ class LocalHandoff(threading.local):
         self.deadline = 0.0
         #: The kept grant running now: it came by no broker message.
         self.tracing: Kept | None = None
-        #: The task whose pool job the chain runs in (its host), while ``running``.
+        #: The task whose job the chain runs in (its host), while ``running``.
         self.host = ""
 
     def may_keep(self, finished_request: Context) -> bool:
@@ -234,7 +234,7 @@ _local = LocalHandoff()
 
 
 def local() -> LocalHandoff:
-    """This process's local handoff (a forked pool process starts with none kept)."""
+    """This process's local handoff (a forked child process starts with none kept)."""
     return _local
 
 

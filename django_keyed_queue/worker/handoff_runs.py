@@ -1,9 +1,9 @@
-"""Which task each pool process runs by local handoff, told to the worker's main process.
+"""Which task each child process runs by local handoff, told to the worker's main process.
 
-A task run by local handoff runs inside the pool job of the task that freed
+A task run by local handoff runs inside the job of the task that freed
 its key (its host), so Celery's main process knows only the host. Each pool
 process notes the task it runs that way in memory the main process shared
-before it forked the pool (one entry per pool process index). With it the main
+before it forked the pool (one entry per child process index). With it the main
 process can:
 
 - kill a task run by local handoff that is revoked with ``terminate=True``
@@ -20,7 +20,7 @@ An entry is written as soon as the host's finish keeps the grant, before the run
 starts, and again when it starts.
 
 The main process also shares the task ids Celery revoked at this worker (the last
-``REVOKED_SLOTS`` of them): a pool process looks there before it runs a kept grant,
+``REVOKED_SLOTS`` of them): a child process looks there before it runs a kept grant,
 as Celery's main process looks in its revoked ids before it sends a message to the
 pool, so a task revoked while it waited never runs here either.
 """
@@ -45,12 +45,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Bytes of one pool process's entry (a key is at most 200 characters, up to 800 bytes).
+#: Bytes of one child process's entry (a key is at most 200 characters, up to 800 bytes).
 ENTRY_BYTES = 2048
 #: Characters of a run's arguments' repr its entry keeps for ``inspect active`` (shortened to fit).
 SHOWN_CHARS = 300
 
-#: How many of the latest revoked task ids the pool processes see, and the bytes each may take.
+#: How many of the latest revoked task ids the child processes see, and the bytes each may take.
 REVOKED_SLOTS = 512
 REVOKED_BYTES = 256
 #: The revoked ids' count, then their slots: a revoked id is written as MARK + id + b"\0".
@@ -61,7 +61,7 @@ _memory: mmap.mmap | None = None
 _revoked: mmap.mmap | None = None
 #: One byte: whether the worker sends task events now (its -E, or Celery's enable_events since).
 _task_events: mmap.mmap | None = None
-#: Per pool process index: how many runs it ran by local handoff, by task name (JSON), for Celery's stats.
+#: Per child process index: how many runs it ran by local handoff, by task name (JSON), for Celery's stats.
 COUNTS_BYTES = 4096
 _counts: mmap.mmap | None = None
 #: This process's counts, as its slot has them (a process that took the index of one gone goes on).
@@ -79,7 +79,7 @@ def share(processes: int, *, task_events: bool = False) -> None:
 
 
 def count_run(task_name: str) -> None:
-    """In a pool process: it runs one more task ``task_name`` by local handoff (Celery's ``inspect stats``
+    """In a child process: it runs one more task ``task_name`` by local handoff (Celery's ``inspect stats``
     counts it in the worker's ``total``, as the main process counts a message's)."""
     global _counted
     index: int | None = getattr(current_process(), "index", None)
@@ -101,7 +101,7 @@ def forget_counted() -> None:
 
 
 def handed_off_totals() -> dict[str, int]:
-    """In the worker's main process: the runs its pool processes ran by local handoff, by task name."""
+    """In the worker's main process: the runs its child processes ran by local handoff, by task name."""
     totals: dict[str, int] = {}
     if _counts is None:
         return totals
@@ -118,26 +118,26 @@ def _counts_in(data: bytes) -> dict[str, int]:
 
 def set_task_events(enabled: bool) -> None:
     """In the worker's main process: it sends task events from now on, or no longer (Celery's
-    ``enable_events`` and ``disable_events`` control commands); its pool processes send those of the runs
+    ``enable_events`` and ``disable_events`` control commands); its child processes send those of the runs
     they run by local handoff alike."""
     if _task_events is not None:
         _task_events[0] = int(enabled)
 
 
 def task_events(default: bool) -> bool:
-    """In a pool process: whether its worker sends task events now (``default`` where nothing is shared)."""
+    """In a child process: whether its worker sends task events now (``default`` where nothing is shared)."""
     return default if _task_events is None else bool(_task_events[0])
 
 
 def revoke(task_ids: Iterable[str]) -> None:
-    """In the worker's main process: Celery revoked ``task_ids`` here; its pool processes see it from now."""
+    """In the worker's main process: Celery revoked ``task_ids`` here; its child processes see it from now."""
     if _revoked is None:
         return
     count = int.from_bytes(_revoked[:_COUNT_BYTES], "little")
     for task_id in task_ids:
         written = MARK + str(task_id).encode() + b"\0"
         if len(written) > REVOKED_BYTES:
-            logger.warning("revoked task id %.80r... is too long for the pool processes to see it", task_id)
+            logger.warning("revoked task id %.80r... is too long for the child processes to see it", task_id)
             continue
         offset = _COUNT_BYTES + (count % REVOKED_SLOTS) * REVOKED_BYTES
         _revoked[offset : offset + REVOKED_BYTES] = written.ljust(REVOKED_BYTES, b"\0")
@@ -146,14 +146,14 @@ def revoke(task_ids: Iterable[str]) -> None:
 
 
 def revoked(task_id: str) -> bool:
-    """In a pool process: whether Celery revoked ``task_id`` at this worker (among the latest it revoked)."""
+    """In a child process: whether Celery revoked ``task_id`` at this worker (among the latest it revoked)."""
     if _revoked is None or not any(_revoked[:_COUNT_BYTES]):
         return False  # nothing was revoked here: no search
     return _revoked.find(MARK + task_id.encode() + b"\0", _COUNT_BYTES) >= 0
 
 
 def note(host_id: str, request: dict[str, Any], *, started: float | None = None) -> None:
-    """In a pool process: it runs ``request`` by local handoff, inside the job of ``host_id`` (kept to run
+    """In a child process: it runs ``request`` by local handoff, inside the job of ``host_id`` (kept to run
     next, or ``started`` at that time)."""
     entry = {"pid": current_process().pid, "host": host_id, "id": request["id"], "task": request["task"]}
     entry.update({HEADER: request[HEADER], "time_start": started})
@@ -163,7 +163,7 @@ def note(host_id: str, request: dict[str, Any], *, started: float | None = None)
 
 
 def clear(host_id: str = "", *, announced: bool = False) -> None:
-    """In a pool process: it runs nothing by local handoff any more. ``announced``: the task ``host_id``,
+    """In a child process: it runs nothing by local handoff any more. ``announced``: the task ``host_id``,
     whose job it was, had its end's event sent from here already (``announced``)."""
     _write({"pid": current_process().pid, "host": host_id, "announced": True} if announced else None)
 
@@ -209,7 +209,7 @@ def shown(hosted: dict[str, Any], info: dict[str, Any]) -> dict[str, Any]:
 
 
 def terminate(app: Celery, consumer: Consumer, task_ids: Iterable[str], signum: int) -> list[str]:
-    """``revoke(terminate=True)`` in the worker's main process: kill the pool processes that run any of
+    """``revoke(terminate=True)`` in the worker's main process: kill the child processes that run any of
     ``task_ids`` by local handoff, and announce each revoked as Celery does; the ids killed."""
     ids = set(task_ids)
     processes = set(consumer.pool.info.get("processes") or ())
@@ -260,7 +260,7 @@ def _write(entry: dict[str, Any] | None) -> bool:
 
 
 def _entries() -> Iterator[dict[str, Any]]:
-    """Every pool process's entry of a run it hosts; one being written as it is read is skipped, as if empty."""
+    """Every child process's entry of a run it hosts; one being written as it is read is skipped, as if empty."""
     for data in _raw_entries():
         entry = _parsed(data)
         if entry is not None and {"pid", "host", "id", "task", HEADER} <= set(entry):

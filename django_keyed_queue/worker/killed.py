@@ -1,10 +1,10 @@
 """A run Celery kills on purpose ends when its process has ended, never before.
 
-Celery kills a running task's pool process when the task is revoked with ``terminate`` (an
+Celery kills a running task's child process when the task is revoked with ``terminate`` (an
 operator's Stop sends that revoke, to the worker that runs it) or passes its hard time limit,
 from the worker's main process, which knows the message it killed and so the attempt: its
 ticket header. That attempt is stopped at the gate at once (``Gate.stop``: it is not recovered,
-and it keeps its key's slot), and the main process watches the pool process: once it is gone,
+and it keeps its key's slot), and the main process watches the child process: once it is gone,
 that dispatch is released, its task's record ends naming who stopped it, and its key's next
 task goes out. A process that outlives the signal goes on renewing its lease, and its key stays
 held; one that is never seen to end (its worker died too) is ended by its lease's end, by the
@@ -50,7 +50,7 @@ class _Watched:
     started: str
 
     def runs(self) -> bool:
-        """Its process is the one killed and alive, and its attempt still holds its key: a pool process
+        """Its process is the one killed and alive, and its attempt still holds its key: a child process
         that went on to run other tasks (the run ignored the signal and ended) is never signalled again."""
         if _process_start(self.pid) != self.started:
             return False

@@ -15,7 +15,7 @@ unrun, so no run signal fires for it until its turn.
 
 A task of a key with a ``rate`` whose message came before the key's next start
 is due goes out again for then (Celery's ``eta``), here too, so that waiting
-holds no pool process; the start itself checks the rate again, atomically.
+holds no child process; the start itself checks the rate again, atomically.
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ class KeyedRequest(Request):
         super().terminate(pool, signal)
 
     def send_event(self, type: str, **fields: Any) -> None:
-        """Celery's event of this request: not a ``task-succeeded`` or ``task-failed`` its pool process sent
+        """Celery's event of this request: not a ``task-succeeded`` or ``task-failed`` its child process sent
         already, when its task ended, before the runs its job hosted by local handoff."""
         eventer = self._eventer  # type: ignore[attr-defined]  # Request's own, not in celery-types
         if not (eventer and eventer.enabled and self.task.send_events):

@@ -93,7 +93,7 @@ def _join(task: KeyedTaskProtocol, args: tuple[Any, ...], kwargs: dict[str, Any]
 def send_when_due(task: KeyedTaskProtocol, grant: Grant, wait_seconds: float) -> None:
     """A granted ticket its key's rate does not let start yet: its message goes out again, for then.
 
-    A worker holds it until then (Celery's ``eta``), in no pool process; if that message is lost,
+    A worker holds it until then (Celery's ``eta``), in no child process; if that message is lost,
     the reaper publishes the ticket again once its dispatch deadline, moved past then, passes.
     """
     logger.info(

@@ -1,6 +1,6 @@
 """What the compatibility tier's tasks and signal receivers saw, in the order it happened.
 
-Every process (the test's, each worker's main and pool processes) appends to
+Every process (the test's, each worker's main and child processes) appends to
 one Redis list, so a test reads back one total order of events with no clocks
 to compare. It lives in the database the tests' ``gate_redis`` fixture empties
 before each test.

@@ -1,7 +1,7 @@
 """Receivers of Celery's task signals that note, in the journal, each one fired for a compat task.
 
 Connected in every process of the project (``CompatConfig.ready``): the test's
-(where ``apply_async`` publishes) and the workers' main and pool processes.
+(where ``apply_async`` publishes) and the workers' main and child processes.
 """
 
 from __future__ import annotations

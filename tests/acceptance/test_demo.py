@@ -254,7 +254,7 @@ def test_a_stop_signal_stops_everything_the_demo_started(tmp_path, signum):
         started = descendants(demo.process.pid)
         commands = [cmdline for _, cmdline in started.values()]
         assert sum("redis-server" in c for c in commands) == 1, commands
-        assert sum("celery" in c and "demo@" in c for c in commands) == 4, "the worker and its 3 pool processes"
+        assert sum("celery" in c and "demo@" in c for c in commands) == 4, "the worker and its 3 child processes"
         with urllib.request.urlopen(f"{demo.url}/admin/login/", timeout=10) as page:  # the web server answers
             assert page.status == 200
         if signum == signal.SIGINT:

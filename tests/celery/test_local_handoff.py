@@ -26,7 +26,7 @@ def received_by_broker(workers, results) -> set[str]:
     """The task ids a worker's main process received as broker messages (Celery logs each one)."""
     logs = "".join(worker.log() for worker in workers)
     ids = {r.id for r in results}
-    # A local handoff logs the same line, from the pool process that runs the task.
+    # A local handoff logs the same line, from the child process that runs the task.
     received = re.findall(r"/MainProcess\] Task [\w.]+\[([0-9a-f-]{36})\] received", logs)
     return {task_id for task_id in received if task_id in ids}
 

@@ -38,7 +38,7 @@ def first_run_started(key):
     return wait_until(lambda: starts(key), timeout=30, message=f"{key} to start")[0]
 
 
-def test_sigkill_of_a_pool_process_mid_task(chaos):
+def test_sigkill_of_a_child_process_mid_task(chaos):
     chaos.start(2)
     results = submit(chaos, "crash", 6, linger=60)
     victim = first_run_started("crash")
@@ -163,7 +163,7 @@ def test_after_redis_lost_everything_the_rebuild_runs_every_unfinished_task_in_o
 
 
 def test_a_task_that_finished_keeps_its_record_when_its_process_is_killed_next(chaos):
-    chaos.start(1, concurrency=1)  # one pool process runs both tasks
+    chaos.start(1, concurrency=1)  # one child process runs both tasks
     finished = lingering_step.apply_async(("done-first", 0, 0.0), queue=chaos.queue)
     victim_task = lingering_step.apply_async(("killed-next", 0, 60), queue=chaos.queue)
     victim = first_run_started("killed-next")

@@ -218,4 +218,4 @@ def test_a_task_that_waited_for_its_key_runs_in_the_process_that_freed_it(kind, 
     assert pids[result.id] == pids[holder.id]
     received = f"Task {add(kind).name}[{result.id}] received"
     assert f"/MainProcess] {received}" not in worker_log(workers), "no broker message"
-    assert "/ForkPoolWorker-" in worker_log(workers).split(received)[0].rsplit("\n", 1)[-1], "its pool process"
+    assert "/ForkPoolWorker-" in worker_log(workers).split(received)[0].rsplit("\n", 1)[-1], "its child process"

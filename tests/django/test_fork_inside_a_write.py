@@ -1,5 +1,5 @@
 """A process forked while another thread uses the database can write its own records (records/forks.py):
-Celery's prefork worker forks pool processes from its main process, whose threads write records."""
+Celery's prefork worker forks child processes from its main process, whose threads write records."""
 
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def test_a_fork_waits_for_another_threads_write_and_the_child_writes_its_own():
 
 def test_processes_forked_while_the_recorders_thread_writes_each_write_their_own():
     """The recorder's own thread writing rows, opening and closing its connection, as a worker's main process
-    forks pool processes: a fork that caught it inside SQLite left a child that could not write, or hung;
+    forks child processes: a fork that caught it inside SQLite left a child that could not write, or hung;
     one that copied its open connection (WAL) left a child whose writes were lost."""
     recorder, stop = Recorder(), threading.Event()
     connections.close_all()  # none of the forking thread's own: the recorder's may be the parent's only one

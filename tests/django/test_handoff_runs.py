@@ -1,5 +1,5 @@
-"""The memory a worker's main process shares with its pool processes (``worker.handoff_runs``): the task
-ids Celery revoked there reach a pool process forked before the revoke, so a kept grant of one never runs."""
+"""The memory a worker's main process shares with its child processes (``worker.handoff_runs``): the task
+ids Celery revoked there reach a child process forked before the revoke, so a kept grant of one never runs."""
 
 import os
 
@@ -23,7 +23,7 @@ def in_a_forked_child(check) -> int:
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
-def test_a_pool_process_sees_the_ids_revoked_after_it_was_forked(shared):
+def test_a_child_process_sees_the_ids_revoked_after_it_was_forked(shared):
     read, write = os.pipe()
 
     def child() -> bool:
@@ -51,7 +51,7 @@ def test_an_id_matches_whole_and_the_latest_slots_are_kept(shared):
 def test_an_id_too_long_to_share_is_told_and_the_others_are_shared(shared, caplog):
     handoff_runs.revoke(["x" * handoff_runs.REVOKED_BYTES, "short", "ünïcode\0id"])
     assert handoff_runs.revoked("short") and handoff_runs.revoked("ünïcode\0id")
-    assert "too long for the pool processes" in caplog.text
+    assert "too long for the child processes" in caplog.text
 
 
 def test_without_a_worker_nothing_is_revoked():
@@ -62,7 +62,7 @@ def test_without_a_worker_nothing_is_revoked():
 
 
 def test_runs_handed_off_are_counted_per_task_name_across_processes(shared):
-    class Index:  # billiard's pool process has an index; the tests' process has none
+    class Index:  # billiard's child process has an index; the tests' process has none
         def __init__(self, index: int) -> None:
             self.index, self.pid = index, os.getpid()
 

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.django_db
 
 
 def run_to_its_end(task_id: str, key: str, ticket: int, *, error: Exception | None = None) -> None:
-    """What a worker's pool process does with a granted message: start it, run it, finish it (its start's
+    """What a worker's child process does with a granted message: start it, run it, finish it (its start's
     record, buffered by ``Run.begin``, is left out: the end alone is written)."""
     started = current().gate.start(Start(key, ticket, 1, task_id=task_id))
     assert started.ok

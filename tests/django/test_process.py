@@ -30,7 +30,7 @@ def _wait_for_child(pid: int, timeout: float) -> int | None:
 
 
 def test_a_process_forked_while_another_thread_holds_the_lock_makes_its_own_state():
-    """A pool process forked while the worker's reaper thread was making the gate must not hang."""
+    """A child process forked while the worker's reaper thread was making the gate must not hang."""
     parent = process.current()
     held, release = threading.Event(), threading.Event()
 

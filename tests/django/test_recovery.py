@@ -84,7 +84,7 @@ def start_a_task(gate_redis, broker, pid=None) -> tuple:
 
 
 def gone_process() -> int:
-    """The number of a process that ran and ended (as a pool process killed with SIGKILL)."""
+    """The number of a process that ran and ended (as a child process killed with SIGKILL)."""
     process = subprocess.Popen(["true"])
     process.wait()
     return process.pid
@@ -92,9 +92,9 @@ def gone_process() -> int:
 
 @pytest.mark.django_db(transaction=True)
 def test_a_run_terminated_by_celery_keeps_its_key_until_its_process_is_gone(gate_redis, broker):
-    pool_process = subprocess.Popen(["sleep", "60"])
+    child_process = subprocess.Popen(["sleep", "60"])
     try:
-        result, request = start_a_task(gate_redis, broker, pid=pool_process.pid)
+        result, request = start_a_task(gate_redis, broker, pid=child_process.pid)
         follower = step.apply_async(("k", 2), queue=QUEUE)
         task_revoked.send(sender=step, request=request, terminated=True, signum=signal.SIGTERM, expired=False)
 
@@ -106,12 +106,12 @@ def test_a_run_terminated_by_celery_keeps_its_key_until_its_process_is_gone(gate
         assert broker.llen(QUEUE) == 0, "its next task waits"
         assert 1 in Gate(gate_redis).inspect("k").holders
     finally:
-        pool_process.kill()
-        pool_process.wait()
+        child_process.kill()
+        child_process.wait()
     wait_until(lambda: KeyedTask.objects.filter(task_id=result.id, status="cancelled").exists(), timeout=5,
                message="the run to end once its process is gone")  # fmt: skip
     row = KeyedTask.objects.get(task_id=result.id)
-    assert "its process terminated (SIGTERM)" in row.error and f"its process {pool_process.pid} ended" in row.error
+    assert "its process terminated (SIGTERM)" in row.error and f"its process {child_process.pid} ended" in row.error
     # Its row is written before the follower's message is published, in the same end.
     wait_until(lambda: broker.llen(QUEUE) > 0, timeout=5, message="the next task to be published")
     assert json.loads(broker.lindex(QUEUE, 0))["headers"]["id"] == follower.id

@@ -1,6 +1,6 @@
 """The acceptance workload on a gate Redis other than one server, in the user's project.
 
-Many keys with random durations, two workers (Celery's defaults), a pool process
+Many keys with random durations, two workers (Celery's defaults), a child process
 killed with SIGKILL mid-task, one key paused and resumed by the operator's commands,
 and whatever else a test does meanwhile (``disrupt``). The history is then checked:
 every accepted task ran once (the killed one twice), one at a time per key, in
@@ -98,7 +98,7 @@ def run_workload(
 def check_strictly(run: Run) -> list[dict]:
     """Every guarantee over the run; returns its history."""
     run.events = check_run(run.project, run.accepted, timeout=120, killed=frozenset({run.victim}))
-    assert_workers_survived(run.project)  # a killed pool process is replaced by its worker
+    assert_workers_survived(run.project)  # a killed child process is replaced by its worker
 
     paused = [e for e in run.events if e["key"] == PAUSED_KEY and e["event"] == "start"]
     # A task of the key granted before the pause may still start; nothing granted after it.

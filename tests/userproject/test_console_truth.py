@@ -1,5 +1,5 @@
 """What the console says is the gate's truth, on real prefork workers in a project made as users make one:
-a run whose pool process Celery reported lost is told so at once (not "running" for a whole lease), and a
+a run whose child process Celery reported lost is told so at once (not "running" for a whole lease), and a
 key whose tickets started over names its new holder, not the older record with the same ticket."""
 
 import json
@@ -23,7 +23,7 @@ def started(project, task_id: str) -> list[dict]:
     return [e for e in project.history() if e["event"] == "start" and e["id"] == task_id]
 
 
-def test_a_run_whose_pool_process_was_killed_is_told_lost_until_its_lease_ends(make_project):
+def test_a_run_whose_child_process_was_killed_is_told_lost_until_its_lease_ends(make_project):
     project = make_project(KEYED_QUEUE_LEASE_SECONDS=8)
     project.worker("a")
     [task] = accepted_by(project.produce("step", 1, 1, 0, 4))

@@ -1,7 +1,7 @@
 """A run handed off locally is a run Celery knows, in a project made as users make one (Celery's defaults:
 early acknowledgement, no result backend; one Redis; SQLite; real prefork workers).
 
-A pool process that finishes a task runs its key's next task itself, inside the finished task's pool
+A child process that finishes a task runs its key's next task itself, inside the finished task's pool
 job, so Celery's main process still counts that job as the finished task's. A revoke with ``terminate``
 of the finished task (or an operator's Stop racing its end) once killed the next task, which then ran
 again after its lease; revoking several waiting tasks withdrew only the first (the loop stopped on the
@@ -131,7 +131,7 @@ def test_task_events_switched_on_remotely_reach_a_handed_off_run_and_a_task_s_en
     [b_start] = events(project, b, "start")
     [a_told] = [e["seen"] for e in seen["events"] if e["uuid"] == a and e["type"] == "task-succeeded"]
     received = re.findall(r"/MainProcess\] Task [\w.]+\[([0-9a-f-]{36})\] received", project.workers[0].log())
-    assert b not in received and a in received, "b ran by local handoff in a's pool job, not by a message"
+    assert b not in received and a in received, "b ran by local handoff in a's job, not by a message"
     assert a_told - a_end["t"] < 2, "a's end was told when a ended, not 4 s later with b's"
     c, d = seen["c"], seen["d"]
     assert {(d, "task-started"), (d, "task-succeeded")} <= kinds and d not in received, "d ran by local handoff"

@@ -1,4 +1,4 @@
-"""OpenTelemetry in a worker's pool processes, set up as its Celery instrumentation's docs say (at
+"""OpenTelemetry in a worker's child processes, set up as its Celery instrumentation's docs say (at
 ``worker_process_init``): each span ended is appended to ``spans.jsonl`` in the project's directory.
 
 The tracing tests copy this module into the project's ``mysite/`` and import it from ``mysite/celery.py``;
