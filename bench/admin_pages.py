@@ -175,7 +175,7 @@ def measure(client, what: str, query: str, repeat: int) -> dict:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from django_keyed_queue.ops.changelist import FEW_MATCHES
+    from django_keyed_queue.ops.console.changelist import FEW_MATCHES
     from django_keyed_queue.records.models import KeyedTask
 
     with CaptureQueriesContext(connection) as captured:
@@ -296,7 +296,7 @@ def child(rows: int, repeat: int) -> dict:
 
 def metrics_gauges_ms(repeat: int) -> list[float]:
     """Median and p95 of what a metrics scrape reads from the records (its gauges; no Redis here)."""
-    from django_keyed_queue.ops.metrics import _record_gauges
+    from django_keyed_queue.ops.console.metrics import _record_gauges
 
     took = []
     for _ in range(repeat):

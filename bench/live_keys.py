@@ -35,7 +35,7 @@ def measure(gate, what: str, repeat: int, **kwargs) -> dict:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from django_keyed_queue.ops.live import live_keys
+    from django_keyed_queue.ops.console.live import live_keys
 
     before = commands_run(gate.client)
     with CaptureQueriesContext(connection) as queries:

@@ -235,9 +235,9 @@ def deep_key(log: Slowlog, gate: Any, messages: Messages, args: argparse.Namespa
     """State 1 and every call on it."""
     from django_keyed_queue.gate import Lease, Outcome, Submission
     from django_keyed_queue.gate.keys import KeyNames
-    from django_keyed_queue.ops import rebuild, recovery
-    from django_keyed_queue.ops.live import live_keys
-    from django_keyed_queue.ops.views import health
+    from django_keyed_queue.ops.actions import rebuild, recovery
+    from django_keyed_queue.ops.console.live import live_keys
+    from django_keyed_queue.ops.console.views import health
     from django_keyed_queue.records import submissions
     from django_keyed_queue.records.models import KeyedTask
     from testproject.demo.tasks import step
@@ -365,9 +365,9 @@ def many_keys(log: Slowlog, gate: Any, messages: Messages, args: argparse.Namesp
     """State 2 and every call on it."""
     from django_keyed_queue.gate import Lease, Outcome
     from django_keyed_queue.gate.keys import KeyNames
-    from django_keyed_queue.ops import recovery
-    from django_keyed_queue.ops.live import live_keys
-    from django_keyed_queue.ops.views import health
+    from django_keyed_queue.ops.actions import recovery
+    from django_keyed_queue.ops.console.live import live_keys
+    from django_keyed_queue.ops.console.views import health
     from django_keyed_queue.records import submissions
 
     from .topologies import PARK, make_due

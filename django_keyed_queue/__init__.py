@@ -20,32 +20,32 @@ if TYPE_CHECKING:  # for type checkers (explicit re-exports): at run time each i
     from .keyed_task.decorators import keyed_serial_task as keyed_serial_task
     from .keyed_task.decorators import pooled_task as pooled_task
     from .keyed_task.task import KeyedSerialTask as KeyedSerialTask
-    from .ops.explain import explain as explain
-    from .ops.limits import set_limits as set_limits
-    from .ops.metrics import metrics as metrics
-    from .ops.rebuild import rebuild as rebuild
-    from .ops.recovery import cancel as cancel
-    from .ops.recovery import pause as pause
-    from .ops.recovery import reap as reap
-    from .ops.recovery import release as release
-    from .ops.recovery import resume as resume
-    from .ops.recovery import retry as retry
-    from .ops.run_now import run_now as run_now
-    from .ops.stop import stop as stop
-    from .ops.views import health as health
+    from .ops.actions.limits import set_limits as set_limits
+    from .ops.actions.rebuild import rebuild as rebuild
+    from .ops.actions.recovery import cancel as cancel
+    from .ops.actions.recovery import pause as pause
+    from .ops.actions.recovery import reap as reap
+    from .ops.actions.recovery import release as release
+    from .ops.actions.recovery import resume as resume
+    from .ops.actions.recovery import retry as retry
+    from .ops.actions.run_now import run_now as run_now
+    from .ops.actions.stop import stop as stop
+    from .ops.console.explain import explain as explain
+    from .ops.console.metrics import metrics as metrics
+    from .ops.console.views import health as health
 
 #: The names loaded on first use, after Django's apps (they import the models), by module.
 _LAZY = {
     **dict.fromkeys(("keyed_serial_task", "pooled_task"), ".keyed_task.decorators"),
     "KeyedSerialTask": ".keyed_task.task",
-    "explain": ".ops.explain",
-    "set_limits": ".ops.limits",
-    "metrics": ".ops.metrics",
-    "rebuild": ".ops.rebuild",
-    **dict.fromkeys(("cancel", "pause", "reap", "release", "resume", "retry"), ".ops.recovery"),
-    "run_now": ".ops.run_now",
-    "stop": ".ops.stop",
-    "health": ".ops.views",
+    "explain": ".ops.console.explain",
+    "set_limits": ".ops.actions.limits",
+    "metrics": ".ops.console.metrics",
+    "rebuild": ".ops.actions.rebuild",
+    **dict.fromkeys(("cancel", "pause", "reap", "release", "resume", "retry"), ".ops.actions.recovery"),
+    "run_now": ".ops.actions.run_now",
+    "stop": ".ops.actions.stop",
+    "health": ".ops.console.views",
 }
 
 

@@ -1,3 +1,3 @@
 """Django's admin loads ``<app>.admin``: the operator's admin lives in ``ops.admin``."""
 
-from .ops import admin  # noqa: F401
+from .ops.console import admin  # noqa: F401

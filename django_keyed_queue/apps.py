@@ -10,4 +10,4 @@ class KeyedQueueConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers the system checks)
-        from .ops import signals  # noqa: F401  (connects the signal handlers)
+        from .wiring import signals  # noqa: F401  (connects the signal handlers)

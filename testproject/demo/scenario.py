@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from django.urls import reverse
 
-from django_keyed_queue.ops.recovery import pause
+from django_keyed_queue.ops.actions.recovery import pause
 from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.records.statuses import Status

@@ -13,7 +13,7 @@ import pytest
 from django.utils import timezone
 
 from django_keyed_queue.gate import Finish, Start
-from django_keyed_queue.ops import recovery
+from django_keyed_queue.ops.actions import recovery
 from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.testing import write_submission_rows

@@ -3,7 +3,7 @@
 import pytest
 
 from django_keyed_queue.gate import RecoveryAction
-from django_keyed_queue.ops import recovery
+from django_keyed_queue.ops.actions import recovery
 from django_keyed_queue.records.models import KeyedTask
 from testproject.demo.history import read as read_history
 from testproject.demo.tasks import lingering_step, step

@@ -13,7 +13,7 @@ from django.urls import reverse
 
 from django_keyed_queue import ActionRefused, cancel, release, retry, run_now, stop
 from django_keyed_queue.gate import Start
-from django_keyed_queue.ops import task_actions
+from django_keyed_queue.ops.actions import task_actions
 from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.records.statuses import Status

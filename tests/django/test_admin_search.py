@@ -22,8 +22,8 @@ from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from django_keyed_queue.ops import changelist
-from django_keyed_queue.ops import search as search_module
+from django_keyed_queue.ops.console import changelist
+from django_keyed_queue.ops.console import search as search_module
 from django_keyed_queue.records.models import KeyedTask
 from tests.admin_rows import write_key_words
 

@@ -8,7 +8,7 @@ from django.contrib.admin.models import LogEntry
 
 from django_keyed_queue import ActionRefused
 from django_keyed_queue.gate import Lease, Start
-from django_keyed_queue.ops import task_actions
+from django_keyed_queue.ops.actions import task_actions
 from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.testing import write_submission_rows

@@ -192,7 +192,7 @@ def test_a_task_dispatched_again_by_a_recovery_leads_with_what_happened(gate_red
 def test_a_granted_task_no_running_worker_consumes_says_so(gate_redis, broker):
     from django.core.cache import cache
 
-    from django_keyed_queue.ops import workers
+    from django_keyed_queue.ops.console import workers
 
     cache.delete(workers.CACHE_KEY)
     [task_id] = submit("account:12", 1)

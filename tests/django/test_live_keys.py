@@ -21,8 +21,8 @@ from redis.cluster import RedisCluster
 from django_keyed_queue.gate import Start
 from django_keyed_queue.gate.keys import KeyNames
 from django_keyed_queue.messaging.message import ENQUEUED_HEADER, TaskMessage
-from django_keyed_queue.ops import live, unheld
-from django_keyed_queue.ops.live import live_keys
+from django_keyed_queue.ops.console import live, unheld
+from django_keyed_queue.ops.console.live import live_keys
 from django_keyed_queue.process.state import current, get_gate
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.records.statuses import ACTIVE_STATUSES

@@ -198,6 +198,6 @@ def test_without_prometheus_client_the_view_names_the_extra_to_install(monkeypat
     from django.core.exceptions import ImproperlyConfigured
 
     monkeypatch.setitem(sys.modules, "prometheus_client", None)  # as if it were not installed
-    monkeypatch.delitem(sys.modules, "django_keyed_queue.ops.metrics")
+    monkeypatch.delitem(sys.modules, "django_keyed_queue.ops.console.metrics")
     with pytest.raises(ImproperlyConfigured, match=r"pip install 'django-keyed-queue\[metrics\]'"):
         from django_keyed_queue import metrics  # noqa: F401

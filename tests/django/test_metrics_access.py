@@ -11,7 +11,7 @@ from django.urls import reverse
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from django_keyed_queue.ops import metrics as metrics_view
+from django_keyed_queue.ops.console import metrics as metrics_view
 
 pytestmark = pytest.mark.django_db
 URL = "/keyed-queue/metrics/"

@@ -12,7 +12,7 @@ from django.db import connections
 from django_keyed_queue.exceptions import ActionRefused
 from django_keyed_queue.gate import Finish, Lease, Start
 from django_keyed_queue.messaging.message import HEADER
-from django_keyed_queue.ops import recovery
+from django_keyed_queue.ops.actions import recovery
 from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.records.transitions import outcome_field

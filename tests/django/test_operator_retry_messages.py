@@ -8,7 +8,7 @@ from django.db import connection
 
 from django_keyed_queue.exceptions import ActionRefused
 from django_keyed_queue.messaging.message import TaskMessage, gate_message
-from django_keyed_queue.ops import rebuild, recovery
+from django_keyed_queue.ops.actions import rebuild, recovery
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.testing import write_submission_rows
 from testproject.demo.tasks import charge, step

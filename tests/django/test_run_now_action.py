@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from django_keyed_queue.gate import Code, Finish, Start, Submission
 from django_keyed_queue.messaging.message import HEADER, JOIN_HEADER
-from django_keyed_queue.ops import recovery
+from django_keyed_queue.ops.actions import recovery
 from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.testing import write_submission_rows

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from django_keyed_queue import ActionRefused
 from django_keyed_queue.gate import Start
-from django_keyed_queue.ops import stop
+from django_keyed_queue.ops.actions import stop
 from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.testing import write_submission_rows

@@ -10,7 +10,7 @@ from celery import current_app
 from django_keyed_queue.exceptions import ActionRefused, MessageRefused
 from django_keyed_queue.gate.keys import KeyNames
 from django_keyed_queue.messaging.message import TaskMessage
-from django_keyed_queue.ops import recovery
+from django_keyed_queue.ops.actions import recovery
 from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.testing import write_submission_rows

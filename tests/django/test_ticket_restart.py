@@ -14,9 +14,9 @@ from django.utils import timezone
 from django_keyed_queue import explain
 from django_keyed_queue.gate import Finish, Start
 from django_keyed_queue.gate.keys import KeyNames
-from django_keyed_queue.ops import lookup, task_actions
-from django_keyed_queue.ops.live import live_keys
-from django_keyed_queue.ops.timeline import key_timeline
+from django_keyed_queue.ops.actions import lookup, task_actions
+from django_keyed_queue.ops.console.live import live_keys
+from django_keyed_queue.ops.console.timeline import key_timeline
 from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.testing import write_submission_rows

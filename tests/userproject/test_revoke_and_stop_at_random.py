@@ -38,7 +38,7 @@ import json, sys, time
 from mysite.celery import app
 from shop.tasks import step
 from django_keyed_queue.exceptions import ActionRefused
-from django_keyed_queue.ops.stop import stop
+from django_keyed_queue.ops.actions.stop import stop
 
 print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:

@@ -10,10 +10,8 @@ import redis
 from django.core.management.base import BaseCommand, CommandError
 
 from django_keyed_queue.exceptions import ActionRefused
-from django_keyed_queue.ops.lookup import operator_key
-
-#: Where the operator's actions are logged (at INFO) for the audit trail.
-AUDIT_LOGGER = "django_keyed_queue.ops.recovery"
+from django_keyed_queue.ops.actions import AUDIT_LOGGER
+from django_keyed_queue.ops.actions.lookup import operator_key
 
 
 @contextmanager

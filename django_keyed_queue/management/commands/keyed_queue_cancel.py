@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand
 
-from django_keyed_queue.ops.recovery import cancel
+from django_keyed_queue.ops.actions.recovery import cancel
 from django_keyed_queue.records.statuses import Status
 
 from ._key import gate_reachable, operator

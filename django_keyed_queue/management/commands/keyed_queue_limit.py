@@ -1,7 +1,7 @@
 from django.core.management.base import CommandError
 
+from django_keyed_queue.ops.actions.limits import DEFAULT, set_typed
 from django_keyed_queue.ops.display import rate_said
-from django_keyed_queue.ops.limits import DEFAULT, set_typed
 from django_keyed_queue.process.state import get_gate
 
 from ._key import KeyCommand, gate_reachable, operator

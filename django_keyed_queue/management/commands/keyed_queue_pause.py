@@ -1,4 +1,4 @@
-from django_keyed_queue.ops.recovery import pause
+from django_keyed_queue.ops.actions.recovery import pause
 
 from ._key import KeyCommand, operator
 

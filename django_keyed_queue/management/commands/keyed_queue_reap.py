@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from django_keyed_queue.ops.recovery import reap
+from django_keyed_queue.ops.actions.recovery import reap
 
 from ._key import gate_reachable
 

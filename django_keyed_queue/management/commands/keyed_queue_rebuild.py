@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand
 
-from django_keyed_queue.ops.rebuild import rebuild
+from django_keyed_queue.ops.actions.rebuild import rebuild
 
 from ._key import gate_reachable
 

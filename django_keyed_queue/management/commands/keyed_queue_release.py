@@ -1,7 +1,7 @@
 from django.core.management.base import CommandError
 
-from django_keyed_queue.ops.lookup import operator_key
-from django_keyed_queue.ops.recovery import release
+from django_keyed_queue.ops.actions.lookup import operator_key
+from django_keyed_queue.ops.actions.recovery import release
 from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records.models import KeyedTask
 

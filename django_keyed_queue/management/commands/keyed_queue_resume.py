@@ -1,6 +1,6 @@
 from django.core.management.base import CommandError
 
-from django_keyed_queue.ops.recovery import resume
+from django_keyed_queue.ops.actions.recovery import resume
 
 from ._key import KeyCommand, operator
 

@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand
 
-from django_keyed_queue.ops.recovery import retry
+from django_keyed_queue.ops.actions.recovery import retry
 from django_keyed_queue.records.models import KeyedTask
 
 from ._key import gate_reachable, operator

@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand
 
-from django_keyed_queue.ops.run_now import run_now
+from django_keyed_queue.ops.actions.run_now import run_now
 
 from ._key import gate_reachable, operator
 

@@ -7,8 +7,8 @@ from django.db.models import Count, Min
 from django.utils import timezone
 
 from django_keyed_queue.gate import Holder
-from django_keyed_queue.ops.explain import explain
-from django_keyed_queue.ops.lookup import operator_key
+from django_keyed_queue.ops.actions.lookup import operator_key
+from django_keyed_queue.ops.console.explain import explain
 from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records import submissions
 from django_keyed_queue.records.models import KeyedTask

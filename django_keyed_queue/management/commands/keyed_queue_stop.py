@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand
 
-from django_keyed_queue.ops.stop import SIGNALS, stop
+from django_keyed_queue.ops.actions.stop import SIGNALS, stop
 
 from ._key import gate_reachable, operator
 

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from django.db import connections
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
-from ..gate import MAX_KEY_LENGTH
-from ..records.columns import TASK_ID_MAX_LENGTH, TASK_NAME_MAX_LENGTH
-from ..records.key_words import KEY_SEPARATORS, has_separator
-from ..records.models import KeyWord
+from ...gate import MAX_KEY_LENGTH
+from ...records.columns import TASK_ID_MAX_LENGTH, TASK_NAME_MAX_LENGTH
+from ...records.key_words import KEY_SEPARATORS, has_separator
+from ...records.models import KeyWord
 
 #: A task id's start is searched from this many characters: 4 hex digits narrow a million random ids
 #: to about 15 rows, where fewer would add tasks picked by chance to a key's or a name's rows.

@@ -15,10 +15,10 @@ from celery import current_app
 from django.core.cache import cache
 from django.utils import timezone
 
-from ..exceptions import MessageRefused
-from ..messaging.message import TaskMessage
-from ..records.models import KeyedTask
-from .display import at, since
+from ...exceptions import MessageRefused
+from ...messaging.message import TaskMessage
+from ...records.models import KeyedTask
+from ..display import at, since
 
 logger = logging.getLogger(__name__)
 

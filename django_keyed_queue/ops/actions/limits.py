@@ -15,21 +15,21 @@ from typing import cast
 
 from celery import Celery, current_app
 
-from ..exceptions import ActionRefused
-from ..gate import UNCHANGED
-from ..gate.override import Unchanged
-from ..messaging.dispatch import Dispatched, publish_grants
-from ..pools import configured_pools
-from ..process.state import current, get_gate
-from ..rates import rate_interval_ms
-from ..records import submissions
-from ..records.statuses import Status
-from . import recovery
-from .display import rate_said
+from ...exceptions import ActionRefused
+from ...gate import UNCHANGED
+from ...gate.override import Unchanged
+from ...messaging.dispatch import Dispatched, publish_grants
+from ...pools import configured_pools
+from ...process.state import current, get_gate
+from ...rates import rate_interval_ms
+from ...records import submissions
+from ...records.statuses import Status
+from ..display import rate_said
+from . import AUDIT_LOGGER
 from .lookup import operator_key
 
 #: The operator's actions' audit trail, one logger for all of them.
-logger = logging.getLogger(recovery.__name__)
+logger = logging.getLogger(AUDIT_LOGGER)
 
 #: The highest limit an operator may give a key.
 MAX_KEY_LIMIT = 1_000_000

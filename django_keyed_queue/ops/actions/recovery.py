@@ -21,21 +21,22 @@ from celery.utils import uuid
 from django.db import close_old_connections, models, transaction
 from django.utils import timezone
 
-from ..exceptions import ActionRefused
-from ..gate import Cancel, Code, Holder, Recovery, RecoveryAction
-from ..keyed_task.task import KeyedSerialTask
-from ..messaging.dispatch import REPUBLISH_DELAY_SECONDS, Dispatched, fail_ticket, publish_grants
-from ..messaging.recovered import carry_out, recorded
-from ..process.state import current, get_gate
-from ..producer.submit import submit
-from ..records import submissions
-from ..records.idempotency import repoint
-from ..records.models import KeyedTask
-from ..records.statuses import Status
-from .display import did
+from ...exceptions import ActionRefused
+from ...gate import Cancel, Code, Holder, Recovery, RecoveryAction
+from ...keyed_task.task import KeyedSerialTask
+from ...messaging.dispatch import REPUBLISH_DELAY_SECONDS, Dispatched, fail_ticket, publish_grants
+from ...messaging.recovered import carry_out, recorded
+from ...process.state import current, get_gate
+from ...producer.submit import submit
+from ...records import submissions
+from ...records.idempotency import repoint
+from ...records.models import KeyedTask
+from ...records.statuses import Status
+from ..display import did
+from . import AUDIT_LOGGER
 from .lookup import celery_app, join_id_of, latest_row, operator_key, registered_task, slot_of, stored_message
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(AUDIT_LOGGER)
 
 
 @dataclass

@@ -15,9 +15,9 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from ..records.models import KeyedTask
-from ..records.statuses import ACTIVE_STATUSES
-from .display import since
+from ...records.models import KeyedTask
+from ...records.statuses import ACTIVE_STATUSES
+from ..display import since
 
 #: How many of the oldest unfinished rows of each status the live page reads.
 ROWS_READ = 100

@@ -6,12 +6,16 @@ import logging
 import random
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from django.db import close_old_connections
 
 from ..conf import settings
 from ..process.outage import TRANSIENT
 from ..records import forks
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 logger = logging.getLogger(__name__)
 
@@ -20,7 +24,7 @@ class WorkerReaper:
     """Reaps every ``KEYED_QUEUE_REAP_INTERVAL_SECONDS`` (unless ``periodic`` is False), and
     publishes stranded grants again when asked (after the worker's broker connection came back)."""
 
-    def __init__(self, app, *, periodic: bool = True) -> None:
+    def __init__(self, app: Celery, *, periodic: bool = True) -> None:
         self.app = app
         self.periodic = periodic
         self._wake = threading.Event()
@@ -45,7 +49,7 @@ class WorkerReaper:
         self._wake.set()
 
     def _run(self) -> None:
-        from .recovery import reap, republish_unstarted
+        from ..ops.actions.recovery import reap, republish_unstarted
 
         while not self._stopped:
             # Spread the workers' passes so they do not all look at the same moment.

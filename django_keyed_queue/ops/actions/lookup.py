@@ -8,16 +8,17 @@ import logging
 
 from celery import Celery, current_app
 
-from ..exceptions import ActionRefused, InvalidArguments, InvalidKey, MessageRefused
-from ..gate import MAX_KEY_LENGTH, Holder
-from ..keyed_task.task import KeyedSerialTask
-from ..messaging.message import JOIN_HEADER, TaskMessage
-from ..process.state import get_gate
-from ..records import submissions
-from ..records.columns import TASK_ID_MAX_LENGTH, shown, unstorable
-from ..records.models import KeyedTask
+from ...exceptions import ActionRefused, InvalidArguments, InvalidKey, MessageRefused
+from ...gate import MAX_KEY_LENGTH, Holder
+from ...keyed_task.task import KeyedSerialTask
+from ...messaging.message import JOIN_HEADER, TaskMessage
+from ...process.state import get_gate
+from ...records import submissions
+from ...records.columns import TASK_ID_MAX_LENGTH, shown, unstorable
+from ...records.models import KeyedTask
+from . import AUDIT_LOGGER
 
-logger = logging.getLogger("django_keyed_queue.ops.recovery")
+logger = logging.getLogger(AUDIT_LOGGER)
 
 
 def celery_app(app: Celery | None) -> Celery:

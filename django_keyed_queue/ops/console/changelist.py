@@ -39,7 +39,7 @@ class TaskNameFilter(admin.SimpleListFilter):
     parameter_name = "task_name"
 
     def lookups(self, request, model_admin):
-        from ..keyed_task.task import KeyedSerialTask
+        from ...keyed_task.task import KeyedSerialTask
 
         _import_task_modules()
         registered = [name for name, task in current_app.tasks.items() if isinstance(task, KeyedSerialTask)]

@@ -22,19 +22,20 @@ from datetime import datetime
 from celery import Celery, current_app
 from django.utils import timezone
 
-from ..exceptions import ActionRefused
-from ..gate import KeySnapshot
-from ..messaging.building import publish_stored
-from ..messaging.dispatch import Published, publish
-from ..messaging.message import JOIN_HEADER, sent_eta
-from ..process.state import current, get_gate
-from ..records.models import KeyedTask
-from ..records.statuses import Status
-from .display import at, did
+from ...exceptions import ActionRefused
+from ...gate import KeySnapshot
+from ...messaging.building import publish_stored
+from ...messaging.dispatch import Published, publish
+from ...messaging.message import JOIN_HEADER, sent_eta
+from ...process.state import current, get_gate
+from ...records.models import KeyedTask
+from ...records.statuses import Status
+from ..display import at, did
+from . import AUDIT_LOGGER
 from .lookup import join_id_of, latest_row, registered_task, stored_message
 
 #: The operator's actions share one audit logger (see the management commands' ``_key``).
-logger = logging.getLogger("django_keyed_queue.ops.recovery")
+logger = logging.getLogger(AUDIT_LOGGER)
 
 
 def waits_for(row: KeyedTask, snapshot: KeySnapshot | None = None, app: Celery | None = None) -> str:

@@ -16,18 +16,18 @@ from typing import Any
 from celery import current_app
 from django.utils import timezone
 
-from ..exceptions import MessageRefused
-from ..gate import Holder, KeySnapshot
-from ..messaging.message import TaskMessage, sent_eta
-from ..messaging.recovered import stopped_text
-from ..process.leases import renewal_seconds
-from ..process.state import get_gate
-from ..records import idempotency
-from ..records.models import KeyedTask
-from ..records.statuses import TERMINAL_STATUSES, Status
-from ..worker.attempt_errors import lost_process
-from .display import at, did, from_epoch, last_line, rate_said, since, took
-from .lookup import latest_row, registered_task
+from ...exceptions import MessageRefused
+from ...gate import Holder, KeySnapshot
+from ...messaging.message import TaskMessage, sent_eta
+from ...messaging.recovered import stopped_text
+from ...process.leases import renewal_seconds
+from ...process.state import get_gate
+from ...records import idempotency
+from ...records.models import KeyedTask
+from ...records.statuses import TERMINAL_STATUSES, Status
+from ...worker.attempt_errors import lost_process
+from ..actions.lookup import latest_row, registered_task
+from ..display import at, did, from_epoch, last_line, rate_said, since, took
 from .workers import unconsumed
 
 #: How much later than its renewal period a run's heartbeat may come before the run is told as silent:

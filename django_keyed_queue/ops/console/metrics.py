@@ -33,14 +33,14 @@ except ImportError as exc:  # pragma: no cover - exercised in a process without 
         "django_keyed_queue's metrics view needs prometheus-client: pip install 'django-keyed-queue[metrics]'"
     ) from exc
 
-from ..conf import MAX_TOP_KEYS, settings
-from ..gate import Gate
-from ..process import totals
-from ..process.state import get_gate
-from ..records import submissions
-from ..records.manager import seconds_since
-from ..records.models import KeyedTask
-from ..records.statuses import Status
+from ...conf import MAX_TOP_KEYS, settings
+from ...gate import Gate
+from ...process import totals
+from ...process.state import get_gate
+from ...records import submissions
+from ...records.manager import seconds_since
+from ...records.models import KeyedTask
+from ...records.statuses import Status
 from .live import pool_states, stuck_after_seconds
 from .permissions import may_view_tasks
 

@@ -7,9 +7,9 @@ from datetime import datetime
 
 from django.utils import timezone
 
-from ..records.models import KeyedTask
-from ..records.statuses import Status
-from .display import at
+from ...records.models import KeyedTask
+from ...records.statuses import Status
+from ..display import at
 
 WIDTH = 860  # px of the time axis
 LABEL_WIDTH = 110

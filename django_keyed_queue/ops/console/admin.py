@@ -23,15 +23,15 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 from django.views.decorators.http import require_POST
 
-from ..exceptions import ActionRefused
-from ..process.state import get_gate
-from ..records import idempotency, submissions
-from ..records.models import IdempotencyKey, KeyedTask, LiveKey
-from ..records.statuses import ACTIVE_STATUSES, Status
-from . import task_actions
+from ...exceptions import ActionRefused
+from ...process.state import get_gate
+from ...records import idempotency, submissions
+from ...records.models import IdempotencyKey, KeyedTask, LiveKey
+from ...records.statuses import ACTIVE_STATUSES, Status
+from ..actions import task_actions
+from ..display import at, epoch_ms, took
 from .admin_keys import LiveKeysPages
 from .changelist import CursorChangeList, TaskNameFilter, open_only_match
-from .display import at, epoch_ms, took
 from .explain import explain_row
 from .permissions import may_view_tasks, who_acts
 from .query_string import BadQueryValue, bad_request, whole_number

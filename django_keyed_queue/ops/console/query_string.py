@@ -12,7 +12,7 @@ from __future__ import annotations
 from django.core.exceptions import SuspiciousOperation
 from django.http import HttpResponseBadRequest
 
-from ..records.columns import shown, unstorable
+from ...records.columns import shown, unstorable
 
 #: The most values one ``__in`` filter takes (``?key__in=a,b,...``): as many as Django takes fields in
 #: a query string; a database refuses a query with more parameters than its build allows (SQLite's

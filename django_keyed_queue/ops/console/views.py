@@ -5,10 +5,10 @@ from __future__ import annotations
 from django.contrib.admin.views.decorators import staff_member_required
 from django.http import HttpRequest, JsonResponse
 
-from ..conf import settings
-from ..process.state import get_gate
-from ..records import submissions
-from ..records.models import KeyedTask
+from ...conf import settings
+from ...process.state import get_gate
+from ...records import submissions
+from ...records.models import KeyedTask
 from .live import stuck_keys
 
 

@@ -33,6 +33,8 @@ from ..exceptions import ActionRefused
 from ..keyed_task.task import KeyedSerialTask
 from ..messaging import wire
 from ..messaging.message import HEADER
+from ..ops.actions.recovery import cancel, unknown_task, withdraw_revoked
+from ..ops.actions.stop import STOP_ONLY
 from ..process.state import WorkerTraits, current, note_worker
 from ..records.statuses import Status
 from ..records.submissions import RecordWriter
@@ -41,8 +43,6 @@ from ..worker.attempt_errors import note_lost_process
 from ..worker.killed import end_killed_run
 from ..worker.reconnect import republish_after_reconnect, tolerate_lost_brpop_on_close
 from .reaper import WorkerReaper
-from .recovery import cancel, unknown_task, withdraw_revoked
-from .stop import STOP_ONLY
 
 logger = logging.getLogger(__name__)
 #: Signals that end a child process: a run terminated with them never finishes by itself.
@@ -50,7 +50,7 @@ _ENDING_SIGNALS = (signal.SIGTERM, signal.SIGKILL)
 
 
 @worker_init.connect
-def _note_worker(sender=None, **_: object) -> None:
+def _note_worker(sender: Any = None, **_: object) -> None:
     """Before the worker builds its consumer and forks its pool: what its processes need to know."""
     note_worker(WorkerTraits((sender.time_limit, sender.soft_time_limit), bool(sender.task_events)))
     processes = max(sender.concurrency or 0, getattr(sender, "max_concurrency", None) or 0)
@@ -81,7 +81,7 @@ def _withdraw_revoked_tasks() -> None:
     ``recovery.withdraw_revoked`` on its task ids."""
 
     def wrap(celery_revoke: Callable[..., Any]) -> Callable[..., Any]:
-        def revoke(state, task_id, terminate: bool = False, signal: Any = None, **kwargs: Any) -> Any:
+        def revoke(state: Any, task_id: Any, terminate: bool = False, signal: Any = None, **kwargs: Any) -> Any:
             stop_only = kwargs.pop(STOP_ONLY, False)
             reply = celery_revoke(state, task_id, terminate=terminate, signal=signal, **kwargs)
             task_ids = maybe_list(task_id) or []
@@ -110,7 +110,7 @@ def _count_handed_off_runs() -> None:
     child processes ran by local handoff too (``handoff_runs.handed_off_totals``), as it counts a message's."""
 
     def wrap(command: Callable[..., Any]) -> Callable[..., Any]:
-        def stats(state, **kwargs: Any) -> Any:
+        def stats(state: Any, **kwargs: Any) -> Any:
             reply = command(state, **kwargs)
             if isinstance(reply, dict) and isinstance(reply.get("total"), dict):
                 total = dict(reply["total"])
@@ -130,7 +130,7 @@ def _share_task_events() -> None:
     handoff sends its events as the worker's main process sends a message's."""
 
     def wrap(command: Callable[..., Any]) -> Callable[..., Any]:
-        def shared(state, *args: Any, **kwargs: Any) -> Any:
+        def shared(state: Any, *args: Any, **kwargs: Any) -> Any:
             reply = command(state, *args, **kwargs)
             dispatcher = state.consumer.event_dispatcher
             if dispatcher is not None:
@@ -145,14 +145,21 @@ def _share_task_events() -> None:
 
 
 @task_postrun.connect
-def _run_kept_grant(sender=None, task_id: str = "", retval=None, state=None, **_: object) -> None:
+def _run_kept_grant(
+    sender: Any = None, task_id: str = "", retval: Any = None, state: str | None = None, **_: object
+) -> None:
     """The finished task's result is stored: run the next task of its key here (local handoff)."""
     handoff.local().run_kept(sender.app, task_id, retval, state)
 
 
 @task_revoked.connect
 def _end_revoked(
-    sender=None, request=None, terminated: bool = False, signum=None, expired: bool = False, **_: object
+    sender: Any = None,
+    request: Any = None,
+    terminated: bool = False,
+    signum: Any = None,
+    expired: bool = False,
+    **_: object,
 ) -> None:
     """Celery dropped a keyed task's message (expired, revoked), or killed its run: its key passes on."""
     if request is None or not isinstance(sender, KeyedSerialTask):
@@ -180,7 +187,9 @@ def _end_revoked(
 
 
 @task_failure.connect
-def _note_lost_process(sender=None, task_id: str = "", exception: BaseException | None = None, **_: object) -> None:
+def _note_lost_process(
+    sender: Any = None, task_id: str = "", exception: BaseException | None = None, **_: object
+) -> None:
     """Celery's worker reports a keyed task's child process lost: its record says so at once. The run keeps
     its key until its lease ends (a process of its own may outlive it), then the reaper dispatches it again."""
     if not isinstance(sender, KeyedSerialTask) or not isinstance(exception, WorkerLostError):
@@ -193,7 +202,7 @@ def _note_lost_process(sender=None, task_id: str = "", exception: BaseException 
 
 
 @task_unknown.connect
-def _unknown_keyed_task(sender=None, message=None, name: str = "", id: str = "", **_: object) -> None:  # noqa: A002
+def _unknown_keyed_task(sender: Any = None, message: Any = None, name: str = "", id: str = "", **_: object) -> None:  # noqa: A002
     """Celery dropped a message of a task this worker does not know: if keyed, its key must not wait for it."""
     header = (getattr(message, "headers", None) or {}).get(HEADER)
     if header is None:
@@ -216,7 +225,7 @@ def _settings_changed(setting: str, **_: object) -> None:
 
 
 @worker_ready.connect
-def _start_worker_reaper(sender=None, **_: object) -> None:
+def _start_worker_reaper(sender: Any = None, **_: object) -> None:
     """Every worker reaps, so recovery needs no beat process; reapers racing are safe."""
     reaper = getattr(sender.controller, "keyed_queue_reaper", None)
     with sender.app.connection_for_write() as connection:
@@ -228,7 +237,7 @@ def _start_worker_reaper(sender=None, **_: object) -> None:
 
 
 @worker_shutdown.connect
-def _stop_worker_reaper(sender=None, **_: object) -> None:
+def _stop_worker_reaper(sender: Any = None, **_: object) -> None:
     for upkeep in ("keyed_queue_reaper", "keyed_queue_record_writer"):
         thread = getattr(sender, upkeep, None)
         if thread is not None:
@@ -236,7 +245,7 @@ def _stop_worker_reaper(sender=None, **_: object) -> None:
 
 
 @beat_init.connect
-def _schedule_upkeep(sender=None, **_: object) -> None:
+def _schedule_upkeep(sender: Any = None, **_: object) -> None:
     """Give ``celery beat`` the reaper and purge entries unless the project scheduled them itself."""
     from .tasks import PURGE_ENTRY, PURGE_INTERVAL_SECONDS, REAP_ENTRY
 

@@ -20,17 +20,18 @@ from dataclasses import dataclass
 from celery import Celery, current_app
 from django.core.cache import cache
 
-from ..exceptions import ActionRefused
-from ..gate import Holder, Stopping
-from ..messaging.recovered import stopped_text
-from ..process.state import get_gate
-from ..records.columns import shown
-from ..records.models import KeyedTask
-from .display import did, from_epoch, since
+from ...exceptions import ActionRefused
+from ...gate import Holder, Stopping
+from ...messaging.recovered import stopped_text
+from ...process.state import get_gate
+from ...records.columns import shown
+from ...records.models import KeyedTask
+from ..display import did, from_epoch, since
+from . import AUDIT_LOGGER
 from .lookup import latest_row, slot_of
 
 #: The operator's actions share one audit logger (see the management commands' ``_key``).
-logger = logging.getLogger("django_keyed_queue.ops.recovery")
+logger = logging.getLogger(AUDIT_LOGGER)
 
 #: The signals a Stop may send: SIGTERM lets the process run its exit handlers, SIGKILL cannot be ignored.
 SIGNALS = ("SIGTERM", "SIGKILL")

@@ -18,16 +18,17 @@ from django.utils import timezone
 from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
 
-from ..exceptions import ActionRefused
-from ..records.columns import TASK_ID_MAX_LENGTH, unstorable
-from ..records.models import KeyedTask
-from . import limits, recovery, unheld
-from .display import epoch_ms
+from ...exceptions import ActionRefused
+from ...records.columns import TASK_ID_MAX_LENGTH, unstorable
+from ...records.models import KeyedTask
+from ..actions import limits, recovery
+from ..display import epoch_ms
+from . import unheld
 from .live import live_keys
 from .permissions import PERMISSIONS, who_acts
 from .query_string import bad_query_value, bad_request, whole_number
 
-logger = logging.getLogger("django_keyed_queue.ops.admin")
+logger = logging.getLogger("django_keyed_queue.ops.console.admin")
 
 #: How often the live keys page reloads itself while its "Refresh" toggle is on.
 LIVE_REFRESH_SECONDS = 5

@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 
 from celery import current_app
 
-from ..exceptions import ActionRefused
-from ..gate import Holder
-from ..process.state import get_gate
-from ..records.models import KeyedTask
-from ..records.statuses import Status
+from ...exceptions import ActionRefused
+from ...gate import Holder
+from ...process.state import get_gate
+from ...records.models import KeyedTask
+from ...records.statuses import Status
+from ..display import since
 from . import lookup, recovery, run_now, stop
-from .display import since
 from .lookup import slot_of
 
 ACTIONS = ("retry", "run_now", "cancel", "stop", "release")

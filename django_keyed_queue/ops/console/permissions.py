@@ -8,7 +8,7 @@ from typing import Any
 from django.contrib.auth import get_permission_codename
 from django.http import HttpRequest
 
-from ..records.models import KeyedTask
+from ...records.models import KeyedTask
 
 
 def may_view_tasks(user: Any) -> bool:

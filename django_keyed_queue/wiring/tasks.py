@@ -2,8 +2,8 @@
 
 from celery import shared_task
 
+from ..ops.actions.recovery import reap as reap_now
 from ..records.idempotency import purge as purge_now
-from .recovery import reap as reap_now
 
 #: The beat entries that ``celery beat`` gets without configuration (see signals).
 REAP_ENTRY = "keyed-queue-reap"

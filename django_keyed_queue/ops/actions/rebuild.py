@@ -25,15 +25,16 @@ from celery import Celery
 from django.db import models
 from django.utils import timezone
 
-from ..exceptions import ActionRefused
-from ..messaging.dispatch import Published, publish
-from ..process.state import get_gate
-from ..records import submissions
-from ..records.models import KeyedTask
-from ..records.statuses import Status
+from ...exceptions import ActionRefused
+from ...messaging.dispatch import Published, publish
+from ...process.state import get_gate
+from ...records import submissions
+from ...records.models import KeyedTask
+from ...records.statuses import Status
+from . import AUDIT_LOGGER
 from .lookup import celery_app, registered_task, serial_limit, stored_message
 
-logger = logging.getLogger("django_keyed_queue.ops.recovery")
+logger = logging.getLogger(AUDIT_LOGGER)
 
 #: Statuses of a run that may have been executing when Redis was lost.
 RAN = (Status.RUNNING, Status.RETRYING)

@@ -13,18 +13,18 @@ from datetime import datetime
 from celery import current_app
 from django.utils import timezone
 
-from ..conf import settings
-from ..exceptions import MessageRefused
-from ..gate import Gate, HolderState, KeySnapshot, Stopping
-from ..gate.listing import MatchedKeys
-from ..messaging.message import ENQUEUED_HEADER, TaskMessage
-from ..messaging.recovered import stopped_text
-from ..pools import configured_pools
-from ..process.state import get_gate
-from ..records import submissions
-from ..records.models import KeyedTask
-from . import run_now
-from .display import at, from_epoch, rate_said, since, took
+from ...conf import settings
+from ...exceptions import MessageRefused
+from ...gate import Gate, HolderState, KeySnapshot, Stopping
+from ...gate.listing import MatchedKeys
+from ...messaging.message import ENQUEUED_HEADER, TaskMessage
+from ...messaging.recovered import stopped_text
+from ...pools import configured_pools
+from ...process.state import get_gate
+from ...records import submissions
+from ...records.models import KeyedTask
+from ..actions import run_now
+from ..display import at, from_epoch, rate_said, since, took
 from .key_fragment import KeyFragment
 from .unheld import UnheldKey, oldest_unfinished, unheld
 

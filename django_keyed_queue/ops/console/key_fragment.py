@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from ..gate import MAX_KEY_LENGTH
-from ..gate.listing import glob_escape
-from ..records.key_words import words
+from ...gate import MAX_KEY_LENGTH
+from ...gate.listing import glob_escape
+from ...records.key_words import words
 
 
 @dataclass(frozen=True)
