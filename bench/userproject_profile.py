@@ -39,7 +39,7 @@ PIECES: list[tuple[str, str]] = [
     ("keyed: records", "django_keyed_queue/records/"),
     ("keyed: lease keeper", "django_keyed_queue/process/leases.py"),
     ("keyed: counts for metrics", "django_keyed_queue/process/totals.py"),
-    ("keyed: signal handlers", "django_keyed_queue/ops/signals.py"),
+    ("keyed: signal handlers", "django_keyed_queue/wiring/signals.py"),
     ("task body", "shop/tasks.py"),
     ("celery: tracer", "celery/app/trace.py"),
     ("celery: pool (billiard)", "billiard/"),

@@ -2,7 +2,7 @@
 
 A holder whose deadline passed (its worker died, its message was lost) is found through the
 deadline index (see :class:`~.gate.Gate`) and recovered by ``reap.lua``, one key per call.
-The decisions are the scripts'; ``ops/recovery.py`` acts on them (publishes, writes rows).
+The decisions are the scripts'; ``ops/actions/recovery.py`` acts on them (publishes, writes rows).
 """
 
 from __future__ import annotations
