@@ -1,6 +1,7 @@
-"""``KEYED_QUEUE_*`` settings, read from ``django.conf.settings`` on every access.
+"""``KEYED_QUEUE_*`` settings, read from ``django.conf.settings`` on first use and kept until one changes.
 
-Reading lazily keeps ``override_settings`` working and nothing is read at import.
+Nothing is read at import. Every run reads several of them, so each is read once and kept; Django's
+``setting_changed`` (which ``override_settings`` and pytest-django's ``settings`` send) forgets them all.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings as django_settings
+from django.core.signals import setting_changed
 
 PREFIX = "KEYED_QUEUE_"
 
@@ -94,12 +96,32 @@ INTERNAL: dict[str, Any] = {
 
 
 class Settings:
+    def __init__(self) -> None:
+        self._read: dict[str, Any] = {}
+
     def __getattr__(self, name: str) -> Any:
+        try:
+            return self._read[name]
+        except KeyError:
+            pass
         try:
             default = DEFAULTS[name] if name in DEFAULTS else INTERNAL[name]
         except KeyError:
             raise AttributeError(f"unknown keyed_queue setting {name!r}") from None
-        return getattr(django_settings, PREFIX + name, default)
+        value = self._read[name] = getattr(django_settings, PREFIX + name, default)
+        return value
+
+    def forget(self) -> None:
+        """Read every setting again on its next use."""
+        self._read = {}
 
 
 settings = Settings()
+
+
+def _forget_changed(setting: str, **_: object) -> None:
+    if setting.startswith(PREFIX):
+        settings.forget()
+
+
+setting_changed.connect(_forget_changed)

@@ -112,16 +112,26 @@ _inherited = WorkerTraits()
 
 
 def current() -> Process:
-    """This process's keyed queue state, made on first use."""
+    """This process's keyed queue state, made on first use (a forked child starts with none: see below)."""
     global _current
     process = _current
-    if process is not None and process.pid == os.getpid():
+    if process is not None:
         return process
     with _lock:
-        if _current is None or _current.pid != os.getpid():
+        if _current is None:
             _current = Process(worker=_inherited)
             atexit.register(_current.close)
         return _current
+
+
+def _forget_in_child() -> None:
+    # Called on every run's hot path, current() reads no pid: a forked child drops its parent's state here,
+    # and a new lock, in case the fork copied the lock held.
+    global _current, _lock
+    _current, _lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def get_gate() -> Gate:
