@@ -51,3 +51,7 @@ def storable_text(field: Field[Any, Any], value: str) -> str:
     if field.max_length is not None and len(value) > field.max_length:
         value = value[: field.max_length]
     return value
+
+
+#: Columns of free text (an error, a worker's name, the arguments shown): made storable, not refused.
+FREE_TEXT = frozenset(("error", "worker", "arguments"))

@@ -26,11 +26,11 @@ import logging
 import re
 import threading
 from collections.abc import Iterable
-from functools import cache, partial
-from typing import cast
+from functools import partial
 
 from django.db import DatabaseError, connections, transaction
-from django.db.models.constants import OnConflict
+
+from . import queries
 
 logger = logging.getLogger(__name__)
 
@@ -97,21 +97,10 @@ def remember(alias: str, keys: Iterable[str]) -> None:
             with transaction.atomic(using=alias), connections[alias].cursor() as cursor:  # a savepoint
                 for start in range(0, len(rows), ROWS_PER_INSERT):  # one statement, not one per row
                     chunk = rows[start : start + ROWS_PER_INSERT]
-                    cursor.execute(_insert_sql(alias, len(chunk)), [value for row in chunk for value in row])
+                    cursor.execute(
+                        queries.key_words_insert_sql(alias, len(chunk)), [value for row in chunk for value in row]
+                    )
         except DatabaseError:
             logger.warning("the words of %d keys were not written for the search", len(new), exc_info=True)
             return
     transaction.on_commit(partial(KNOWN.add, alias, new), using=alias)
-
-
-@cache
-def _insert_sql(alias: str, rows: int) -> str:
-    from .models import KeyWord
-
-    ops = connections[alias].ops
-    meta = KeyWord._meta
-    fields = [meta.get_field("word"), meta.get_field("key")]
-    columns = ", ".join(ops.quote_name(cast(str, f.column)) for f in fields)  # a concrete field has a column
-    table, suffix = ops.quote_name(meta.db_table), ops.on_conflict_suffix_sql(fields, OnConflict.IGNORE, [], [])
-    values = ", ".join(["(%s, %s)"] * rows)
-    return f"{ops.insert_statement(OnConflict.IGNORE)} {table} ({columns}) VALUES {values} {suffix}".strip()

@@ -29,12 +29,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 from django.db import DataError, IntegrityError, connections, models, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models.constants import OnConflict
 from django.db.models.functions import Concat
 from django.utils import timezone
 
-from . import forks, key_words
-from .columns import shown, storable_text
+from . import forks, key_words, queries
+from .columns import FREE_TEXT, shown, storable_text
 from .statuses import ACTIVE_STATUSES, STATUS_RANK, TERMINAL_STATUSES, Status
 from .transitions import FIELDS, Transition
 
@@ -113,7 +112,7 @@ class KeyedTaskQuerySet(models.QuerySet["KeyedTask"]):
         found: dict[tuple[str, int], tuple[bool, int, datetime]] = {}
         for start in range(0, len(pairs), PAIRS_PER_QUERY):
             chunk = pairs[start : start + PAIRS_PER_QUERY]
-            sql = _waiting_since_sql(self.model, self.db, len(chunk))
+            sql = queries.waiting_since_sql(self.model, self.db, len(chunk))
             for row in self.raw(sql, [value for pair in chunk for value in pair]):
                 pair, rank = (
                     (row.key, cast(int, row.ticket)),
@@ -128,7 +127,7 @@ class KeyedTaskQuerySet(models.QuerySet["KeyedTask"]):
         ``superseded_by``, that task's, and so on, at most ``max_hops`` on, in one query (a recursive one).
         A task id Celery reused stands for its latest row, as its AsyncResult does."""
         with connections[self.db].cursor() as cursor:
-            cursor.execute(_replacement_sql(self.model, self.db), {"task_id": task_id, "max_hops": max_hops})
+            cursor.execute(queries.replacement_sql(self.model, self.db), {"task_id": task_id, "max_hops": max_hops})
             found = cursor.fetchone()
         return Replacement(*found) if found else Replacement(task_id, 0, None, None, None)  # '': no task
 
@@ -143,43 +142,6 @@ class Replacement(NamedTuple):
     key: str | None
     ticket: int | None
     status: str | None
-
-
-@cache
-def _waiting_since_sql(model: type[models.Model], alias: str, pairs: int) -> str:
-    """The rows of ``pairs`` (key, ticket) pairs, joined from a list of them: Django's ORM would build an OR
-    of as many conditions (slow to build, and a tree SQLite refuses past 1000 deep)."""
-    qn = connections[alias].ops.quote_name
-    table = qn(model._meta.db_table)
-    wanted = ", ".join(["(%s, CAST(%s AS BIGINT))"] * pairs)
-    columns = ", ".join(f"t.{qn(c)}" for c in ("id", "key", "ticket", "status", "enqueued_at", "due_at"))
-    # CROSS JOIN: SQLite then loops over the list and seeks each key in its index (with JOIN it read the
-    # whole table, 1.9 s at a million rows); PostgreSQL plans it as any join.
-    return (
-        f"WITH wanted (wanted_key, wanted_ticket) AS (VALUES {wanted})"
-        f" SELECT {columns} FROM wanted CROSS JOIN {table} t"
-        f" WHERE t.{qn('key')} = wanted.wanted_key AND t.{qn('ticket')} = wanted.wanted_ticket"
-    )
-
-
-@cache
-def _replacement_sql(model: type[models.Model], alias: str) -> str:
-    """A recursive query: each step finds the next task through the task id index (a scalar subquery, so
-    that SQLite, its statistics gathered, does not make each step a scan of the table for a Bloom filter).
-    A step whose task has no row, or whose latest row names no replacement, gives NULL or '': the last."""
-    qn = connections[alias].ops.quote_name
-    table, id_, task_id = qn(model._meta.db_table), qn("id"), qn("task_id")
-    # TEXT on both sides: PostgreSQL wants a recursive term's columns typed as its first term's.
-    return (
-        f"WITH RECURSIVE chain (task_id, hops) AS ("
-        f" SELECT CAST(%(task_id)s AS TEXT), 0"
-        f" UNION ALL SELECT (SELECT CAST(t.{qn('superseded_by')} AS TEXT) FROM {table} t"
-        f" WHERE t.{task_id} = c.task_id ORDER BY t.{id_} DESC LIMIT 1), c.hops + 1"
-        f" FROM chain c WHERE c.hops < %(max_hops)s AND c.task_id <> '')"
-        f" SELECT e.task_id, e.hops, t.{qn('key')}, t.{qn('ticket')}, t.{qn('status')}"
-        f" FROM (SELECT task_id, hops FROM chain WHERE task_id <> '' ORDER BY hops DESC LIMIT 1) e"
-        f" LEFT JOIN {table} t ON t.{id_} = (SELECT MAX(n.{id_}) FROM {table} n WHERE n.{task_id} = e.task_id)"
-    )
 
 
 def seconds_since(at: datetime | None) -> float:
@@ -216,7 +178,7 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
         """
         row.setdefault("enqueued_at", timezone.now())
         db = connections[self.db_for_write()]
-        sql = _insert_sql(self.model, db.alias, ignore_conflicts=False)
+        sql = queries.insert_sql(self.model, db.alias, ignore_conflicts=False)
         params = _insert_params(self.model, db, row)
         try:
             # A savepoint only inside the caller's transaction: in autocommit the INSERT is atomic alone.
@@ -256,7 +218,7 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
         """
         db = connections[self.db_for_write()]
         ordered = sorted(transitions, key=lambda t: t.submission)
-        update = _update_sql(self.model, db.alias)
+        update = queries.update_sql(self.model, db.alias)
         now, waiting = time.monotonic(), list[Transition]()
         with _transaction(db, lock_wait) as cursor:
             if all(t.create is None for t in ordered):
@@ -373,7 +335,7 @@ def _transaction(db: BaseDatabaseWrapper, lock_wait: float | None) -> Iterator[A
     try:
         with transaction.atomic(using=db.alias), db.cursor() as cursor:
             if wait_ms is not None and db.vendor == "postgresql":
-                cursor.execute(f"SET LOCAL lock_timeout = {wait_ms}")
+                cursor.execute(queries.postgresql_lock_timeout_sql(wait_ms))
             yield cursor
     finally:
         if sqlite_before is not None:
@@ -383,9 +345,9 @@ def _transaction(db: BaseDatabaseWrapper, lock_wait: float | None) -> Iterator[A
 def _sqlite_busy_timeout_ms(db: BaseDatabaseWrapper, ms: int) -> int:
     """Set the SQLite connection's wait for a lock; the wait it had."""
     with db.cursor() as cursor:
-        cursor.execute("PRAGMA busy_timeout")
+        cursor.execute(queries.SQLITE_BUSY_TIMEOUT)
         (before,) = cursor.fetchone()
-        cursor.execute(f"PRAGMA busy_timeout = {int(ms)}")
+        cursor.execute(queries.sqlite_busy_timeout_sql(ms))
     return int(before)
 
 
@@ -414,12 +376,12 @@ def _all_at_once(
     try:
         with transaction.atomic(using=db.alias):  # a savepoint inside ``apply``'s transaction
             if inserts:
-                insert = _insert_sql(model, db.alias, ignore_conflicts=True)
+                insert = queries.insert_sql(model, db.alias, ignore_conflicts=True)
                 cursor.executemany(insert, [_insert_params(model, db, t.row_to_create()) for t in inserts])
                 if cursor.rowcount != len(inserts):
                     raise _NotOneRowEach
             if updates:
-                cursor.executemany(_update_sql(model, db.alias), [_update_params(model, t, db) for t in updates])
+                cursor.executemany(queries.update_sql(model, db.alias), [_update_params(model, t, db) for t in updates])
                 if cursor.rowcount != len(updates):
                     raise _NotOneRowEach
     except _NotOneRowEach:
@@ -459,11 +421,11 @@ def _by_rows_there(
         else:
             waiting.append(t)
     if updates:
-        cursor.executemany(_update_sql(model, db.alias), [_update_params(model, t, db) for t in updates])
+        cursor.executemany(queries.update_sql(model, db.alias), [_update_params(model, t, db) for t in updates])
         if cursor.rowcount != len(updates):  # a row went meanwhile: each again, alone (an update repeats safely)
             alone += updates
     if inserts:
-        insert = _insert_sql(model, db.alias, ignore_conflicts=True)
+        insert = queries.insert_sql(model, db.alias, ignore_conflicts=True)
         cursor.executemany(insert, [_insert_params(model, db, t.row_to_create()) for t in inserts])
         if cursor.rowcount != len(inserts):  # another writer made some: each again, alone (its insert is ignored)
             alone += inserts
@@ -493,8 +455,8 @@ def _one_by_one(
     """Apply each of ``ordered`` alone: its update, or its insert if its row is missing (first, if it is most
     likely missing); those that must wait for their rows are returned."""
     waiting: list[Transition] = []
-    update = _update_sql(model, db.alias)
-    insert = _insert_sql(model, db.alias, ignore_conflicts=True)
+    update = queries.update_sql(model, db.alias)
+    insert = queries.insert_sql(model, db.alias, ignore_conflicts=True)
     for t in ordered:
         params = _update_params(model, t, db)
         if not _inserted_first(t, new):
@@ -535,36 +497,6 @@ def _set_aside(t: Transition, error: Exception) -> None:
 
 
 @cache
-def _update_sql(model: type[models.Model], alias: str) -> str:
-    """One UPDATE for any transition, run with executemany over a batch.
-
-    A transition that moves the row forward sets its fields; one that does not
-    (it arrived late) only fills fields still empty, so no timestamp is lost.
-    """
-    qn = connections[alias].ops.quote_name
-    rank = "CASE {} {} END".format(
-        qn("status"), " ".join(f"WHEN '{status}' THEN {r}" for status, r in STATUS_RANK.items())
-    )
-    # Named parameters: each value is sent once however often the statement uses it.
-    forward = f"({qn('attempts')} < %(attempts)s OR ({qn('attempts')} = %(attempts)s AND {rank} <= %(rank)s))"
-    sets = [
-        f"{qn(f)} = CASE WHEN {forward} THEN COALESCE(%({f})s, {qn(f)}) ELSE COALESCE({qn(f)}, %({f})s) END"
-        for f in FIELDS
-    ]
-    sets.append(f"{qn('ticket')} = COALESCE({qn('ticket')}, %(ticket)s)")  # a join's row gets its ticket
-    message = qn("message")
-    sets.append(f"{message} = CASE WHEN {message} = '' THEN COALESCE(%(message)s, '') ELSE {message} END")
-    # Status and attempts last: every SET must see the row as it was.
-    sets += [f"{qn(f)} = CASE WHEN {forward} THEN %({f})s ELSE {qn(f)} END" for f in ("status", "attempts")]
-    # A submission's row: its task id, key and ticket; a delayed task's join also finds its row without a ticket.
-    where = (
-        f"{qn('task_id')} = %(task_id)s AND {qn('key')} = %(key)s"
-        f" AND ({qn('ticket')} = %(ticket)s OR (%(joins)s = 1 AND {qn('ticket')} IS NULL))"
-    )
-    return f"UPDATE {qn(model._meta.db_table)} SET {', '.join(sets)} WHERE {where}"
-
-
-@cache
 def _fields(model: type[models.Model]) -> tuple[tuple[str, models.Field[Any, Any]], ...]:
     return tuple((name, model._meta.get_field(name)) for name in FIELDS)  # type: ignore[misc]
 
@@ -577,40 +509,16 @@ def _update_params(model: type[models.Model], t: Transition, db: BaseDatabaseWra
     return params
 
 
-@cache
-def _insert_sql(model: type[models.Model], alias: str, *, ignore_conflicts: bool) -> str:
-    """The row INSERT, doing nothing on a conflict if ``ignore_conflicts``; built once per database."""
-    ops = connections[alias].ops
-    fields = _insert_fields(model)
-    columns = ", ".join(ops.quote_name(cast(str, f.column)) for f, _, _ in fields)  # a concrete field has a column
-    placeholders = ", ".join(["%s"] * len(fields))
-    on_conflict = OnConflict.IGNORE if ignore_conflicts else None
-    table = ops.quote_name(model._meta.db_table)
-    suffix = ops.on_conflict_suffix_sql([f for f, _, _ in fields], on_conflict, [], [])
-    return f"{ops.insert_statement(on_conflict)} {table} ({columns}) VALUES ({placeholders}) {suffix}".strip()
-
-
-@cache
-def _insert_fields(model: type[models.Model]) -> tuple[tuple[models.Field[Any, Any], Any, bool], ...]:
-    """The INSERT's fields, each with its default (constants: no field has a callable default) and
-    whether it is free text."""
-    return tuple((f, f.get_default(), f.name in FREE_TEXT) for f in model._meta.concrete_fields if not f.primary_key)
-
-
 #: Values a column takes as they are (``_db_value``'s first case, told by type alone: a row has about 25).
 _AS_IS = frozenset((str, int, bool, type(None)))
 
 
 def _insert_params(model: type[models.Model], db: BaseDatabaseWrapper, row: dict[str, Any]) -> list[Any]:
     params = []
-    for f, default, free in _insert_fields(model):
+    for f, default, free in queries.insert_fields(model):
         value = row.get(f.attname, default)
         params.append(value if type(value) in _AS_IS and not free else _db_value(db, f, value))
     return params
-
-
-#: Columns of free text (an error, a worker's name, the arguments shown): made storable, not refused.
-FREE_TEXT = frozenset(("error", "worker", "arguments"))
 
 
 def _db_value(db: BaseDatabaseWrapper, model_field: models.Field[Any, Any], value: Any) -> Any:

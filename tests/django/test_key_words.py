@@ -10,7 +10,7 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_keyed_queue.records import key_words
+from django_keyed_queue.records import key_words, queries
 from django_keyed_queue.records.models import KeyedTask, KeyWord
 from django_keyed_queue.records.statuses import Status
 from django_keyed_queue.records.transitions import Transition
@@ -98,7 +98,7 @@ def test_words_rolled_back_with_their_rows_are_written_again(django_capture_on_c
 
 def test_words_the_database_refuses_hold_back_no_record(monkeypatch, caplog, django_capture_on_commit_callbacks):
     refused = "INSERT INTO no_such_table (word, key) VALUES "
-    monkeypatch.setattr(key_words, "_insert_sql", lambda alias, rows: refused + ", ".join(["(%s, %s)"] * rows))
+    monkeypatch.setattr(queries, "key_words_insert_sql", lambda alias, rows: refused + ", ".join(["(%s, %s)"] * rows))
     with caplog.at_level(logging.WARNING), django_capture_on_commit_callbacks(execute=True):
         KeyedTask.objects.apply(made("t1", "order:1"), made("t2", "order:2"), new=True)
     assert KeyedTask.objects.filter(task_id__in=["t1", "t2"]).count() == 2 and not words()

@@ -11,6 +11,7 @@ from django.db import connections
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from ...gate import MAX_KEY_LENGTH
+from ...records import queries
 from ...records.columns import TASK_ID_MAX_LENGTH, TASK_NAME_MAX_LENGTH
 from ...records.key_words import KEY_SEPARATORS, has_separator
 from ...records.models import KeyWord
@@ -142,25 +143,15 @@ class TaskSearch:
             return []
         probes = [self.tasks.filter(self._q(lookup)).values("pk")[:1].query.sql_with_params() for lookup in lookups]
         with self.db.cursor() as cursor:
-            cursor.execute(
-                "SELECT " + ", ".join(f"EXISTS({sql})" for sql, _ in probes),
-                [param for _, params in probes for param in params],
-            )
+            cursor.execute(queries.exists_sql([sql for sql, _ in probes]), [p for _, params in probes for p in params])
             found = cursor.fetchone()
         return [lookup for lookup, exists in zip(lookups, found, strict=True) if exists]
 
     def _task_names(self) -> list[str]:
         """Every task name that has records, in one query that seeks each in the task name index
         (a loose index scan; DISTINCT would read the whole index)."""
-        meta, quote = self.tasks.model._meta, self.db.ops.quote_name
-        table, name = quote(meta.db_table), quote(meta.get_field("task_name").column)
-        sql = (
-            f"WITH RECURSIVE names(name) AS (SELECT MIN({name}) FROM {table} UNION ALL"
-            f" SELECT (SELECT MIN({name}) FROM {table} WHERE {name} > names.name) FROM names"
-            " WHERE names.name IS NOT NULL) SELECT name FROM names WHERE name IS NOT NULL LIMIT %s"
-        )
         with self.db.cursor() as cursor:
-            cursor.execute(sql, [TASK_NAMES_MAX])
+            cursor.execute(queries.task_names_sql(self.db.alias), [TASK_NAMES_MAX])
             return [row[0] for row in cursor.fetchall()]
 
     def _q(self, lookup: TermLookup, column: str = "{}") -> Q:
