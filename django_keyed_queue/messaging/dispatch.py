@@ -124,7 +124,7 @@ def publish(
             return Published.SENT
     try:
         # A recovery without a message is refused too: peek's json.loads(None) raises TypeError.
-        message = TaskMessage.decode(grant.message, app.conf.accept_content)  # type: ignore[arg-type]
+        message = TaskMessage.decode(grant.message, current().worker.accepted(app))  # type: ignore[arg-type]
     except MessageRefused as refused:
         granted = _fail_refused(grant, refused)
         if then is None:

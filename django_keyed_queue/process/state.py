@@ -14,7 +14,9 @@ import atexit
 import logging
 import os
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..conf import settings
 from ..gate import Gate
@@ -23,6 +25,9 @@ from ..records.recorder import Recorder
 from ..records.transitions import Transition
 from .leases import LeaseKeeper
 from .totals import Totals
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +39,14 @@ class WorkerTraits:
 
     time_limits: tuple[float | None, float | None] = (None, None)
     sends_task_events: bool = False
+    #: The app's ``accept_content`` as the worker read it at its start, as its consumer did (None: not a worker).
+    accept_content: frozenset[str] | None = None
+
+    def accepted(self, app: Celery) -> Iterable[str]:
+        """The content types a stored message may be decoded from here: the worker's, else the app's as it is now
+        (read once per run in a worker: reading Celery's configuration in a Django project costs a lookup of
+        each setting's name in Django's settings)."""
+        return app.conf.accept_content if self.accept_content is None else self.accept_content
 
 
 class Process:

@@ -152,7 +152,7 @@ class LocalHandoff(threading.local):
         if not grants or grants[0].pushed or not self.may_keep(finished_request):
             return grants  # pushed: the gate sent its message already
         try:
-            message = TaskMessage.decode(grants[0].message, app.conf.accept_content)
+            message = TaskMessage.decode(grants[0].message, current().worker.accepted(app))
         except MessageRefused:
             return grants  # publishing refuses it too, and fails its task
         request = local_request(app, message, grants[0], finished_request.hostname, current().worker)
@@ -312,7 +312,8 @@ def local_request(
     if task is None or not HONOURED_OPTIONS.issuperset(options):
         return None
     limits: tuple[float | None, ...] = (*worker.time_limits, task.time_limit, task.soft_time_limit)
-    limits += (app.conf.task_time_limit, app.conf.task_soft_time_limit)
+    if worker.accept_content is None:  # not a worker: the app's own limits, as they are now (a worker's include them)
+        limits += (app.conf.task_time_limit, app.conf.task_soft_time_limit)
     if any(limit is not None for limit in limits) or task.expires is not None:
         return None
     if getattr(task, "serial_interval_ms", 0):
