@@ -108,85 +108,105 @@ def propose(action: str, task: KeyedTask, *, many: bool = False) -> Proposal:
     if many and action == "release" and holder is not None and holder.state == "running":
         proposal.refusal = recovery.RUNNING_NOT_RELEASED_WITH_OTHERS.format(task=task.task_id)
         return proposal
-    name, key = f"{task.task_name}[{task.task_id}]", task.key
-    if action == "retry":
-        if holder is not None and holder.state == "blocked":
-            proposal.what = [
-                f"{name} failed and blocks key {key!r}. It runs again first, as itself (the same task id), "
-                "before the tasks waiting behind it."
-            ]
-        else:
-            try:
-                lookup.stored_message(task, current_app)
-            except ActionRefused as refused:
-                proposal.refusal = f"{refused}. Submit the task again from your code."
-                return proposal
-            proposal.what = [
-                f"{name} is submitted again as a new task, with the same arguments, at the end of the queue of key "
-                f"{key!r}.",
-                "This record stays as it is and says which task it was retried as.",
-            ]
-    elif action == "cancel":
-        if holder is not None and holder.state == "blocked":
-            proposal.what = [f"{name} failed and blocks key {key!r}: it is cancelled, and the key's next task runs."]
-        else:
-            proposal.what = [
-                f"{name} leaves the queue of key {key!r} and never runs; its record says you cancelled it.",
-                "If a worker starts it first, the cancel is refused: release it then.",
-            ]
-    elif action == "run_now":
-        waits = run_now.waits_for(task)
-        if task.ticket is None:
-            proposal.what = [
-                f"{name} joins the queue of key {key!r} now, instead of when its countdown or eta is due; it then "
-                "waits its turn behind the key's earlier tasks. The message that waits for its eta is dropped when "
-                "it comes."
-            ]
-        else:
-            proposal.what = [
-                f"{name} starts now instead of waiting for {waits}: its message is published again without an "
-                "eta, and a worker starts it at once; the copy that waits is dropped when it comes, so it runs once."
-            ]
-    elif action == "stop":
-        assert holder is not None
-        refusal = stop.cannot_end(current_app, task.worker if task.attempts == holder.attempts else "")
-        if refusal:
-            proposal.refusal = refusal
-            return proposal
-        proposal.seen = {"ticket": task.ticket or 0, "dispatch": holder.dispatch}
-        proposal.choices = {"signal": stop.SIGNALS}
-        ran = f" for {since(task.started_at)}" if task.started_at else ""
-        where = f" on worker {task.worker}" if task.worker else ""
-        proposal.what = [
-            f"The run of {name}{ran}{where} (ticket {task.ticket}, attempt {holder.attempts}) is ended: Celery's "
-            "worker kills its process with the signal you pick (SIGTERM lets it run its exit handlers; SIGKILL "
-            "cannot be ignored).",
-            f"Key {key!r} keeps it until the run has ended (its worker sees the process gone, or its lease ends): "
-            "the next task starts after it, never beside it. The task fails, stopped by you"
-            f"{', and blocks its key' if holder.blocks_on_failure else ''}; it is not dispatched again.",
-        ]
-    else:
-        assert holder is not None
-        proposal.seen = {"ticket": task.ticket or 0, "dispatch": holder.dispatch}
-        if holder.state == "granted":
-            proposal.what = [
-                f"{name} was dispatched (ticket {task.ticket}, dispatch {holder.dispatch}) and has not started: its "
-                "message is published again; a copy of the old one that reaches a worker later is dropped."
-            ]
-        else:
-            ran = f" for {since(task.started_at)}" if task.started_at else ""
-            proposal.what = [
-                f"Key {key!r} is freed from {name}'s run{ran} (ticket {task.ticket}, attempt {holder.attempts}, "
-                f"fencing token {holder.token}): the task is dispatched again, as when a lease expires"
-                f"{'' if holder.lost < holder.max_lost else ', or fails, having used its recoveries'}.",
-                "The released run is not stopped. If it is still executing, it goes on beside the new attempt "
-                "until it ends on its own; its lease renewals and its end are refused. Code that checks "
-                f"self.holds_key(), or stores self.keyed_lease.token ({holder.token}) with its writes and "
-                "refuses older tokens, stays safe.",
-            ]
-            if "stop" in available(task, holder):
-                proposal.instead = "stop"
+    _PROPOSED[action](proposal, task, holder, f"{task.task_name}[{task.task_id}]")
     return proposal
+
+
+def _propose_retry(proposal: Proposal, task: KeyedTask, holder: Holder | None, name: str) -> None:
+    if holder is not None and holder.state == "blocked":
+        proposal.what = [
+            f"{name} failed and blocks key {task.key!r}. It runs again first, as itself (the same task id), "
+            "before the tasks waiting behind it."
+        ]
+        return
+    try:
+        lookup.stored_message(task, current_app)
+    except ActionRefused as refused:
+        proposal.refusal = f"{refused}. Submit the task again from your code."
+        return
+    proposal.what = [
+        f"{name} is submitted again as a new task, with the same arguments, at the end of the queue of key "
+        f"{task.key!r}.",
+        "This record stays as it is and says which task it was retried as.",
+    ]
+
+
+def _propose_cancel(proposal: Proposal, task: KeyedTask, holder: Holder | None, name: str) -> None:
+    if holder is not None and holder.state == "blocked":
+        proposal.what = [f"{name} failed and blocks key {task.key!r}: it is cancelled, and the key's next task runs."]
+        return
+    proposal.what = [
+        f"{name} leaves the queue of key {task.key!r} and never runs; its record says you cancelled it.",
+        "If a worker starts it first, the cancel is refused: release it then.",
+    ]
+
+
+def _propose_run_now(proposal: Proposal, task: KeyedTask, holder: Holder | None, name: str) -> None:
+    if task.ticket is None:
+        proposal.what = [
+            f"{name} joins the queue of key {task.key!r} now, instead of when its countdown or eta is due; it then "
+            "waits its turn behind the key's earlier tasks. The message that waits for its eta is dropped when "
+            "it comes."
+        ]
+        return
+    proposal.what = [
+        f"{name} starts now instead of waiting for {run_now.waits_for(task)}: its message is published again "
+        "without an eta, and a worker starts it at once; the copy that waits is dropped when it comes, so it runs "
+        "once."
+    ]
+
+
+def _propose_stop(proposal: Proposal, task: KeyedTask, holder: Holder | None, name: str) -> None:
+    assert holder is not None  # why_not refuses a stop of a task that holds no slot
+    refusal = stop.cannot_end(current_app, task.worker if task.attempts == holder.attempts else "")
+    if refusal:
+        proposal.refusal = refusal
+        return
+    proposal.seen = {"ticket": task.ticket or 0, "dispatch": holder.dispatch}
+    proposal.choices = {"signal": stop.SIGNALS}
+    ran = f" for {since(task.started_at)}" if task.started_at else ""
+    where = f" on worker {task.worker}" if task.worker else ""
+    proposal.what = [
+        f"The run of {name}{ran}{where} (ticket {task.ticket}, attempt {holder.attempts}) is ended: Celery's "
+        "worker kills its process with the signal you pick (SIGTERM lets it run its exit handlers; SIGKILL "
+        "cannot be ignored).",
+        f"Key {task.key!r} keeps it until the run has ended (its worker sees the process gone, or its lease ends): "
+        "the next task starts after it, never beside it. The task fails, stopped by you"
+        f"{', and blocks its key' if holder.blocks_on_failure else ''}; it is not dispatched again.",
+    ]
+
+
+def _propose_release(proposal: Proposal, task: KeyedTask, holder: Holder | None, name: str) -> None:
+    assert holder is not None  # why_not refuses a release of a task that holds no slot
+    proposal.seen = {"ticket": task.ticket or 0, "dispatch": holder.dispatch}
+    if holder.state == "granted":
+        proposal.what = [
+            f"{name} was dispatched (ticket {task.ticket}, dispatch {holder.dispatch}) and has not started: its "
+            "message is published again; a copy of the old one that reaches a worker later is dropped."
+        ]
+        return
+    ran = f" for {since(task.started_at)}" if task.started_at else ""
+    proposal.what = [
+        f"Key {task.key!r} is freed from {name}'s run{ran} (ticket {task.ticket}, attempt {holder.attempts}, "
+        f"fencing token {holder.token}): the task is dispatched again, as when a lease expires"
+        f"{'' if holder.lost < holder.max_lost else ', or fails, having used its recoveries'}.",
+        "The released run is not stopped. If it is still executing, it goes on beside the new attempt "
+        "until it ends on its own; its lease renewals and its end are refused. Code that checks "
+        f"self.holds_key(), or stores self.keyed_lease.token ({holder.token}) with its writes and "
+        "refuses older tokens, stays safe.",
+    ]
+    if "stop" in available(task, holder):
+        proposal.instead = "stop"
+
+
+#: What each action would do, said by its proposer (``propose`` has checked it may be done).
+_PROPOSED = {
+    "retry": _propose_retry,
+    "cancel": _propose_cancel,
+    "run_now": _propose_run_now,
+    "stop": _propose_stop,
+    "release": _propose_release,
+}
 
 
 def perform(
