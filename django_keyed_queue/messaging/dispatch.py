@@ -133,6 +133,19 @@ def publish(
             then.extend(granted)
         return Published.MESSAGE_REFUSED
     dispatched_at = timezone.now()
+    if not _sent(app, grant, message, countdown=countdown, at_once=at_once):
+        return Published.BROKER_REFUSED
+    if mark_dispatched:
+        record_dispatched(grant, message.task_id, dispatched_at)
+    eta = None if countdown > 0 or at_once else sent_eta(message)
+    if eta is not None and eta > dispatched_at:
+        _deadline_from_eta(grant, (eta - dispatched_at).total_seconds())
+    return Published.SENT
+
+
+def _sent(app: Celery, grant: Grant | Recovery, message: TaskMessage, *, countdown: float, at_once: bool) -> bool:
+    """Publish ``message`` with its grant's header (for ``countdown`` seconds on, or without its eta); if the
+    broker refuses it, the reaper is asked to publish it again within ``REPUBLISH_DELAY_SECONDS``."""
     try:
         header = ticket_header(grant.key, grant.ticket, grant.dispatch)
         if countdown > 0:
@@ -140,32 +153,27 @@ def publish(
         elif at_once:
             header["eta"] = None
         publish_stored(app, message, header)
+        return True
     except Exception:
         logger.exception(
             "publishing %s[%s] key=%r ticket=%s failed; the reaper publishes it again",
-            message.task_name,
-            message.task_id,
-            grant.key,
-            grant.ticket,
-        )
-        try:
-            current().gate.republish_soon(
-                grant.key, grant.ticket, grant.dispatch, delay_seconds=REPUBLISH_DELAY_SECONDS
-            )
-        except Exception:
-            logger.warning("could not bring the republish of key=%r ticket=%s forward", grant.key, grant.ticket)
-        return Published.BROKER_REFUSED
-    if mark_dispatched:
-        record_dispatched(grant, message.task_id, dispatched_at)
-    eta = None if countdown > 0 or at_once else sent_eta(message)
-    if eta is not None and eta > dispatched_at:
-        # Its dispatch deadline runs from its eta, as the submission of a debounced task set it.
-        wait = (eta - dispatched_at).total_seconds() + current().gate.dispatch_timeout_ms / 1000
-        try:
-            current().gate.republish_after(grant.key, grant.ticket, grant.dispatch, delay_seconds=wait)
-        except Exception:
-            logger.warning("key=%r ticket=%s may be published again before its eta", grant.key, grant.ticket)
-    return Published.SENT
+            message.task_name, message.task_id, grant.key, grant.ticket,
+        )  # fmt: skip
+    try:
+        current().gate.republish_soon(grant.key, grant.ticket, grant.dispatch, delay_seconds=REPUBLISH_DELAY_SECONDS)
+    except Exception:
+        logger.warning("could not bring the republish of key=%r ticket=%s forward", grant.key, grant.ticket)
+    return False
+
+
+def _deadline_from_eta(grant: Grant | Recovery, eta_in_seconds: float) -> None:
+    """A message published with an eta: its dispatch deadline runs from then, as the submission of a
+    debounced task set it, so that the reaper publishes no copy before it is due."""
+    wait = eta_in_seconds + current().gate.dispatch_timeout_ms / 1000
+    try:
+        current().gate.republish_after(grant.key, grant.ticket, grant.dispatch, delay_seconds=wait)
+    except Exception:
+        logger.warning("key=%r ticket=%s may be published again before its eta", grant.key, grant.ticket)
 
 
 def publish_grants(app: Celery, grants: Iterable[Grant | Recovery]) -> Dispatched:
