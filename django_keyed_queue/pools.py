@@ -1,4 +1,4 @@
-"""``KEYED_QUEUE_POOLS``: the named pools a task may join, read from the settings on every access.
+"""``KEYED_QUEUE_POOLS``: the named pools a task may join, as the settings give them now.
 
 ``{"payments": {"limit": 10, "rate": "20/s"}, "mail": {"rate": "5/s"}}``: at most ``limit`` tasks of
 the pool run at once and at most ``rate`` start, across every worker process and host, whatever
