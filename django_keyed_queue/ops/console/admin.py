@@ -7,13 +7,14 @@ allowed by its own permission, and is written to the admin's log.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import redis
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-from django.http import HttpResponseBadRequest, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
@@ -33,7 +34,7 @@ from ..display import at, epoch_ms, took
 from .admin_keys import LiveKeysPages
 from .changelist import CursorChangeList, TaskNameFilter, open_only_match
 from .explain import explain_row
-from .permissions import may_view_tasks, who_acts
+from .permissions import PERMISSIONS, may_view_tasks, who_acts
 from .query_string import BadQueryValue, bad_request, whole_number
 from .timeline import key_timeline
 
@@ -85,7 +86,7 @@ class _PagesOfOurs(admin.ModelAdmin):
 
 
 @admin.register(KeyedTask)
-class KeyedTaskAdmin(LiveKeysPages, _PagesOfOurs):
+class KeyedTaskAdmin(_PagesOfOurs):
     list_display = ("short_id", "task_name", "key", "ticket", "status", "attempts", "enqueued_at_s", "waited", "ran")
     list_filter = ("status", TaskNameFilter)
     search_fields = ("=key", "=task_id")
@@ -187,28 +188,49 @@ class KeyedTaskAdmin(LiveKeysPages, _PagesOfOurs):
         # Django answers an unlisted lookup with 400 (DisallowedModelAdminLookup).
         return lookup in ALLOWED_LOOKUPS
 
-    # -- permissions: one per action (ModelAdmin looks up has_<name>_permission) --
+    # -- permissions: one per action (ModelAdmin looks up has_<name>_permission), and refusals; the live keys
+    # pages take them too --
+
+    def allowed(self, request: HttpRequest, action: str) -> bool:
+        return request.user.has_perm(f"{KeyedTask._meta.app_label}.{PERMISSIONS[action]}")
+
+    @contextmanager
+    def refusals(self, request) -> Iterator[None]:
+        """An action that does not apply, or cannot reach Redis, is told to the operator, not raised."""
+        try:
+            yield
+        except ActionRefused as refused:
+            self.message_user(request, str(refused), messages.WARNING)
+        except redis.RedisError as exc:
+            self.message_user(request, f"the keyed queue's Redis did not answer: {exc}", messages.ERROR)
+
+    def refused(self, request, what: str) -> HttpResponse:
+        """403, saying what the user may not do (Django's own 403 page says nothing)."""
+        may_view = self.has_view_permission(request)
+        text = f"You may {'view keyed tasks but not ' if may_view else 'not '}{what}."
+        context = {**self.admin_site.each_context(request), "title": _("Not allowed"), "text": text}
+        return TemplateResponse(request, "admin/keyed_queue/refused.html", context, status=403)
 
     def has_cancel_permission(self, request) -> bool:
-        return self._allowed(request, "cancel")
+        return self.allowed(request, "cancel")
 
     def has_retry_permission(self, request) -> bool:
-        return self._allowed(request, "retry")
+        return self.allowed(request, "retry")
 
     def has_run_now_permission(self, request) -> bool:
-        return self._allowed(request, "run_now")
+        return self.allowed(request, "run_now")
 
     def has_stop_permission(self, request) -> bool:
-        return self._allowed(request, "stop")
+        return self.allowed(request, "stop")
 
     def has_release_permission(self, request) -> bool:
-        return self._allowed(request, "release")
+        return self.allowed(request, "release")
 
     def has_pause_permission(self, request) -> bool:
-        return self._allowed(request, "pause")
+        return self.allowed(request, "pause")
 
     def has_resume_permission(self, request) -> bool:
-        return self._allowed(request, "resume")
+        return self.allowed(request, "resume")
 
     # -- actions on the selected tasks --
 
@@ -242,7 +264,7 @@ class KeyedTaskAdmin(LiveKeysPages, _PagesOfOurs):
         keys = _keys(queryset)
         if request.POST.get("post") == "yes":
             for key in keys:
-                self._on_key(request, action, key)
+                LiveKeysPages(self).on_key(request, action, key)
             return None
         try:
             proposals = [task_actions.propose_for_key(action, key) for key in keys]
@@ -334,7 +356,7 @@ class KeyedTaskAdmin(LiveKeysPages, _PagesOfOurs):
     ) -> None:
         """Do ``action``, log it, and tell the operator what happened, with a link to the task that runs now."""
         by = who_acts(request)
-        with self._refusals(request):
+        with self.refusals(request):
             text, runs = task_actions.perform(action, task, by, seen, picked)
             said = self._log_done(request, task, text, runs)
             self.message_user(request, format_html("{}[{}]: {}", task.task_name, task.task_id, said), messages.SUCCESS)
@@ -371,7 +393,7 @@ class KeyedTaskAdmin(LiveKeysPages, _PagesOfOurs):
                 extra["task_actions"] = [
                     (action, task_actions.VERBS[action], reverse("admin:keyed_queue_task_act", args=[task.pk, action]))
                     for action in task_actions.available(task, explanation.own_slot)
-                    if self._allowed(request, action)
+                    if self.allowed(request, action)
                 ]
         return super().change_view(request, object_id, form_url, {**extra, **(extra_context or {})})
 
@@ -379,7 +401,7 @@ class KeyedTaskAdmin(LiveKeysPages, _PagesOfOurs):
         action = request.POST.get("action") if request.method == "POST" else None
         if action and action not in self.get_actions(request):
             # Django would answer 200 "No action selected": a forced POST is told it is not allowed.
-            return self._refused(request, f"run the action {action!r}")
+            return self.refused(request, f"run the action {action!r}")
         extra = {"live_keys_url": reverse("admin:keyed_queue_keys"), **(extra_context or {})}
         if request.method == "GET":
             try:  # the latest submissions too: the workers write their rows only past the record delay
@@ -396,8 +418,8 @@ class KeyedTaskAdmin(LiveKeysPages, _PagesOfOurs):
         task = self.get_object(request, object_id)
         if task is None or action not in task_actions.ACTIONS:
             return HttpResponseBadRequest("no such task or action")
-        if not self._allowed(request, action):
-            return self._refused(request, f"{action} them")
+        if not self.allowed(request, action):
+            return self.refused(request, f"{action} them")
         page = reverse("admin:keyed_queue_keyedtask_change", args=[task.pk])
         # Where the operator came from (the live keys page, with its filter), to go back there after.
         back = request.POST.get("next") or request.GET.get("next") or ""
@@ -419,7 +441,7 @@ class KeyedTaskAdmin(LiveKeysPages, _PagesOfOurs):
                 "task_url": page,
                 "back": back or page,
                 "instead_url": proposal.instead
-                and self._allowed(request, proposal.instead)
+                and self.allowed(request, proposal.instead)
                 and reverse("admin:keyed_queue_task_act", args=[task.pk, proposal.instead]),
             }
             return TemplateResponse(request, "admin/keyed_queue/keyedtask/confirm_action.html", context)
@@ -434,10 +456,10 @@ class KeyedTaskAdmin(LiveKeysPages, _PagesOfOurs):
     # -- the pages' own URLs: the live keys page (``admin_keys``) and an action on one task --
 
     def get_urls(self):
-        view = self.admin_site.admin_view
+        view, live = self.admin_site.admin_view, LiveKeysPages(self)
         return [
-            path("keys/", view(self.keys_view), name="keyed_queue_keys"),
-            path("keys/act/", view(require_POST(self.key_action_view)), name="keyed_queue_key_act"),
+            path("keys/", view(live.keys_view), name="keyed_queue_keys"),
+            path("keys/act/", view(require_POST(live.key_action_view)), name="keyed_queue_key_act"),
             path("<path:object_id>/act/<str:action>/", view(self.task_action_view), name="keyed_queue_task_act"),
             *super().get_urls(),
         ]

@@ -1,14 +1,13 @@
-"""The live keys page and its actions on a key (pause, resume, release, limit and rate), as views of the
-task list's admin (``KeyedTaskAdmin``), which its URLs name."""
+"""The live keys page and its actions on a key (pause, resume, release, limit and rate): views the task
+list's admin (``KeyedTaskAdmin``) holds and routes to."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import redis
-from django.contrib import admin, messages
+from django.contrib import messages
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.contenttypes.models import ContentType
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect
@@ -18,7 +17,6 @@ from django.utils import timezone
 from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
 
-from ...exceptions import ActionRefused
 from ...records.columns import TASK_ID_MAX_LENGTH, unstorable
 from ...records.models import KeyedTask
 from ..actions import limits, recovery
@@ -28,42 +26,25 @@ from .live import live_keys
 from .permissions import PERMISSIONS, who_acts
 from .query_string import bad_query_value, bad_request, whole_number
 
+if TYPE_CHECKING:
+    from .admin import KeyedTaskAdmin
+
 logger = logging.getLogger("django_keyed_queue.ops.console.admin")
 
 #: How often the live keys page reloads itself while its "Refresh" toggle is on.
 LIVE_REFRESH_SECONDS = 5
 
 
-class OperatorPages(admin.ModelAdmin):
-    """What the task pages and the live keys page share: each action's permission, and its refusals."""
+class LiveKeysPages:
+    """The live keys page's views, which the task list's admin (``admin``) routes to: they take its
+    permissions, its refusals and its messages."""
 
-    def _allowed(self, request: HttpRequest, action: str) -> bool:
-        return request.user.has_perm(f"{KeyedTask._meta.app_label}.{PERMISSIONS[action]}")
-
-    @contextmanager
-    def _refusals(self, request) -> Iterator[None]:
-        """An action that does not apply, or cannot reach Redis, is told to the operator, not raised."""
-        try:
-            yield
-        except ActionRefused as refused:
-            self.message_user(request, str(refused), messages.WARNING)
-        except redis.RedisError as exc:
-            self.message_user(request, f"the keyed queue's Redis did not answer: {exc}", messages.ERROR)
-
-    def _refused(self, request, what: str) -> HttpResponse:
-        """403, saying what the user may not do (Django's own 403 page says nothing)."""
-        may_view = self.has_view_permission(request)
-        text = f"You may {'view keyed tasks but not ' if may_view else 'not '}{what}."
-        context = {**self.admin_site.each_context(request), "title": _("Not allowed"), "text": text}
-        return TemplateResponse(request, "admin/keyed_queue/refused.html", context, status=403)
-
-
-class LiveKeysPages(OperatorPages):
-    """The live keys page's views; mixed into the task list's admin, whose permissions and refusals they use."""
+    def __init__(self, admin: KeyedTaskAdmin) -> None:
+        self.admin = admin
 
     def keys_view(self, request):
-        if not self.has_view_permission(request):
-            return self._refused(request, "view keyed tasks")
+        if not self.admin.has_view_permission(request):
+            return self.admin.refused(request, "view keyed tasks")
         key = request.GET.get("key") or None
         problem = key and bad_query_value("key", key)
         if problem:
@@ -71,16 +52,16 @@ class LiveKeysPages(OperatorPages):
         try:
             page = live_keys(search=key)
         except redis.RedisError as exc:
-            self.message_user(request, f"the keyed queue's Redis did not answer: {exc}", messages.ERROR)
+            self.admin.message_user(request, f"the keyed queue's Redis did not answer: {exc}", messages.ERROR)
             page = None
         context = {
-            **self.admin_site.each_context(request),
+            **self.admin.admin_site.each_context(request),
             "title": _("Live keys"),
-            "opts": self.model._meta,
+            "opts": KeyedTask._meta,
             "page": page,
             "states": page.states if page else [],
             "key": key or "",
-            "can": {action: self._allowed(request, action) for action in PERMISSIONS},
+            "can": {action: self.admin.allowed(request, action) for action in PERMISSIONS},
             "changelist_url": reverse("admin:keyed_queue_keyedtask_changelist"),
             "now_ms": epoch_ms(timezone.now()),
             "refresh_seconds": LIVE_REFRESH_SECONDS,
@@ -103,12 +84,12 @@ class LiveKeysPages(OperatorPages):
         task_id = request.POST.get("task_id", "")
         if problem := task_id and unstorable(task_id, TASK_ID_MAX_LENGTH):
             return HttpResponseBadRequest(f"a task id {problem}", content_type="text/plain; charset=utf-8")
-        if not self._allowed(request, action):
-            return self._refused(request, f"{action} keys")
+        if not self.admin.allowed(request, action):
+            return self.admin.refused(request, f"{action} keys")
         ticket_number, dispatch_number = (
             (int(ticket), int(dispatch) if dispatch else None) if action == "release" else (None, None)
         )
-        self._on_key(request, action, key, ticket_number, dispatch_number, task_id)
+        self.on_key(request, action, key, ticket_number, dispatch_number, task_id)
         return _back_to_page(request)
 
     def _pool_limit(self, request):
@@ -116,22 +97,22 @@ class LiveKeysPages(OperatorPages):
         pool = request.POST.get("pool", "")
         if problem := bad_query_value("pool", pool) if pool else "a pool's name":
             return HttpResponseBadRequest(f"pool_limit needs {problem}", content_type="text/plain; charset=utf-8")
-        if not self._allowed(request, "limit"):
-            return self._refused(request, "limit keys or pools")
+        if not self.admin.allowed(request, "limit"):
+            return self.admin.refused(request, "limit keys or pools")
         by = who_acts(request)
-        with self._refusals(request):
+        with self.admin.refusals(request):
             typed = {name: request.POST.get(name, "").strip() for name in ("limit", "rate")}
             text = f"Pool {pool!r}: {limits.set_typed(pool=pool, **typed, by=by) or 'nothing changed'}, set by {by}"
             _log_action(request, f"pool {pool}", text)
-            self.message_user(request, text, messages.SUCCESS)
+            self.admin.message_user(request, text, messages.SUCCESS)
         return _back_to_page(request)
 
-    def _on_key(
+    def on_key(
         self, request, action: str, key: str, ticket: int | None = None, dispatch: int | None = None, task_id: str = ""
     ) -> None:
         by = who_acts(request)
         level = messages.SUCCESS
-        with self._refusals(request):
+        with self.admin.refusals(request):
             if action == "pause":
                 recovery.pause(key, by=by)
                 text = f"Key {key!r} paused by {by}"
@@ -148,7 +129,7 @@ class LiveKeysPages(OperatorPages):
                 whose = f" (task {task_id})" if task_id else ""
                 text = f"Ticket {ticket}{whose} of key {key!r} released by {by}"
             _log_action(request, f"key {key}", text)
-            self.message_user(request, text, level)
+            self.admin.message_user(request, text, level)
 
 
 def _back_to_page(request: HttpRequest) -> HttpResponse:
