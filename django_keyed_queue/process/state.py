@@ -43,9 +43,9 @@ class WorkerTraits:
     accept_content: frozenset[str] | None = None
 
     def accepted(self, app: Celery) -> Iterable[str]:
-        """The content types a stored message may be decoded from here: the worker's, else the app's as it is now
-        (read once per run in a worker: reading Celery's configuration in a Django project costs a lookup of
-        each setting's name in Django's settings)."""
+        """The content types a stored message may be decoded from here: the worker's, noted once at its start,
+        else the app's as it is now (each read of Celery's configuration in a Django project looks the name up
+        in Django's settings too)."""
         return app.conf.accept_content if self.accept_content is None else self.accept_content
 
 
@@ -138,8 +138,8 @@ def current() -> Process:
 
 
 def _forget_in_child() -> None:
-    # Called on every run's hot path, current() reads no pid: a forked child drops its parent's state here,
-    # and a new lock, in case the fork copied the lock held.
+    # current() is on every run's hot path, so it reads no pid: a forked child drops its parent's state here,
+    # and takes a new lock, in case the fork copied the lock held.
     global _current, _lock
     _current, _lock = None, threading.Lock()
 
