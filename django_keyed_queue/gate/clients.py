@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 from urllib.parse import unquote, urlsplit
 
 import redis
@@ -70,8 +70,9 @@ def sentinel_client(url: str, master: str, **options: Any) -> redis.Redis:
     if credentials is not None:
         master_options["username"] = unquote(credentials.username) if credentials.username else None
         master_options["password"] = unquote(credentials.password) if credentials.password else None
-    sentinels = Sentinel(hosts, sentinel_kwargs=_sentinel_options(options))  # type: ignore[no-untyped-call]
-    client: redis.Redis = sentinels.master_for(master, db=int(database), **master_options)  # type: ignore[no-untyped-call]
+    # Through Any: redis-py annotates Sentinel in some versions and not in others (8.1 does not, 8.2 does).
+    sentinels = cast(Any, Sentinel)(hosts, sentinel_kwargs=_sentinel_options(options))
+    client: redis.Redis = sentinels.master_for(master, db=int(database), **master_options)
     return client
 
 
