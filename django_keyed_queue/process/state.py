@@ -16,7 +16,7 @@ import os
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..conf import settings
 from ..gate import Gate
@@ -39,8 +39,22 @@ class WorkerTraits:
 
     time_limits: tuple[float | None, float | None] = (None, None)
     sends_task_events: bool = False
-    #: The app's ``accept_content`` as the worker read it at its start, as its consumer did (None: not a worker).
+    #: The app's ``accept_content`` as the worker read it at its start, as its consumer did (None: read the app's).
     accept_content: frozenset[str] | None = None
+    #: Noted by a Celery worker at its start (its ``time_limits`` then include the app's own); False elsewhere.
+    in_worker: bool = False
+
+    @classmethod
+    def of(cls, worker: Any) -> WorkerTraits:
+        """The traits of a Celery worker (its ``WorkController``) as it starts.
+
+        Only an ``accept_content`` that is a list of names is kept; anything else is read from the app at each
+        use, and refused there, as before: noting it never fails, which would lose the worker's time limits
+        (Celery logs a receiver's error and goes on)."""
+        accept = worker.app.conf.accept_content
+        names = isinstance(accept, (list, tuple, set, frozenset)) and all(isinstance(a, str) for a in accept)
+        limits = (worker.time_limit, worker.soft_time_limit)
+        return cls(limits, bool(worker.task_events), frozenset(accept) if names else None, in_worker=True)
 
     def accepted(self, app: Celery) -> Iterable[str]:
         """The content types a stored message may be decoded from here: the worker's, noted once at its start,

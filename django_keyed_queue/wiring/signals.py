@@ -52,8 +52,7 @@ _ENDING_SIGNALS = (signal.SIGTERM, signal.SIGKILL)
 @worker_init.connect
 def _note_worker(sender: Any = None, **_: object) -> None:
     """Before the worker builds its consumer and forks its pool: what its processes need to know."""
-    limits, accept = (sender.time_limit, sender.soft_time_limit), frozenset(sender.app.conf.accept_content)
-    note_worker(WorkerTraits(limits, bool(sender.task_events), accept_content=accept))
+    note_worker(WorkerTraits.of(sender))
     processes = max(sender.concurrency or 0, getattr(sender, "max_concurrency", None) or 0)
     handoff_runs.share(processes, task_events=bool(sender.task_events))
     _share_task_events()

@@ -312,7 +312,7 @@ def local_request(
     if task is None or not HONOURED_OPTIONS.issuperset(options):
         return None
     limits: tuple[float | None, ...] = (*worker.time_limits, task.time_limit, task.soft_time_limit)
-    if worker.accept_content is None:  # not a worker: the app's own limits, as they are now (a worker's include them)
+    if not worker.in_worker:  # the app's own limits, as they are now (a worker's include them)
         limits += (app.conf.task_time_limit, app.conf.task_soft_time_limit)
     if any(limit is not None for limit in limits) or task.expires is not None:
         return None

@@ -68,3 +68,46 @@ def test_a_queue_this_worker_does_not_read_goes_by_broker(worker_reads_celery_on
 
 def test_an_unregistered_task_goes_by_broker(worker_reads_celery_only):
     assert request_for("somewhere.else.task") is None
+
+
+class StartingWorker:
+    """What ``WorkerTraits.of`` reads of Celery's ``WorkController`` at ``worker_init``, with the real app."""
+
+    app = current_app
+    task_events = True
+
+    def __init__(self, time_limit=None, soft_time_limit=None):
+        self.time_limit, self.soft_time_limit = time_limit, soft_time_limit
+
+
+def test_a_worker_notes_its_accept_content_and_its_limits_at_its_start(worker_reads_celery_only):
+    traits = WorkerTraits.of(StartingWorker(soft_time_limit=30))
+    assert traits.in_worker and traits.sends_task_events and traits.time_limits == (None, 30)
+    assert traits.accept_content == frozenset(current_app.conf.accept_content)
+    message, grant = TaskMessage(step.name, "task-1", ("k", 3), {}, {}), Grant("k", 7, 2, b"")
+    assert local_request(current_app, message, grant, "w1@host", traits) is None, "its limit holds"
+    assert local_request(current_app, message, grant, "w1@host", WorkerTraits.of(StartingWorker())) is not None
+
+
+@pytest.mark.parametrize("accept", ["json", None, [["json"]], ["json", 3]])
+def test_an_accept_content_that_is_not_a_list_of_names_is_read_from_the_app_and_the_limits_still_noted(accept):
+    before = current_app.conf.accept_content
+    current_app.conf.accept_content = accept
+    try:
+        traits = WorkerTraits.of(StartingWorker(time_limit=60))
+        assert traits.accept_content is None and traits.accepted(current_app) is accept
+    finally:
+        current_app.conf.accept_content = before
+    assert traits.in_worker and traits.time_limits == (60, None)
+
+
+def test_a_worker_takes_the_limits_it_noted_not_the_apps_as_changed_since(worker_reads_celery_only):
+    """As Celery's pool: a worker's limits are those it started with (they include the app's then)."""
+    message = TaskMessage(step.name, "task-1", ("k", 3), {}, {})
+    traits = WorkerTraits.of(StartingWorker())
+    current_app.conf.task_soft_time_limit = 10
+    try:
+        assert local_request(current_app, message, Grant("k", 7, 2, b""), "w1@host", traits) is not None
+        assert request_for(step.name) is None, "outside a worker, the app's limits as they are now"
+    finally:
+        current_app.conf.task_soft_time_limit = None
