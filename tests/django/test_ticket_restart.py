@@ -39,9 +39,10 @@ def run(task_id: str, ticket: int, *, worker: str, ran_for: float):
     """The gate's start of ``ticket`` for ``task_id``, and the record its worker writes."""
     started = get_gate().start(Start(KEY, ticket, 1, task_id=task_id, max_lost=3))
     assert started.ok
-    KeyedTask.objects.filter(task_id=task_id).update(
+    ran = KeyedTask.objects.filter(task_id=task_id).update(
         status="running", started_at=timezone.now() - timedelta(seconds=ran_for), worker=worker, attempts=1
     )
+    assert ran == 1, f"the row of {task_id} is written"
     return started
 
 
@@ -52,7 +53,10 @@ def restarted(gate_redis, broker) -> tuple[str, str, str]:
     [old] = submit(1)
     started = run(old, 1, worker="celery@w2", ran_for=400)
     assert get_gate().finish(Finish(KEY, 1, started.token)).ok
-    KeyedTask.objects.filter(task_id=old).update(status="succeeded", finished_at=timezone.now() - timedelta(minutes=6))
+    ended = KeyedTask.objects.filter(task_id=old).update(
+        status="succeeded", finished_at=timezone.now() - timedelta(minutes=6)
+    )
+    assert ended == 1
     gate_redis.pexpire(KeyNames(KEY).meta, 1)  # what the idle horizon does to a drained key
     while gate_redis.exists(KeyNames(KEY).meta):
         pass
@@ -138,8 +142,19 @@ def test_the_timeline_tells_the_series_of_tickets_apart(restarted):
     old, new, behind = restarted
     timeline = key_timeline(KeyedTask.objects.get(task_id=new))
     assert [b.task_id for b in timeline.bars] == [old, new, behind], "each series in order, the older first"
-    assert [b.restarts for b in timeline.bars] == [False, True, False]
+    rows = KeyedTask.objects.order_by("id").values_list("task_id", "ticket", "enqueued_at", "finished_at")
+    assert [b.restarts for b in timeline.bars] == [False, True, False], list(rows)
     assert [b.label for b in timeline.bars] == ["#1 succeeded", "#1 running", "#2 waiting"]
+
+
+def test_a_worker_clock_ahead_of_the_gate_s_still_tells_the_series_apart(restarted):
+    """The old run's end is written by its worker's clock, the new submission's time by the gate's: a worker
+    a few ms ahead writes an end after the next series joined, and the timeline still splits at the ticket 1."""
+    old, new, behind = restarted
+    joined = KeyedTask.objects.get(task_id=new).enqueued_at
+    KeyedTask.objects.filter(task_id=old).update(finished_at=joined + timedelta(milliseconds=5))
+    timeline = key_timeline(KeyedTask.objects.get(task_id=new))
+    assert [(b.task_id, b.restarts) for b in timeline.bars] == [(old, False), (new, True), (behind, False)]
 
 
 @pytest.mark.parametrize("task_id", ["\x00", "x" * 100_000, "é\x00" * 3])

@@ -124,12 +124,15 @@ def _series(tasks: list[KeyedTask]) -> list[list[KeyedTask]]:
     """``tasks`` split where the key's tickets started over, each series in ticket order.
 
     A series starts at a ticket 1 that joined the queue (a delayed task joins when due) after every
-    task of the series before it had ended: only a drained key starts its tickets over.
+    task of the series before it had ended: only a drained key starts its tickets over. It starts there
+    too when the series before already holds a ticket 1, whatever the times say: a worker's clock writes
+    an end, the gate's a submission, and a clock a few ms ahead must not merge two series.
     """
     series: list[list[KeyedTask]] = [[]]
     for t in sorted(tasks, key=lambda t: (_joined(t), t.id)):
         ticketed = [s for s in series[-1] if s.ticket is not None]
-        if t.ticket == 1 and ticketed and all(s.finished_at and s.finished_at <= _joined(t) for s in ticketed):
+        drained = ticketed and all(s.finished_at and s.finished_at <= _joined(t) for s in ticketed)
+        if t.ticket == 1 and (drained or any(s.ticket == 1 for s in ticketed)):
             series.append([])
         series[-1].append(t)
     return [sorted(s, key=lambda t: (t.ticket is None, t.ticket or 0, t.id)) for s in series if s]
