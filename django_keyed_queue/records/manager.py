@@ -208,24 +208,18 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
         (``missing_since``) for that many seconds; the others are returned, applied to nothing.
         A worker's transitions wait so for the submission's row its writer is about to write.
 
-        Every writer (the workers' buffers, the submissions' writers) takes the rows
-        in one order, each row's statements together, so that concurrent writers
-        wait for each other instead of deadlocking (PostgreSQL aborts one of two
-        transactions that lock rows in opposite orders).
+        Every writer (the workers' buffers, the submissions' writers) writes one way (``_write``), each
+        statement taking its rows in the submissions' order, so that concurrent writers mostly wait for
+        each other. Two statements of one batch may still meet another writer's in the opposite order:
+        PostgreSQL then aborts one of the two transactions, and its writer writes that batch again.
 
         ``lock_wait``: seconds to wait for a lock another transaction holds, then raise
         (``gave_way_to_a_lock``); by default the database's own wait.
         """
         db = connections[self.db_for_write()]
         ordered = sorted(transitions, key=lambda t: t.submission)
-        update = queries.update_sql(self.model, db.alias)
-        now, waiting = time.monotonic(), list[Transition]()
         with _transaction(db, lock_wait) as cursor:
-            if all(t.create is None for t in ordered):
-                cursor.executemany(update, [_update_params(self.model, t, db) for t in ordered])
-                return waiting
-            if not _all_at_once(db, cursor, self.model, ordered, new=new):
-                waiting = _by_rows_there(db, cursor, self.model, ordered, new=new, create_after=create_after, now=now)
+            waiting = _write(db, cursor, self.model, ordered, new=new, create_after=create_after, now=time.monotonic())
             # Words after rows, in every writer: two writers never wait for each other in turn.
             waited = {id(t) for t in waiting}
             key_words.remember(db.alias, [t.key for t in ordered if t.create is not None and id(t) not in waited])
@@ -351,45 +345,7 @@ def _sqlite_busy_timeout_ms(db: BaseDatabaseWrapper, ms: int) -> int:
     return int(before)
 
 
-def _all_at_once(
-    db: BaseDatabaseWrapper,
-    cursor: Any,
-    model: type[models.Model],
-    ordered: list[Transition],
-    *,
-    new: bool,
-) -> bool:
-    """Apply ``ordered`` (transitions that may create their rows) with a statement for those that insert
-    their rows first (``_inserted_first``) and one for the others, where each is known to change exactly
-    one row: each inserts its row, or each finds its row. False, with nothing applied, when one did not
-    (its row was there, or was not): then each goes alone.
-
-    The batch runs in a savepoint, so that a batch given up holds no row lock while the rows
-    are taken again one by one, in the order every writer takes them.
-    """
-    if any(t.joins for t in ordered):  # a join's UPDATE may also find its row without a ticket
-        return False
-    inserts = [t for t in ordered if _inserted_first(t, new)]
-    updates = [t for t in ordered if not _inserted_first(t, new)]
-    if new and updates:
-        return False
-    try:
-        with transaction.atomic(using=db.alias):  # a savepoint inside ``apply``'s transaction
-            if inserts:
-                insert = queries.insert_sql(model, db.alias, ignore_conflicts=True)
-                cursor.executemany(insert, [_insert_params(model, db, t.row_to_create()) for t in inserts])
-                if cursor.rowcount != len(inserts):
-                    raise _NotOneRowEach
-            if updates:
-                cursor.executemany(queries.update_sql(model, db.alias), [_update_params(model, t, db) for t in updates])
-                if cursor.rowcount != len(updates):
-                    raise _NotOneRowEach
-    except _NotOneRowEach:
-        return False
-    return True
-
-
-def _by_rows_there(
+def _write(
     db: BaseDatabaseWrapper,
     cursor: Any,
     model: type[models.Model],
@@ -399,31 +355,33 @@ def _by_rows_there(
     create_after: float | None,
     now: float,
 ) -> list[Transition]:
-    """Apply ``ordered`` after one read of which of their rows are there: those there updated in one
-    statement, the missing ones that may make their rows inserted in another; those that must wait for
-    their rows are returned. A batch of a busy worker often holds both (runs that started after the
-    record delay, their rows not written yet): one by one, it cost a statement a row, every flush.
-    A join (its row may have no ticket yet), and a row another writer made meanwhile, go one by one."""
+    """Apply ``ordered``, a statement for many rows: the one way every writer writes; those that must
+    wait for their rows are returned.
+
+    Each row is guessed there or missing (``_inserted_first``): one UPDATE for those guessed there, one
+    INSERT for the others. An UPDATE that did not find a row each is followed by one read of which
+    rows are there: those there are updated again (an update repeats safely, and a row another writer
+    made meanwhile takes it), the missing ones that may make their rows join the INSERT, and the rest
+    wait. A busy worker's flush holds both kinds (runs that started after the record delay, their rows
+    not written yet): a statement a row would cost it every flush. What an INSERT met another writer's
+    row for, and a join (its row may have no ticket yet), go one by one.
+    """
     alone = [t for t in ordered if t.joins]
-    there = _rows_there(db, model, [t for t in ordered if not t.joins])
-    updates: list[Transition] = []
-    inserts: list[Transition] = []
+    inserts = [t for t in ordered if not t.joins and _inserted_first(t, new)]
+    updates = [t for t in ordered if not t.joins and not _inserted_first(t, new)]
     waiting: list[Transition] = []
-    for t in ordered:
-        if t.joins:
-            continue
-        if t.submission in there:
-            updates.append(t)
-        elif t.create is None:
-            continue  # nothing to apply it to, nor to make its row from
-        elif _inserted_first(t, new) or not _waits_for_its_row(t, create_after, now):
-            inserts.append(t)
-        else:
-            waiting.append(t)
+    update = queries.update_sql(model, db.alias)
     if updates:
-        cursor.executemany(queries.update_sql(model, db.alias), [_update_params(model, t, db) for t in updates])
-        if cursor.rowcount != len(updates):  # a row went meanwhile: each again, alone (an update repeats safely)
-            alone += updates
+        cursor.executemany(update, [_update_params(model, t, db) for t in updates])
+        missed = [t for t in updates if t.create is not None]  # one without ``create`` has nothing to make
+        if cursor.rowcount != len(updates) and missed:
+            there = _rows_there(db, model, missed)
+            again = [t for t in missed if t.submission in there]
+            if again:
+                cursor.executemany(update, [_update_params(model, t, db) for t in again])
+            for t in missed:
+                if t.submission not in there:
+                    (waiting if _waits_for_its_row(t, create_after, now) else inserts).append(t)
     if inserts:
         insert = queries.insert_sql(model, db.alias, ignore_conflicts=True)
         cursor.executemany(insert, [_insert_params(model, db, t.row_to_create()) for t in inserts])
@@ -482,10 +440,6 @@ def _inserted_first(t: Transition, new: bool) -> bool:
     """Whether ``t``'s row is most likely missing, so that it is inserted first (and updated only if it
     was there): in a batch of new rows, or a transition that says so (``Transition.insert_first``)."""
     return t.create is not None and (new or t.insert_first)
-
-
-class _NotOneRowEach(Exception):
-    """A batch's one statement did not change exactly one row for each of its transitions: rolled back."""
 
 
 def _set_aside(t: Transition, error: Exception) -> None:
