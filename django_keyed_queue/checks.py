@@ -18,17 +18,33 @@ from .pools import configured_pools
 
 @register()
 def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    return [
+        *_unknown_settings(),
+        *_redis_url_problems(),
+        *_redis_wait_problems(),
+        *_number_problems(),
+        *_metrics_token_problems(),
+        *_database_problems(),
+        *_pool_problems(),
+    ]
+
+
+def _unknown_settings() -> list[CheckMessage]:
+    """A ``KEYED_QUEUE_`` setting no version reads: most often a typo, which would leave the default at work."""
+    return [
+        Warning(
+            f"Unknown setting {name}.",
+            hint=f"Known settings: {', '.join(PREFIX + n for n in sorted(DEFAULTS))}.",
+            id="keyed_queue.W001",
+        )
+        for name in dir(django_settings)
+        if name.startswith(PREFIX) and name[len(PREFIX) :] not in DEFAULTS | INTERNAL
+    ]
+
+
+def _number_problems() -> list[CheckMessage]:
+    """Durations, sizes and counts outside the range the gate and the writers work in."""
     problems: list[CheckMessage] = []
-    for name in dir(django_settings):
-        if name.startswith(PREFIX) and name[len(PREFIX) :] not in DEFAULTS | INTERNAL:
-            problems.append(
-                Warning(
-                    f"Unknown setting {name}.",
-                    hint=f"Known settings: {', '.join(PREFIX + n for n in sorted(DEFAULTS))}.",
-                    id="keyed_queue.W001",
-                )
-            )
-    problems += _redis_problems()
     for name in (
         "LEASE_SECONDS",
         "DISPATCH_TIMEOUT_SECONDS",
@@ -78,9 +94,6 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
                 id="keyed_queue.E010",
             )
         )
-    problems += _metrics_token_problems()
-    problems += _database_problems()
-    problems += _pool_problems()
     return problems
 
 
@@ -128,7 +141,8 @@ def _metrics_token_problems() -> list[CheckMessage]:
     return []
 
 
-def _redis_problems() -> list[CheckMessage]:
+def _redis_url_problems() -> list[CheckMessage]:
+    """A gate URL no client can use, or one that disagrees with the Sentinel and Cluster settings."""
     url, cluster, master = settings.REDIS_URL, settings.REDIS_CLUSTER, settings.REDIS_SENTINEL_MASTER
     if not isinstance(url, str) or urlparse(url).scheme not in ("redis", "rediss", "unix", SENTINEL_SCHEME):
         return [
@@ -176,6 +190,12 @@ def _redis_problems() -> list[CheckMessage]:
                 id="keyed_queue.E008",
             )
         )
+    return problems
+
+
+def _redis_wait_problems() -> list[CheckMessage]:
+    """How many replicas a write waits for, and for how long."""
+    problems: list[CheckMessage] = []
     replicas, timeout = settings.REDIS_WAIT_REPLICAS, settings.REDIS_WAIT_TIMEOUT_SECONDS
     if not (isinstance(replicas, int) and not isinstance(replicas, bool) and replicas >= 0):
         problems.append(

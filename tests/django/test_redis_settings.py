@@ -60,6 +60,12 @@ def test_wait_timeout_is_positive():
     assert _ids(KEYED_QUEUE_REDIS_WAIT_REPLICAS=1, KEYED_QUEUE_REDIS_WAIT_TIMEOUT_SECONDS=0.5) == []
 
 
+def test_a_url_no_client_can_use_is_told_with_every_other_problem_of_the_gate_s_redis():
+    """One run of the checks names all that is wrong: a fix of the URL does not reveal the next error."""
+    ids = _ids(KEYED_QUEUE_REDIS_URL="http://gate:6379", KEYED_QUEUE_REDIS_WAIT_REPLICAS=-1)
+    assert ids == ["keyed_queue.E001", "keyed_queue.E009"]
+
+
 def test_a_sentinel_url_reads_as_celerys_does():
     client = connect(
         "sentinel://:secret@s1:26379/3;sentinel://s2:26380;sentinel://s3", sentinel_master="mymaster", socket_timeout=4
