@@ -27,7 +27,7 @@ from ..conf import settings
 from ..exceptions import MessageRefused
 from ..gate import Cancel, Code, Grant, Recovery
 from ..process.outage import outlast_restart
-from ..process.state import current
+from ..process.state import current, worker_gate
 from ..records import submissions
 from ..records.statuses import Status
 from ..records.transitions import Transition
@@ -160,7 +160,7 @@ def _sent(app: Celery, grant: Grant | Recovery, message: TaskMessage, *, countdo
             message.task_name, message.task_id, grant.key, grant.ticket,
         )  # fmt: skip
     try:
-        current().gate.republish_soon(grant.key, grant.ticket, grant.dispatch, delay_seconds=REPUBLISH_DELAY_SECONDS)
+        worker_gate().republish_soon(grant.key, grant.ticket, grant.dispatch, delay_seconds=REPUBLISH_DELAY_SECONDS)
     except Exception:
         logger.warning("could not bring the republish of key=%r ticket=%s forward", grant.key, grant.ticket)
     return False
@@ -169,9 +169,9 @@ def _sent(app: Celery, grant: Grant | Recovery, message: TaskMessage, *, countdo
 def _deadline_from_eta(grant: Grant | Recovery, eta_in_seconds: float) -> None:
     """A message published with an eta: its dispatch deadline runs from then, as the submission of a
     debounced task set it, so that the reaper publishes no copy before it is due."""
-    wait = eta_in_seconds + current().gate.dispatch_timeout_ms / 1000
+    wait = eta_in_seconds + worker_gate().dispatch_timeout_ms / 1000
     try:
-        current().gate.republish_after(grant.key, grant.ticket, grant.dispatch, delay_seconds=wait)
+        worker_gate().republish_after(grant.key, grant.ticket, grant.dispatch, delay_seconds=wait)
     except Exception:
         logger.warning("key=%r ticket=%s may be published again before its eta", grant.key, grant.ticket)
 
@@ -190,7 +190,7 @@ def give_back_pool_slot(app: Celery, pool: str, key: str, ticket: int) -> None:
     end, a lost run out of recoveries): give its slot back and publish the ticket that takes it. If Redis cannot be
     reached, the slot returns by the end of its hold (a lease, and a margin)."""
     try:
-        granted, _ = outlast_restart(lambda: current().gate.pool_release(pool, [(key, ticket)]))
+        granted, _ = outlast_restart(lambda: worker_gate().pool_release(pool, [(key, ticket)]))
     except redis.RedisError:
         logger.warning("giving back the slot of pool %r of key=%r ticket=%s failed; it returns at its lease's end",
                        pool, key, ticket, exc_info=True)  # fmt: skip
@@ -211,7 +211,7 @@ def fail_ticket(key: str, ticket: int, task_id: str | None, error: str, *, dispa
     task is withdrawn, else nothing (see ``Gate.cancel``); such a task failed for good, and on a key
     whose submissions block on failure its ticket blocks the key instead. ``task_id`` None: the ticket's row."""
     named = dispatch is not None
-    withdrawn = current().gate.cancel(
+    withdrawn = worker_gate().cancel(
         Cancel(key, ticket, dispatch=dispatch, task_id=task_id if named and task_id else "", failed_for_good=named)
     )
     if withdrawn.code is Code.BLOCKED and named:
@@ -219,5 +219,5 @@ def fail_ticket(key: str, ticket: int, task_id: str | None, error: str, *, dispa
     elif withdrawn.code is not Code.OK and named:
         return []
     failed: dict[str, Any] = {"finished_at": timezone.now(), "error": error}
-    submissions.settle(current().gate, task_id, key, ticket, Status.FAILED, **failed)
+    submissions.settle(worker_gate(), task_id, key, ticket, Status.FAILED, **failed)
     return withdrawn.granted

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from ..exceptions import MessageRefused
 from ..gate import Recovery, RecoveryAction, Stopping
-from ..process.state import current, get_gate
+from ..process.state import current, worker_gate
 from ..records import submissions
 from ..records.models import KeyedTask
 from ..records.statuses import Status
@@ -52,7 +52,7 @@ def carry_out(app: Celery, recovery: Recovery, reason: str = "", *, stopped_stat
             return True
         what = f"recording an outcome of key={recovery.key!r}"
         if recorded(what, KeyedTask.objects.apply_setting_aside, [end]) is not None:
-            get_gate().forget_outcomes([(recovery.key, end.outcome_field)])
+            worker_gate().forget_outcomes([(recovery.key, end.outcome_field)])
         return True
     if not recovery.message:  # a holder without a message: nothing to publish or record
         logger.error("keyed queue holder without a message key=%r ticket=%s", recovery.key, recovery.ticket)
@@ -66,7 +66,7 @@ def carry_out(app: Celery, recovery: Recovery, reason: str = "", *, stopped_stat
         _end_in_pool(app, task_name, recovery)  # its ticket ended: its pool's slot goes back too
     now = timezone.now()
     lost = reason or f"its worker was lost: the lease of attempt {recovery.attempts} expired"
-    settle = partial(recorded, "recording a recovery", submissions.settle, get_gate(), task_id, recovery.key)
+    settle = partial(recorded, "recording a recovery", submissions.settle, worker_gate(), task_id, recovery.key)
     if recovery.action in (RecoveryAction.FAIL, RecoveryAction.BLOCK):
         blocks = recovery.action is RecoveryAction.BLOCK
         blocked = "; it blocks its key until an operator retries or cancels it" if blocks else ""

@@ -17,7 +17,8 @@ from typing import TypeVar
 import redis
 
 from ..exceptions import GateUnavailable
-from ..gate import Gate, NotSent, Submission, SubmitResult
+from ..gate import NotSent, Submission, SubmitResult
+from ..gate.views import ProducerGate
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -79,7 +80,7 @@ def asked_again(call: Callable[..., T], what: str, *, wait_out_outage: bool = Fa
 
 
 def take_ticket(
-    gate: Gate, task_name: str, submission: Submission, *, wait_out_outage: bool = False
+    gate: ProducerGate, task_name: str, submission: Submission, *, wait_out_outage: bool = False
 ) -> SubmitResult | None:
     """Take a ticket for ``submission``: a producer's, or a delayed task's join.
 

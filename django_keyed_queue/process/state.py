@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ..conf import settings
 from ..gate import Gate
 from ..gate.clients import close, connect
+from ..gate.views import ConsoleGate, OperatorGate, ProducerGate, WorkerGate
 from ..records.recorder import Recorder
 from ..records.transitions import Transition
 from .leases import LeaseKeeper
@@ -163,6 +164,26 @@ os.register_at_fork(after_in_child=_forget_in_child)
 
 def get_gate() -> Gate:
     """This process's gate client."""
+    return current().gate
+
+
+# Each room's view of this process's gate (``gate/views.py``); returning the gate as each is what
+# makes the type checker hold ``Gate`` to every view.
+
+
+def producer_gate() -> ProducerGate:
+    return current().gate
+
+
+def worker_gate() -> WorkerGate:
+    return current().gate
+
+
+def operator_gate() -> OperatorGate:
+    return current().gate
+
+
+def console_gate() -> ConsoleGate:
     return current().gate
 
 

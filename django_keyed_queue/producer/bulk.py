@@ -17,7 +17,7 @@ from ..messaging import superseded
 from ..messaging.building import build, gate_wire, publish_stored
 from ..messaging.message import TaskMessage, is_delayed, ticket_header, with_debounce
 from ..process.outage import asked_again
-from ..process.state import current
+from ..process.state import current, producer_gate
 from ..records import idempotency
 from .checks import Checked, check
 from .submit import duplicate_of, gate_submission, in_transaction, queue_full, submit, withdraw
@@ -151,7 +151,7 @@ def _take_tickets(
     """``Gate.submit_many`` of ``sending``, each with the broker message the gate pushes when it grants
     it (``messaging/wire.py``), asked again when a lost reply may hide tickets taken."""
     try:
-        gate = current().gate  # a Redis Cluster's client connects as it is made
+        gate = producer_gate()  # a Redis Cluster's client connects as it is made
         batch = [
             replace(item.submission, wire=gate_wire(task.app, item.message, item.submission.key, producer, gate.client))
             for item in sending

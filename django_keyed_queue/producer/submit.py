@@ -26,7 +26,7 @@ from ..messaging.building import SendNow, send_to_gate
 from ..messaging.dispatch import publish_grants
 from ..messaging.message import TaskMessage, gate_message, is_delayed, ticket_header, with_debounce
 from ..process.outage import take_ticket
-from ..process.state import current
+from ..process.state import current, producer_gate
 from ..records import idempotency, submissions
 from ..records.models import KeyedTask
 from ..records.statuses import Status
@@ -75,7 +75,7 @@ def duplicate_of(task: KeyedTaskProtocol, checked: Checked) -> str | None:
     original = idempotency.claim(checked.fingerprint, task.name, checked.task_id, **checked.claimed_with)
     if original is None:
         return None
-    runs = idempotency.resolve(current().gate, original, checked.key)
+    runs = idempotency.resolve(producer_gate(), original, checked.key)
     logger.debug("duplicate of %s[%s] key=%r: returning %s", task.name, original, checked.key, runs)
     return runs
 
@@ -150,7 +150,7 @@ def _enqueue(
     def take_and_publish(message: TaskMessage, send_now: SendNow) -> None:
         sub = gate_submission(task, key, message, options)
         try:
-            gate = current().gate  # a Redis Cluster's client connects as it is made
+            gate = producer_gate()  # a Redis Cluster's client connects as it is made
             submitted = take_ticket(gate, task.name, replace(sub, wire=send_now.wire(key, gate.client)))
         except QueueFull as full:
             raise queue_full(task, full, sub, "; nothing was submitted") from full
@@ -232,7 +232,7 @@ def withdraw(task: KeyedTaskProtocol, key: str, ticket: int, *, forget: bool = F
     """Withdraw the ticket of a submission that failed, and its record; what it frees is dispatched.
 
     ``forget``: no message of it was published, so its number can be given back."""
-    withdrawn = current().gate.cancel(Cancel(key, ticket, limit=task.serial_limit, forget=forget, failed=True))
+    withdrawn = producer_gate().cancel(Cancel(key, ticket, limit=task.serial_limit, forget=forget, failed=True))
     publish_grants(task.app, withdrawn.granted)
 
 

@@ -35,7 +35,7 @@ from .models import IdempotencyKey, KeyedTask
 from .statuses import Status
 
 if TYPE_CHECKING:
-    from ..gate import Gate
+    from ..gate.views import RecordsGate
 
 logger = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ def unclaim(fingerprint: str, task_id: str) -> None:
     IdempotencyKey.objects.filter(fingerprint=fingerprint, task_id=task_id).delete()
 
 
-def resolve(gate: Gate, task_id: str, key: str) -> str:
+def resolve(gate: RecordsGate, task_id: str, key: str) -> str:
     """The task a claim on ``task_id`` stands for: ``task_id`` itself or, if a newer submission of its
     coalescing task replaced it while it waited, the last of the chain of replacements: the one that runs,
     ran or waits now. ``key``: where to look for a task whose row is not written yet (the duplicate's key).

@@ -34,7 +34,7 @@ from .statuses import ACTIVE_STATUSES, Status
 from .transitions import Transition, outcome_field
 
 if TYPE_CHECKING:
-    from ..gate import Gate
+    from ..gate.views import RecordsGate
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ def ended_with_record(end: Transition, unwritten: Unwritten) -> Transition:
     return merged
 
 
-def write(gate: Gate, keys: Sequence[str], claims: Sequence[tuple[str, int]] = (), *, young: bool = True) -> int:
+def write(gate: RecordsGate, keys: Sequence[str], claims: Sequence[tuple[str, int]] = (), *, young: bool = True) -> int:
     """Write the rows of the records kept for ``keys``, then delete those records and release
     ``claims``; returns how many were written. ``young=False``: only records older than the record
     delay; a key's younger ones are due again when the oldest of them is that old."""
@@ -159,13 +159,13 @@ def _merged(rows: list[Transition]) -> list[Transition]:
     return list(by_submission.values())
 
 
-def write_key(gate: Gate, key: str) -> int:
+def write_key(gate: RecordsGate, key: str) -> int:
     """Write now the rows of ``key``'s submissions kept in the gate (before acting on its rows): one
     step's worth; a deeper key's other records are written by the next pass of any writer."""
     return write(gate, [key])
 
 
-def with_kept_end(gate: Callable[[], Gate], row: KeyedTask) -> KeyedTask:
+def with_kept_end(gate: Callable[[], RecordsGate], row: KeyedTask) -> KeyedTask:
     """``row``, its run's end written first where the gate keeps one its worker has yet to write (within
     ``KEYED_QUEUE_RECORD_FLUSH_SECONDS``): a page or an action then sees the run ended, as the gate does
     (a key blocked by a failed task offers its retry). One read of the gate for a row whose run is under
@@ -189,13 +189,13 @@ def with_kept_end(gate: Callable[[], Gate], row: KeyedTask) -> KeyedTask:
     return row
 
 
-def write_page(gate: Gate) -> int:
+def write_page(gate: RecordsGate) -> int:
     """What a web request writes before it answers, so that it shows submissions made while no worker ran:
     one bounded batch (``PAGE_BATCH`` keys)."""
     return write_due(gate, batch=PAGE_BATCH, max_batches=1)
 
 
-def write_due(gate: Gate, *, batch: int = 500, max_batches: int = 100, young: bool = True) -> int:
+def write_due(gate: RecordsGate, *, batch: int = 500, max_batches: int = 100, young: bool = True) -> int:
     """Write the rows of the submissions kept in the gate, ``batch`` keys at a time, at most
     ``max_batches`` times; how many were written. ``young=False``: only of keys whose records are older
     than ``KEYED_QUEUE_RECORD_DELAY_SECONDS`` (the background passes: a run that ends first writes its
@@ -211,7 +211,14 @@ def write_due(gate: Gate, *, batch: int = 500, max_batches: int = 100, young: bo
 
 
 def settle(
-    gate: Gate, task_id: str | None, key: str, ticket: int, status: str, *, unstarted: bool = False, **fields: Any
+    gate: RecordsGate,
+    task_id: str | None,
+    key: str,
+    ticket: int,
+    status: str,
+    *,
+    unstarted: bool = False,
+    **fields: Any,
 ) -> int:
     """``KeyedTask.objects.settle``, writing the key's kept submissions first if the row is not there yet."""
     changed = KeyedTask.objects.settle(task_id, key, ticket, status, unstarted=unstarted, **fields)
@@ -226,7 +233,7 @@ def settle(
 class RecordWriter:
     """A thread of a worker's main process writing submissions' rows every ``KEYED_QUEUE_RECORD_FLUSH_SECONDS``."""
 
-    def __init__(self, gate: Callable[[], Gate]) -> None:
+    def __init__(self, gate: Callable[[], RecordsGate]) -> None:
         self._gate = gate
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="keyed-queue-submissions", daemon=True)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from django.utils import timezone
 
-from ..process.state import current
+from ..process.state import worker_gate
 from ..records.models import KeyedTask
 
 if TYPE_CHECKING:
@@ -83,5 +83,5 @@ def _running_attempt(task_id: str) -> tuple[str, int, int] | None:
     row = KeyedTask.objects.filter(task_id=task_id, ticket__isnull=False).order_by("-id").only("key", "ticket").first()
     if row is None or row.ticket is None:
         return None
-    slot = current().gate.inspect(row.key, waiting_shown=0).held_by(row.ticket, task_id)
+    slot = worker_gate().inspect(row.key, waiting_shown=0).held_by(row.ticket, task_id)
     return (row.key, row.ticket, slot.dispatch) if slot is not None and slot.state == "running" else None

@@ -54,11 +54,12 @@ from kombu.utils.encoding import safe_repr, safe_str
 
 from ..conf import settings
 from ..exceptions import MessageRefused
-from ..gate import Gate, Grant, KeptStart, Lease
+from ..gate import Grant, KeptStart, Lease
+from ..gate.views import WorkerGate
 from ..messaging.building import with_celery_message
 from ..messaging.dispatch import Dispatched, publish, publish_grants, record_dispatched
 from ..messaging.message import TaskMessage, ticket_header
-from ..process.state import WorkerTraits, current
+from ..process.state import WorkerTraits, current, worker_gate
 from . import handoff_runs
 
 if TYPE_CHECKING:
@@ -124,7 +125,7 @@ class LocalHandoff(threading.local):
         # The pool's timer of the message being run would cover the kept run too.
         return not any(finished_request.timelimit or ())
 
-    def keeping(self, task: KeyedTaskProtocol, gate: Gate) -> tuple[float, KeptStart | None]:
+    def keeping(self, task: KeyedTaskProtocol, gate: WorkerGate) -> tuple[float, KeptStart | None]:
         """What the finish of ``task``'s run now asks for this process's local handoff: how long the first
         grant it frees is kept here (0: not kept, ``Finish.keep_first_seconds``), and whether the finish
         starts it too (``Finish.start_kept``).
@@ -296,7 +297,7 @@ def _not_kept(grant: Grant) -> Grant | None:
     if not grant.token:
         return grant
     try:
-        given_back = current().gate.requeue(Lease(grant.key, grant.ticket, grant.token), unstarted=True)
+        given_back = worker_gate().requeue(Lease(grant.key, grant.ticket, grant.token), unstarted=True)
     except redis.RedisError:
         logger.warning("keyed queue key=%r ticket=%s: its kept grant is left to the reaper", grant.key, grant.ticket)
         return None

@@ -24,7 +24,7 @@ from django.db import connections
 
 from ..conf import settings
 from ..messaging.recovered import carry_out
-from ..process.state import current
+from ..process.state import current, worker_gate
 from ..records import forks
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ class _Watched:
         that went on to run other tasks (the run ignored the signal and ended) is never signalled again."""
         if _process_start(self.pid) != self.started:
             return False
-        holder = current().gate.inspect(self.key, waiting_shown=0).holders.get(self.ticket)
+        holder = worker_gate().inspect(self.key, waiting_shown=0).holders.get(self.ticket)
         return holder is not None and holder.state == "running" and holder.dispatch == self.dispatch
 
 
@@ -81,7 +81,7 @@ def end_killed_run(
         logger.info("keyed queue task %s was killed (%s); its message names no attempt to end", task_id, reason)
         return False
     key, ticket, dispatch = header["key"], int(header["ticket"]), int(header["dispatch"])
-    stopping = current().gate.stop(key, ticket, dispatch, by="", how=reason)
+    stopping = worker_gate().stop(key, ticket, dispatch, by="", how=reason)
     if stopping is None:
         logger.info(
             "keyed queue task %s key=%r ticket=%s dispatch=%s was killed (%s) after it stopped holding its key",
@@ -147,7 +147,7 @@ def kill_again(pool: Any, task_ids: list[str], signum: int) -> list[str]:
 def _end(app: Celery, task_id: str, key: str, ticket: int, dispatch: int, pid: int, status: str) -> None:
     """The killed run's process is gone: release its dispatch, record its end, publish what that grants."""
     try:
-        for recovery in current().gate.release(key, ticket, dispatch=dispatch):
+        for recovery in worker_gate().release(key, ticket, dispatch=dispatch):
             carry_out(app, recovery, reason=f"its process {pid} ended", stopped_status=status)
         current().recorder.flush()
         logger.info("keyed queue task %s key=%r ticket=%s ended with its process %s", task_id, key, ticket, pid)

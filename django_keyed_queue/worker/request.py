@@ -31,7 +31,7 @@ from celery.worker.state import task_ready
 
 from ..gate import Grant
 from ..messaging.message import HEADER, JOIN_HEADER, ticket_header
-from ..process.state import get_gate
+from ..process.state import worker_gate
 from ..records.statuses import Status
 from . import handoff_runs, killed
 from .killed import end_killed_run
@@ -100,7 +100,7 @@ class KeyedRequest(Request):
             return False  # no rate; or Celery's timer holds it until its eta, and asks again then
         key, ticket, dispatch = header["key"], int(header["ticket"]), int(header["dispatch"])
         try:
-            wait, message = get_gate().wait_to_start(key, ticket, dispatch, interval_ms=interval)
+            wait, message = worker_gate().wait_to_start(key, ticket, dispatch, interval_ms=interval)
             if not wait:
                 return False
             send_when_due(self.keyed_task, Grant(key, ticket, dispatch, message or b""), wait)

@@ -36,7 +36,7 @@ from ..messaging.message import (
     ticket_header,
 )
 from ..process.outage import outlast_restart
-from ..process.state import current
+from ..process.state import current, worker_gate
 from ..records.columns import shown
 from ..records.models import KeyedTask
 from ..records.statuses import Status
@@ -133,7 +133,7 @@ class Run:
         process = current()
         if process.leases.is_lost(self.lease):
             return False
-        return outlast_restart(lambda: process.gate.holds(self.lease))[0]
+        return outlast_restart(lambda: worker_gate().holds(self.lease))[0]
 
     def superseded(self) -> bool:
         """Whether a newer submission of this coalescing task waits behind this run: read from the gate
@@ -144,7 +144,7 @@ class Run:
             return self._superseded
         self._superseded_read_at = now
         try:
-            self._superseded = current().gate.newer_waiting(self.lease.key, self.task.name, self.lease.ticket)
+            self._superseded = worker_gate().newer_waiting(self.lease.key, self.task.name, self.lease.ticket)
         except redis.RedisError:
             logger.debug("%s key=%r: whether it was superseded is not known", self.task.name, self.lease.key)
         return self._superseded
@@ -201,7 +201,7 @@ class Run:
             self.finish(Status.REJECTED, error=failure_text(exc))
             return
         self.let_go()
-        gate = current().gate
+        gate = worker_gate()
         requeued, _ = outlast_restart(lambda: gate.requeue(lease))
         if requeued:
             self.give_back_pool_slot()  # the requeued message asks its pool again
@@ -215,7 +215,7 @@ class Run:
         self.let_go()
         if self.retried:
             return True  # self.retry() handed the slot to the retry (also with throw=False)
-        task, lease, gate = self.task, self.lease, current().gate
+        task, lease, gate = self.task, self.lease, worker_gate()
         end = self._end(status, error)
         keep_first_seconds, start_kept = handoff.local().keeping(task, gate)
         finish = Finish(
@@ -281,7 +281,7 @@ class Run:
         """A finish applied whose reply was lost: what it granted was never published. Published now, not
         after the dispatch timeout; if a copy did go out, the first to start runs and the other is dropped.
         One it started for this process to keep is given back first, unstarted."""
-        gate, lease = current().gate, self.lease
+        gate, lease = worker_gate(), self.lease
         kept = gate.kept_by(lease.key, lease.token)
         if kept:
             gate.requeue(Lease(lease.key, *kept), unstarted=True)  # the script checks it still runs unstarted
@@ -324,7 +324,7 @@ class Run:
         options["headers"] = {**(options.get("headers") or {}), ERRORS_HEADER: carried(earlier, self.attempts, error)}
 
         def keep_slot_for_retry(message: TaskMessage, send_now: SendNow) -> None:
-            gate, stored = current().gate, message.encode(task.serializer, blocks=task.blocks_on_failure)
+            gate, stored = worker_gate(), message.encode(task.serializer, blocks=task.blocks_on_failure)
             dispatch, _ = outlast_restart(lambda: gate.retry(lease, stored, countdown_seconds=countdown))
             if dispatch is None:
                 logger.warning("retry of a fenced ticket dropped key=%r ticket=%s", lease.key, lease.ticket)

@@ -17,7 +17,7 @@ from ..messaging.dispatch import publish, publish_grants
 from ..messaging.message import DELAY_OPTIONS, ENQUEUED_HEADER, JOIN_HEADER, gate_message
 from ..pools import pool_of
 from ..process.outage import outlast_restart, take_ticket
-from ..process.state import current
+from ..process.state import current, worker_gate
 from ..records.statuses import Status
 from ..records.transitions import Transition
 from . import handoff
@@ -48,7 +48,7 @@ def _start(
     message is dropped, and a run whose own key function drifted fails holding its key."""
     request = task.request
     key, ticket = header["key"], int(header["ticket"])
-    gate, dispatch = current().gate, int(header["dispatch"])
+    gate, dispatch = worker_gate(), int(header["dispatch"])
     kept = handoff.local().started(cast(str, request.id), key, ticket, dispatch)
     if kept is not None:  # the finish that kept it here started it
         return Lease(key, ticket, kept.token), kept.attempts
@@ -137,7 +137,7 @@ def join(
         limit=task.serial_limit, coalesce=task.name if task.serial_coalesce else "", start=start, join_id=join_id,
         max_lost=task.max_recoveries, block=task.blocks_on_failure,
     )  # fmt: skip
-    submitted = take_ticket(current().gate, task.name, submission, wait_out_outage=wait_out_outage)
+    submitted = take_ticket(worker_gate(), task.name, submission, wait_out_outage=wait_out_outage)
     if submitted is not None and submitted.superseded is not None:
         superseded.replaced(task, key, submitted.superseded[1], by=cast(str, request.id))
     if submitted is None:

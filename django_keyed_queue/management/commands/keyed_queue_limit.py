@@ -2,8 +2,8 @@ from django.core.management.base import CommandError
 
 from django_keyed_queue.ops.actions.limits import DEFAULT, set_typed
 from django_keyed_queue.ops.display import rate_said
-from django_keyed_queue.process.state import get_gate
 
+from ...process.state import operator_gate
 from ._key import KeyCommand, gate_reachable, operator
 
 
@@ -38,12 +38,12 @@ class Command(KeyCommand):
 
     def act(self, key: str) -> str:
         said = set_typed(key=key, limit=self._limit or "", rate=self._rate or "", by=operator("keyed_queue_limit"))
-        state = get_gate().inspect(key, waiting_shown=0)
+        state = operator_gate().inspect(key, waiting_shown=0)
         return _now(f"key {key!r}", said, state.limit_override, "its tasks'", state.interval_override_ms)
 
     def act_on_pool(self, pool: str) -> str:
         said = set_typed(pool=pool, limit=self._limit or "", rate=self._rate or "", by=operator("keyed_queue_limit"))
-        state = get_gate().inspect_pool(pool, waiting_shown=0)
+        state = operator_gate().inspect_pool(pool, waiting_shown=0)
         own = f"{state.task_limit or 'none'}, its tasks'"
         now = _now(f"pool {pool!r}", said, state.limit_override, own, state.interval_override_ms)
         return f"{now}; {len(state.running)} running, {state.waiting} waiting"

@@ -2,9 +2,9 @@ from django.core.management.base import CommandError
 
 from django_keyed_queue.ops.actions.lookup import operator_key
 from django_keyed_queue.ops.actions.recovery import release
-from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records.models import KeyedTask
 
+from ...process.state import operator_gate
 from ._key import KeyCommand, gate_reachable, operator
 
 
@@ -23,7 +23,7 @@ class Command(KeyCommand):
             self.stdout.write(self.release(operator_key(key), ticket))
 
     def release(self, key: str, ticket: int | None) -> str:
-        state = get_gate().inspect(key, waiting_shown=0)
+        state = operator_gate().inspect(key, waiting_shown=0)
         if ticket is None:
             holders = sorted(state.holders)
             if not holders:

@@ -9,10 +9,10 @@ from django.utils import timezone
 from django_keyed_queue.gate import Holder
 from django_keyed_queue.ops.actions.lookup import operator_key
 from django_keyed_queue.ops.console.explain import explain
-from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.records import submissions
 from django_keyed_queue.records.models import KeyedTask
 
+from ...process.state import operator_gate
 from ._key import gate_reachable
 
 #: How many of a key's waiting tickets are listed (all are counted).
@@ -45,7 +45,7 @@ class Command(BaseCommand):
             with gate_reachable():
                 operator_key(key)
         with contextlib.suppress(redis.RedisError):  # an unreachable Redis is reported below
-            submissions.write_due(get_gate())  # every submission counts, also while no worker runs
+            submissions.write_due(operator_gate())  # every submission counts, also while no worker runs
         rows = KeyedTask.objects.active() if key is None else KeyedTask.objects.for_key(key).active()
         counts = dict(rows.values_list("status").annotate(n=Count("id")).values_list("status", "n"))
         oldest = rows.filter(status="waiting").aggregate(at=Min("enqueued_at"))["at"]
@@ -53,8 +53,8 @@ class Command(BaseCommand):
         if oldest:
             self.stdout.write(f"oldest wait: {(timezone.now() - oldest).total_seconds():.1f}s")
         with gate_reachable():
-            state = get_gate().inspect(key, waiting_shown=WAITING_SHOWN) if key else None
-            get_gate().client.ping()
+            state = operator_gate().inspect(key, waiting_shown=WAITING_SHOWN) if key else None
+            operator_gate().client.ping()
         self.stdout.write("redis: reachable")
         knows = state is not None and (state.last_ticket or state.paused)
         if state is not None and not knows and not KeyedTask.objects.for_key(state.key).exists():

@@ -20,7 +20,7 @@ from ...gate import UNCHANGED
 from ...gate.override import Unchanged
 from ...messaging.dispatch import Dispatched, publish_grants
 from ...pools import configured_pools
-from ...process.state import current, get_gate
+from ...process.state import current, operator_gate
 from ...rates import rate_interval_ms
 from ...records import submissions
 from ...records.statuses import Status
@@ -88,7 +88,9 @@ def _set_pool(
     pool: str, limit: int | None | Unchanged, interval_ms: int | None | Unchanged, *, by: str, app: Celery | None = None
 ) -> Dispatched:
     """Set the pool's overrides in one gate call, publish the tasks a raised limit gave slots, and log it."""
-    done = publish_grants(app or current_app, get_gate().set_pool_overrides(pool, limit=limit, interval_ms=interval_ms))
+    done = publish_grants(
+        app or current_app, operator_gate().set_pool_overrides(pool, limit=limit, interval_ms=interval_ms)
+    )
     said = [f"limit {limit or DEFAULT_SAID}"] if limit is not UNCHANGED else []
     if interval_ms is not UNCHANGED:
         said.append(f"rate {rate_said(interval_ms) if interval_ms else DEFAULT_SAID}")
@@ -98,7 +100,7 @@ def _set_pool(
 
 def known_pool(pool: str) -> str:
     """``pool`` if the settings or the gate know it, else ActionRefused naming the pools there are."""
-    known = set(configured_pools()) | set(get_gate().pool_names())
+    known = set(configured_pools()) | set(operator_gate().pool_names())
     if pool not in known:
         raise ActionRefused(f"no pool {pool!r}; the pools are: {', '.join(map(repr, sorted(known))) or 'none'}")
     return pool
@@ -119,7 +121,7 @@ def _set(
 ) -> tuple[Dispatched, int]:
     """Set the key's overrides in one gate call, publish what a raised limit granted, record what a lowered
     one took back, and log it."""
-    gate = get_gate()
+    gate = operator_gate()
     overridden = gate.set_overrides(key, limit=limit, interval_ms=interval_ms)
     done = publish_grants(app or current_app, overridden.granted)
     current().recorder.flush()

@@ -12,7 +12,7 @@ from ...exceptions import ActionRefused, InvalidArguments, InvalidKey, MessageRe
 from ...gate import MAX_KEY_LENGTH, Holder
 from ...keyed_task.task import KeyedSerialTask
 from ...messaging.message import JOIN_HEADER, TaskMessage
-from ...process.state import get_gate
+from ...process.state import operator_gate
 from ...records import submissions
 from ...records.columns import TASK_ID_MAX_LENGTH, shown, unstorable
 from ...records.models import KeyedTask
@@ -84,18 +84,18 @@ def latest_row(task_id: str) -> KeyedTask:
         raise ActionRefused(f"no keyed task has the id {shown(task_id)}")
     latest = KeyedTask.objects.filter(task_id=task_id).order_by("-id")
     row = latest.first()
-    if row is None and submissions.write_due(get_gate()):  # submitted so recently that its row is not written
+    if row is None and submissions.write_due(operator_gate()):  # submitted so recently that its row is not written
         row = latest.first()
     if row is None:
         raise ActionRefused(f"no keyed task has the id {task_id!r}")
-    return submissions.with_kept_end(get_gate, row)
+    return submissions.with_kept_end(operator_gate, row)
 
 
 def slot_of(row: KeyedTask) -> Holder | None:
     """The slot ``row``'s ticket holds in the gate now for ``row``'s task, if any (one round trip)."""
     if row.ticket is None:
         return None
-    return get_gate().inspect(row.key, waiting_shown=0).held_by(row.ticket, row.task_id)
+    return operator_gate().inspect(row.key, waiting_shown=0).held_by(row.ticket, row.task_id)
 
 
 def registered_task(app, name: str):

@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from ...exceptions import ActionRefused
 from ...messaging.dispatch import Published, publish
-from ...process.state import get_gate
+from ...process.state import operator_gate
 from ...records import submissions
 from ...records.models import KeyedTask
 from ...records.statuses import Status
@@ -116,7 +116,7 @@ class RebuildReport:
 def plan(*, rerun_running: bool = False, app: Celery | None = None) -> RebuildReport:
     """What a rebuild does now to each key with unfinished tasks; reads only."""
     app = celery_app(app)
-    gate = get_gate()
+    gate = operator_gate()
     active = KeyedTask.objects.active().filter(ticket__isnull=False).order_by("key", "ticket", "enqueued_at")
     by_key: dict[str, list[KeyedTask]] = {}
     fields = ("pk", "task_id", "task_name", "key", "ticket", "status", "attempts", "message")
@@ -149,7 +149,7 @@ def rebuild(*, dry_run: bool = False, rerun_running: bool = False, app: Celery |
     """
     app = celery_app(app)
     if not dry_run:  # a dry run writes nothing; what Redis keeps it keeps live, and those tasks are kept
-        submissions.write_due(get_gate())  # what this Redis still keeps (after a total loss, nothing)
+        submissions.write_due(operator_gate())  # what this Redis still keeps (after a total loss, nothing)
     report = plan(rerun_running=rerun_running, app=app)
     if not dry_run:
         for key_plan in report.keys:
@@ -172,7 +172,7 @@ def _carry_out(app: Celery, key_plan: KeyPlan, report: RebuildReport) -> None:
         KeyedTask.objects.settle_rows([row.pk], Status.FAILED, finished_at=timezone.now(), error=error)
     if not key_plan.restore:
         return
-    gate, key, rows = get_gate(), key_plan.key, key_plan.restore
+    gate, key, rows = operator_gate(), key_plan.key, key_plan.restore
     limit = serial_limit(app, rows[0].task_name)
     if key_plan.live:
         ahead = gate.restore_ahead(key, messages=[r.message.encode() for r in rows], limit=limit)

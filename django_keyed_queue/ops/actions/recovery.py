@@ -26,7 +26,7 @@ from ...gate import Cancel, Code, Holder, Recovery, RecoveryAction
 from ...keyed_task.task import KeyedSerialTask
 from ...messaging.dispatch import REPUBLISH_DELAY_SECONDS, Dispatched, fail_ticket, publish_grants
 from ...messaging.recovered import carry_out, recorded
-from ...process.state import current, get_gate
+from ...process.state import current, operator_gate
 from ...producer.submit import submit
 from ...records import submissions
 from ...records.idempotency import repoint
@@ -64,10 +64,10 @@ def reap(*, dry_run: bool = False, batch: int = 500, max_batches: int = 100, app
     report = ReapReport()
     if not dry_run:
         # A key's recovery never waits on the records' database.
-        written = recorded("writing submissions' rows", submissions.write_due, get_gate(), young=False)
+        written = recorded("writing submissions' rows", submissions.write_due, operator_gate(), young=False)
         report.written = written or 0
     for _ in range(max_batches):
-        visited, found = get_gate().reap(batch=batch, dry_run=dry_run)
+        visited, found = operator_gate().reap(batch=batch, dry_run=dry_run)
         report.visited += visited
         report.recoveries += found
         if not dry_run:
@@ -87,7 +87,7 @@ def republish_unstarted(lost_seconds: float, *, app: Celery | None = None) -> Re
     timeout, and a message in flight when Redis died is gone.
     """
     app = celery_app(app)
-    found = get_gate().republish_unstarted(granted_seconds_ago=lost_seconds)
+    found = operator_gate().republish_unstarted(granted_seconds_ago=lost_seconds)
     report = ReapReport(visited=len({r.key for r in found}), recoveries=found)
     report.unpublished = [recovery for recovery in found if not carry_out(app, recovery)]
     logger.info(
@@ -102,7 +102,7 @@ def republish_unstarted(lost_seconds: float, *, app: Celery | None = None) -> Re
 
 def pause(key: str, *, by: str = "an operator") -> None:
     """Pause a key: nothing new is dispatched; submissions still queue in order."""
-    get_gate().pause(operator_key(key), by=by)
+    operator_gate().pause(operator_key(key), by=by)
     logger.info("keyed queue key %r paused by %s", key, by)
 
 
@@ -112,7 +112,7 @@ def resume(key: str, *, by: str = "an operator", app: Celery | None = None) -> D
     A grant the broker refused is published again by the reaper. A key
     that is not paused is refused, and nothing is written for it.
     """
-    gate = get_gate()
+    gate = operator_gate()
     # Read first, so that a key never paused is refused with nothing written; the resume itself says
     # whether it resumed the key, so that of racing resumes one does and the others are refused.
     granted = gate.resume(key) if gate.is_paused(operator_key(key)) else None
@@ -192,7 +192,7 @@ def cancel(task_id: str, *, by: str = "an operator", app: Celery | None = None) 
         KeyedTask.objects.filter(pk=row.pk, status=Status.FAILED).update(status=Status.CANCELLED, error=error)
         logger.info("keyed queue task %s key=%r, which blocked its key, cancelled by %s", task_id, row.key, by)
         return row
-    gate = get_gate()
+    gate = operator_gate()
     if row.ticket is None:
         # Sent with a countdown or eta: it takes its ticket when due, unless refused now.
         due_in = (row.due_at - timezone.now()).total_seconds() if row.due_at else 0.0
@@ -223,7 +223,7 @@ def withdraw_revoked(task_ids: Iterable[str], *, app: Celery | None = None) -> l
     """
     app = celery_app(app)
     close_old_connections()  # this runs in the worker's main process, between messages
-    submissions.write_due(get_gate())  # a task submitted just now is revoked too
+    submissions.write_due(operator_gate())  # a task submitted just now is revoked too
     unstarted = KeyedTask.objects.filter(task_id__in=set(task_ids), status__in=(Status.WAITING, Status.DISPATCHED))
     withdrawn = []
     for task_id, task_name in unstarted.values_list("task_id", "task_name").distinct():
@@ -293,7 +293,7 @@ def retry(task_id: str, *, by: str = "an operator", app: Celery | None = None) -
         except BaseException:
             repoint(new_id, task_id)  # in case they live in another database
             raise
-    submissions.write_key(get_gate(), row.key)  # the operator sees the retry at once
+    submissions.write_key(operator_gate(), row.key)  # the operator sees the retry at once
     KeyedTask.objects.filter(task_id=new_id, key=row.key).update(retry_of=task_id)  # its page links the failure
     logger.info("keyed queue task %s key=%r retried as %s by %s", task_id, row.key, new_id, by)
     return new_id
@@ -315,7 +315,7 @@ def unknown_task(app, name: str, task_id: str, header: Any) -> None:
     ):
         return
     key, ticket, dispatch = header["key"], header["ticket"], header["dispatch"]
-    drops = get_gate().undelivered(key, ticket, dispatch, delay_seconds=REPUBLISH_DELAY_SECONDS)
+    drops = operator_gate().undelivered(key, ticket, dispatch, delay_seconds=REPUBLISH_DELAY_SECONDS)
     if drops is None:
         return  # not that dispatch of a granted ticket: another copy started, or it ended
     if drops <= KeyedSerialTask.max_recoveries:
@@ -361,7 +361,7 @@ def release(
     granted and not started is released (the task list's release of many); one running is refused.
     """
     app = celery_app(app)
-    gate = get_gate()
+    gate = operator_gate()
     holder = gate.inspect(operator_key(key), waiting_shown=0).held_by(ticket, task_id)
     if refusal := release_refusal(key, ticket, holder, task_id):
         raise ActionRefused(refusal)
@@ -402,7 +402,7 @@ def release(
 
 def _unblock(row: KeyedTask, *, retry: bool, app) -> None:
     """Run the blocking ticket of ``row`` again, or withdraw it; publish what that grants."""
-    done = get_gate().unblock(row.key, row.ticket, retry=retry)  # type: ignore[arg-type]  # checked by the caller
+    done = operator_gate().unblock(row.key, row.ticket, retry=retry)  # type: ignore[arg-type]  # checked by the caller
     if done.code is not Code.OK:
         raise ActionRefused(f"task {row.task_id} no longer blocks key {row.key!r}: look again")
     publish_grants(celery_app(app), done.granted)

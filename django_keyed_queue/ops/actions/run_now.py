@@ -27,7 +27,7 @@ from ...gate import KeySnapshot
 from ...messaging.building import publish_stored
 from ...messaging.dispatch import Published, publish
 from ...messaging.message import JOIN_HEADER, sent_eta
-from ...process.state import current, get_gate
+from ...process.state import current, operator_gate
 from ...records.models import KeyedTask
 from ...records.statuses import Status
 from ..display import at, did
@@ -46,7 +46,7 @@ def waits_for(row: KeyedTask, snapshot: KeySnapshot | None = None, app: Celery |
     if row.ticket is None:
         due = row.due_at
         return f"its countdown or eta ({at(due)})" if row.status == Status.WAITING and due and due > now else ""
-    snapshot = snapshot if snapshot is not None else get_gate().inspect(row.key, waiting_shown=0)
+    snapshot = snapshot if snapshot is not None else operator_gate().inspect(row.key, waiting_shown=0)
     holder = snapshot.held_by(row.ticket, row.task_id)
     if holder is None or holder.state != "granted" or holder.run_now:
         return ""
@@ -66,7 +66,7 @@ def run_now(task_id: str, *, by: str = "an operator", app: Celery | None = None)
     it waits for no time."""
     app = app if app is not None else current_app
     row = latest_row(task_id)
-    snapshot = get_gate().inspect(row.key, waiting_shown=0) if row.ticket is not None else None
+    snapshot = operator_gate().inspect(row.key, waiting_shown=0) if row.ticket is not None else None
     waits = waits_for(row, snapshot, app)
     if not waits:
         raise ActionRefused(_no_time(row, snapshot))
@@ -76,7 +76,7 @@ def run_now(task_id: str, *, by: str = "an operator", app: Celery | None = None)
         assert snapshot is not None
         holder = snapshot.held_by(row.ticket, row.task_id)
         assert holder is not None  # waits_for found it granted
-        grant = get_gate().run_now(row.key, row.ticket, holder.dispatch)
+        grant = operator_gate().run_now(row.key, row.ticket, holder.dispatch)
         if grant is None:
             raise ActionRefused(f"task {task_id} moved on meanwhile (it started, or was run now already): look again")
         if publish(app, grant, at_once=True) is Published.BROKER_REFUSED:
@@ -92,7 +92,7 @@ def _join_now(row: KeyedTask, app: Celery, by: str) -> str:
     message = stored_message(row, app)
     join_id = join_id_of(row, app)
     due_in = (row.due_at - timezone.now()).total_seconds() if row.due_at else 0.0
-    if not get_gate().refuse_join(row.key, join_id, due_in_seconds=due_in):
+    if not operator_gate().refuse_join(row.key, join_id, due_in_seconds=due_in):
         raise ActionRefused(f"task {row.task_id} joined its key's queue just now, or was run now already: look again")
     publish_stored(app, message, {JOIN_HEADER: f"{join_id}:now", "eta": None})
     KeyedTask.objects.filter(pk=row.pk, ticket__isnull=True).update(due_at=timezone.now())
@@ -108,7 +108,7 @@ def _sent_eta(row: KeyedTask, app: Celery) -> datetime | None:
 
 def run_now_refusal(row: KeyedTask, app: Celery | None = None) -> str:
     """Why ``row``'s task cannot be run now (it waits for no time); '' when it can."""
-    snapshot = get_gate().inspect(row.key, waiting_shown=0) if row.ticket is not None else None
+    snapshot = operator_gate().inspect(row.key, waiting_shown=0) if row.ticket is not None else None
     return "" if waits_for(row, snapshot, app) else _no_time(row, snapshot)
 
 

@@ -23,7 +23,7 @@ from django.core.cache import cache
 from ...exceptions import ActionRefused
 from ...gate import Holder, Stopping
 from ...messaging.recovered import stopped_text
-from ...process.state import get_gate
+from ...process.state import operator_gate
 from ...records.columns import shown
 from ...records.models import KeyedTask
 from ..display import did, from_epoch, since
@@ -90,7 +90,7 @@ def stop(
     if refusal:
         raise ActionRefused(refusal)
     assert row.ticket is not None  # it holds a slot
-    stopping = get_gate().stop(row.key, row.ticket, holder.dispatch, by=by, how=signal)
+    stopping = operator_gate().stop(row.key, row.ticket, holder.dispatch, by=by, how=signal)
     if stopping is None:
         raise ActionRefused(f"task {task_id} is no longer running that attempt: it ended or moved on; look again")
     # Celery's revoke with terminate, marked so that the worker forgets the id once it killed the run: a

@@ -14,7 +14,7 @@ from celery import current_app
 
 from ...exceptions import ActionRefused
 from ...gate import Holder
-from ...process.state import get_gate
+from ...process.state import operator_gate
 from ...records.models import KeyedTask
 from ...records.statuses import Status
 from ..display import since
@@ -64,7 +64,7 @@ class KeyProposal:
 
 def propose_for_key(action: str, key: str) -> KeyProposal:
     """What pausing or resuming ``key`` would do now, or why it would not (as ``recovery`` refuses it)."""
-    paused = get_gate().is_paused(key)
+    paused = operator_gate().is_paused(key)
     if action == "pause":
         if paused:
             return KeyProposal(action, key, refusal=f"key {key!r} is paused already")

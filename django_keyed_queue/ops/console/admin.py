@@ -25,7 +25,7 @@ from django.utils.translation import gettext_lazy as _
 from django.views.decorators.http import require_POST
 
 from ...exceptions import ActionRefused
-from ...process.state import get_gate
+from ...process.state import console_gate
 from ...records import idempotency, submissions
 from ...records.models import IdempotencyKey, KeyedTask, LiveKey
 from ...records.statuses import ACTIVE_STATUSES, Status
@@ -102,7 +102,7 @@ class KeyedTaskAdmin(_PagesOfOurs):
     def get_object(self, request, object_id, from_field=None):
         """The task, its run's end written first where the gate keeps one (its page and its actions)."""
         task = super().get_object(request, object_id, from_field)
-        return task if task is None else submissions.with_kept_end(get_gate, task)
+        return task if task is None else submissions.with_kept_end(console_gate, task)
 
     @admin.display(description=_("task id"))
     def short_id(self, task: KeyedTask) -> str:
@@ -145,7 +145,7 @@ class KeyedTaskAdmin(_PagesOfOurs):
         it in turn: the last is the one that runs."""
         if not task.superseded_by:
             return NOTHING
-        runs = idempotency.resolve(get_gate(), task.task_id, task.key)
+        runs = idempotency.resolve(console_gate(), task.task_id, task.key)
         if runs == task.superseded_by:
             return _task_link(runs)
         return format_html("{}, itself replaced in turn: {} is the one that runs", _task_link(task.superseded_by),
@@ -405,7 +405,7 @@ class KeyedTaskAdmin(_PagesOfOurs):
         extra = {"live_keys_url": reverse("admin:keyed_queue_keys"), **(extra_context or {})}
         if request.method == "GET":
             try:  # the latest submissions too: the workers write their rows only past the record delay
-                submissions.write_page(get_gate())
+                submissions.write_page(console_gate())
             except redis.RedisError:
                 logger.warning("keyed queue: the task list shows only written rows: Redis is out of reach")
         try:

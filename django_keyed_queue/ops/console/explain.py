@@ -21,7 +21,7 @@ from ...gate import Holder, KeySnapshot
 from ...messaging.message import TaskMessage, sent_eta
 from ...messaging.recovered import stopped_text
 from ...process.leases import renewal_seconds
-from ...process.state import get_gate
+from ...process.state import console_gate
 from ...records import idempotency
 from ...records.models import KeyedTask
 from ...records.statuses import TERMINAL_STATUSES, Status
@@ -150,7 +150,7 @@ def explain_row(task: KeyedTask) -> Explanation:
             return Explanation(task, "not due yet", [_due(task)], due_at=task.due_at)
         return Explanation(task, "waiting", [f"it joins its key's queue when a worker receives it (due since "
                                              f"{at(task.due_at or task.enqueued_at)})"])  # fmt: skip
-    gate = get_gate()
+    gate = console_gate()
     snapshot = gate.inspect(task.key, waiting_shown=0)
     holdings = _holdings(snapshot)
     own_slot = snapshot.held_by(task.ticket, task.task_id)
@@ -248,7 +248,7 @@ def pool_wait(pool: str | None, key: str, ticket: int) -> str:
     """Why a task waits for its pool, as the pool has it now: "waiting for pool 'payments' (10 of 10 running)"."""
     if pool is None:
         return "waiting for its pool (its task, not registered here, does not say which)"
-    state = get_gate().inspect_pool(pool, waiting_shown=POOL_LINE_SHOWN)
+    state = console_gate().inspect_pool(pool, waiting_shown=POOL_LINE_SHOWN)
     limit = f"{len(state.running)} of {state.limit} running" if state.limit else f"{len(state.running)} running"
     rate = f", at most {rate_said(state.interval_ms)}" if state.interval_ms else ""
     line = state.waiting_first
@@ -354,7 +354,7 @@ def _ended(task: KeyedTask) -> Explanation:
     if task.retried_as:
         reasons.append(f"an operator retried it as {task.retried_as}")
     if task.superseded_by:
-        runs = idempotency.resolve(get_gate(), task.task_id, task.key)
+        runs = idempotency.resolve(console_gate(), task.task_id, task.key)
         later = f", itself replaced in turn: {runs} is the one that runs" if runs != task.superseded_by else ""
         reasons.append(f"a newer submission of its task, {task.superseded_by}, replaced it while it waited{later}")
     return Explanation(task, task.status, reasons)

@@ -15,12 +15,13 @@ from django.utils import timezone
 
 from ...conf import settings
 from ...exceptions import MessageRefused
-from ...gate import Gate, HolderState, KeySnapshot, Stopping
+from ...gate import HolderState, KeySnapshot, Stopping
 from ...gate.listing import MatchedKeys
+from ...gate.views import ConsoleGate
 from ...messaging.message import ENQUEUED_HEADER, TaskMessage
 from ...messaging.recovered import stopped_text
 from ...pools import configured_pools
-from ...process.state import get_gate
+from ...process.state import console_gate
 from ...records import submissions
 from ...records.models import KeyedTask
 from ..actions import run_now
@@ -96,7 +97,7 @@ def overdue_too_long(snapshot: KeySnapshot) -> bool:
     return any(h.state != "blocked" and h.deadline_in < -stuck_after_seconds() for h in snapshot.holders.values())
 
 
-def stuck_keys(gate: Gate, *, limit: int = 1000) -> set[str]:
+def stuck_keys(gate: ConsoleGate, *, limit: int = 1000) -> set[str]:
     """The stuck keys: the deadline index's overdue keys, the paused and the blocked keys (at most ``limit``
     of each), checked."""
     candidates = {
@@ -163,7 +164,7 @@ class PoolState:
     rate_override: str  # an operator's, said; "": none
 
 
-def pool_states(gate: Gate) -> list[PoolState]:
+def pool_states(gate: ConsoleGate) -> list[PoolState]:
     """Every pool the settings name or tasks used, by name: one round trip each. A pool's own limit and rate
     are the settings' (the gate keeps those its tasks last gave), an operator's over them."""
     configured = configured_pools()
@@ -221,7 +222,7 @@ def live_keys(*, limit: int = 100, search: str | None = None, read: int | None =
     Bounded whatever the number of keys and rows: six commands a key checked (one a key of the rows'), a
     few round trips more; seven queries, each through an index.
     """
-    gate, read = get_gate(), read or KEYS_READ
+    gate, read = console_gate(), read or KEYS_READ
     fragment = KeyFragment(search) if search is not None else None
     if fragment is None:
         # The operator sees the latest submissions also while no worker runs; a request writes a bounded batch.
@@ -260,12 +261,12 @@ def live_keys(*, limit: int = 100, search: str | None = None, read: int | None =
     return page
 
 
-def _with_work(gate: Gate, keys: list[str]) -> dict[str, KeySnapshot]:
+def _with_work(gate: ConsoleGate, keys: list[str]) -> dict[str, KeySnapshot]:
     """Snapshots of those of ``keys`` the page lists (``_shown``), by key; one pipelined read."""
     return {s.key: s for s in gate.inspect_many(keys, waiting_shown=1, task_ids=False) if _shown(s)}
 
 
-def _matching(gate: Gate, fragment: KeyFragment) -> MatchedKeys:
+def _matching(gate: ConsoleGate, fragment: KeyFragment) -> MatchedKeys:
     """The keys of the gate's lists the fragment finds (its exact key first, also if unlisted)."""
     found = gate.keys_matching(fragment.glob, budget=SEARCH_BUDGET) if fragment.glob else MatchedKeys([], True)
     keys = [k for k in found.keys if fragment.matches(k)]
@@ -285,7 +286,7 @@ def _unstarted(snapshot: KeySnapshot) -> int | None:
     return min([*tickets, *snapshot.waiting[:1]], default=None)
 
 
-def _waits(gate: Gate, snapshots: list[KeySnapshot]) -> dict[str, datetime]:
+def _waits(gate: ConsoleGate, snapshots: list[KeySnapshot]) -> dict[str, datetime]:
     """Since when each key's oldest ticket waiting to start waits: as the gate keeps it with the ticket until
     its row is written, else as its row says, else as its stored message says (its submission's stamp)."""
     oldest = {s.key: t for s in snapshots if (t := _unstarted(s)) is not None}

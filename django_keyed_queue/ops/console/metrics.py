@@ -34,9 +34,9 @@ except ImportError as exc:  # pragma: no cover - exercised in a process without 
     ) from exc
 
 from ...conf import MAX_TOP_KEYS, settings
-from ...gate import Gate
+from ...gate.views import ConsoleGate
 from ...process import totals
-from ...process.state import get_gate
+from ...process.state import console_gate
 from ...records import submissions
 from ...records.manager import seconds_since
 from ...records.models import KeyedTask
@@ -137,7 +137,7 @@ def _scrape(request: HttpRequest) -> HttpResponse:
 class _Collector:
     def collect(self) -> Iterator[Metric]:
         try:
-            gate = get_gate()
+            gate = console_gate()
             amounts, templates = gate.totals()
             submissions.write_page(gate)  # recent submissions count as waiting also while no worker runs
         except Exception:
@@ -236,7 +236,7 @@ def _record_gauges(templates: dict[str, str]) -> Iterable[Metric]:
         yield family
 
 
-def _gate_gauges(gate: Gate) -> Iterable[Metric]:
+def _gate_gauges(gate: ConsoleGate) -> Iterable[Metric]:
     yield _gauge("keys_paused", "Keys an operator paused.", len(gate.paused_keys()))
     yield _gauge(
         "keys_blocked",
@@ -248,7 +248,7 @@ def _gate_gauges(gate: Gate) -> Iterable[Metric]:
     yield from _pool_gauges(gate)
 
 
-def _pool_gauges(gate: Gate) -> Iterable[Metric]:
+def _pool_gauges(gate: ConsoleGate) -> Iterable[Metric]:
     """Each pool's running, waiting and limit, labelled by its name (a project names a few, in its settings)."""
     pools = pool_states(gate)
     for name, doc, read in (

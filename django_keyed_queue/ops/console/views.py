@@ -6,7 +6,7 @@ from django.contrib.admin.views.decorators import staff_member_required
 from django.http import HttpRequest, JsonResponse
 
 from ...conf import settings
-from ...process.state import get_gate
+from ...process.state import console_gate
 from ...records import submissions
 from ...records.models import KeyedTask
 from .live import stuck_keys
@@ -24,7 +24,7 @@ def health(request: HttpRequest) -> JsonResponse:
 
 def _report(request: HttpRequest) -> JsonResponse:
     try:
-        gate = get_gate()
+        gate = console_gate()
         # Recent submissions count also while no worker runs; a request writes a bounded batch.
         submissions.write_page(gate)
         stuck: int | None = len(stuck_keys(gate))
