@@ -147,6 +147,19 @@ def test_the_timeline_tells_the_series_of_tickets_apart(restarted):
     assert [b.label for b in timeline.bars] == ["#1 succeeded", "#1 running", "#2 waiting"]
 
 
+def test_tickets_taken_in_one_ms_whose_rows_were_written_in_another_order_keep_their_series(restarted):
+    """A submissions' writer writes a batch of rows in any order: the task behind can have the lower row id,
+    and both joined in the same ms. The timeline follows the tickets."""
+    old, new, behind = restarted
+    KeyedTask.objects.filter(task_id=behind).update(enqueued_at=KeyedTask.objects.get(task_id=new).enqueued_at)
+    row = KeyedTask.objects.get(task_id=new)
+    row.delete()
+    row.pk = None
+    row.save()  # written after the row behind it
+    timeline = key_timeline(KeyedTask.objects.get(task_id=new))
+    assert [(b.task_id, b.restarts) for b in timeline.bars] == [(old, False), (new, True), (behind, False)]
+
+
 def test_a_worker_clock_ahead_of_the_gate_s_still_tells_the_series_apart(restarted):
     """The old run's end is written by its worker's clock, the new submission's time by the gate's: a worker
     a few ms ahead writes an end after the next series joined, and the timeline still splits at the ticket 1."""

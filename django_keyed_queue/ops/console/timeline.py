@@ -129,7 +129,9 @@ def _series(tasks: list[KeyedTask]) -> list[list[KeyedTask]]:
     an end, the gate's a submission, and a clock a few ms ahead must not merge two series.
     """
     series: list[list[KeyedTask]] = [[]]
-    for t in sorted(tasks, key=lambda t: (_joined(t), t.id)):
+    # Tickets taken in one ms join at one time: ticket order, not the rows' (a batch writes its rows in
+    # any order). Two series never share a ms: a key starts over only once its idle horizon passed.
+    for t in sorted(tasks, key=lambda t: (_joined(t), t.ticket is None, t.ticket or 0, t.id)):
         ticketed = [s for s in series[-1] if s.ticket is not None]
         drained = ticketed and all(s.finished_at and s.finished_at <= _joined(t) for s in ticketed)
         if t.ticket == 1 and (drained or any(s.ticket == 1 for s in ticketed)):
