@@ -373,15 +373,14 @@ def _write(
     update = queries.update_sql(model, db.alias)
     if updates:
         cursor.executemany(update, [_update_params(model, t, db) for t in updates])
-        missed = [t for t in updates if t.create is not None]  # one without ``create`` has nothing to make
-        if cursor.rowcount != len(updates) and missed:
-            there = _rows_there(db, model, missed)
-            again = [t for t in missed if t.submission in there]
-            if again:
-                cursor.executemany(update, [_update_params(model, t, db) for t in again])
-            for t in missed:
-                if t.submission not in there:
-                    (waiting if _waits_for_its_row(t, create_after, now) else inserts).append(t)
+        # Of those that missed their rows, one without ``create`` has nothing to make.
+        creating = [t for t in updates if t.create is not None] if cursor.rowcount != len(updates) else []
+        there = _rows_there(db, model, creating) if creating else set()
+        if again := [t for t in creating if t.submission in there]:
+            cursor.executemany(update, [_update_params(model, t, db) for t in again])
+        for t in creating:
+            if t.submission not in there:
+                (waiting if _waits_for_its_row(t, create_after, now) else inserts).append(t)
     if inserts:
         insert = queries.insert_sql(model, db.alias, ignore_conflicts=True)
         cursor.executemany(insert, [_insert_params(model, db, t.row_to_create()) for t in inserts])

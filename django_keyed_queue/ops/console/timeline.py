@@ -131,17 +131,22 @@ def _series(tasks: list[KeyedTask]) -> list[list[KeyedTask]]:
     series: list[list[KeyedTask]] = [[]]
     # Tickets taken in one ms join at one time: ticket order, not the rows' (a batch writes its rows in
     # any order). Two series never share a ms: a key starts over only once its idle horizon passed.
-    for t in sorted(tasks, key=lambda t: (_joined(t), t.ticket is None, t.ticket or 0, t.id)):
+    for t in sorted(tasks, key=lambda t: (_joined(t), *_ticket_order(t))):
         ticketed = [s for s in series[-1] if s.ticket is not None]
         drained = ticketed and all(s.finished_at and s.finished_at <= _joined(t) for s in ticketed)
         if t.ticket == 1 and (drained or any(s.ticket == 1 for s in ticketed)):
             series.append([])
         series[-1].append(t)
-    return [sorted(s, key=lambda t: (t.ticket is None, t.ticket or 0, t.id)) for s in series if s]
+    return [sorted(s, key=_ticket_order) for s in series if s]
 
 
 def _joined(t: KeyedTask) -> datetime:
     return max(t.enqueued_at, t.due_at or t.enqueued_at)
+
+
+def _ticket_order(t: KeyedTask) -> tuple[bool, int, int]:
+    """A key's order within a series: by ticket, a task with none (delayed, not due) last."""
+    return (t.ticket is None, t.ticket or 0, t.id)
 
 
 def _describe(t: KeyedTask) -> str:
