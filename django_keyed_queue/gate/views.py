@@ -77,7 +77,7 @@ class ProducerGate(RecordsGate, Protocol):
 
 class WorkerGate(ProducerGate, Protocol):
     """A run from its start to its end, its lease, its retry and its return to the queue; a worker also submits
-    (a run's own replacement takes a ticket). Used by ``worker/, messaging/``.
+    (a delayed task now due takes its ticket in the worker). Used by ``worker/`` and ``messaging/``.
     """
 
     lease_ms: int
