@@ -74,19 +74,23 @@ def test_a_pool_rate_of_five_a_second_over_keys_and_two_workers(make_project):
 def test_a_killed_worker_s_pool_slots_return_at_its_leases_end_and_the_pool_never_exceeds_its_limit(make_project):
     """SIGKILL to a worker running the pool's tasks: their runs are recovered and run again, the slots they
     held return by their leases' end, and at no moment do more than three of the pool's runs live."""
-    # A run that ends before the kill gives its slot to a waiting task, whose message the gate pushes; worker a
-    # may have fetched it (Celery's prefetch) and dies with it unacknowledged, as plain Celery loses one. The
-    # reaper publishes such a grant again at its dispatch timeout: 10 s here, not the default 300.
+    # The first three runs take the pool's three slots for 4 s, so the kill lands in their bodies: a kill after
+    # a body's last line but before its finish reaches the gate is recovered and runs again, as it must, and
+    # would read here as a double run. Worker a may also have fetched (Celery's prefetch) a grant's message and
+    # die with it unacknowledged, as plain Celery loses one: the reaper publishes such a grant again at its
+    # dispatch timeout, 10 s here, not the default 300.
     project = make_project(KEYED_QUEUE_DISPATCH_TIMEOUT_SECONDS=10)
     doomed = project.worker("a", concurrency=4)
-    accepted = accepted_by(project.produce("pooled_step", 24, 12, 0, 0.6, prefix="pooled"))
+    accepted = accepted_by(project.produce("pooled_step", 24, 12, 0, "4,4,4,0.6", prefix="pooled"))
     wait_until(lambda: sum(e["event"] == "start" for e in project.history()) >= 3, 30, 0.05, "the pool's three runs")
     dead = {e["pid"] for e in project.history() if e["event"] == "start"}
     doomed.kill()  # SIGKILL to worker a and its pool, mid-run
     note(project, "killed")
     project.worker("b", concurrency=4)
 
-    events = check_run(project, accepted, timeout=90, killed=frozenset(cut_short(project.history(), dead)))
+    killed = cut_short(project.history(), dead)
+    assert len(killed) == 3, f"the kill lands in the three long runs' bodies: {project.history()}"
+    events = check_run(project, accepted, timeout=90, killed=frozenset(killed))
 
     live, most = set(), 0
     for e in project.history():
