@@ -2,6 +2,7 @@
 
 import io
 import json
+import time
 from datetime import timedelta
 
 import pytest
@@ -9,8 +10,8 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from django_keyed_queue import ActionRefused, explain, keyed_serial_task
-from django_keyed_queue.gate import Finish, Start
-from django_keyed_queue.process.state import get_gate
+from django_keyed_queue.gate import Finish, Lease, Start
+from django_keyed_queue.process.state import current, get_gate
 from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.testing import write_submission_rows
 from testproject.demo.tasks import step
@@ -36,13 +37,15 @@ def submit(key: str, *ns: int) -> list[str]:
     return ids
 
 
-def start_as_a_worker(key: str, ticket: int, task_id: str, worker: str = "celery@host-a") -> None:
-    """The gate's start, and the record its worker writes."""
-    assert get_gate().start(Start(key, ticket, 1, task_id=task_id)).ok
+def start_as_a_worker(key: str, ticket: int, task_id: str, worker: str = "celery@host-a", **start: object) -> Lease:
+    """The gate's start, and the record its worker writes; the run's lease."""
+    started = get_gate().start(Start(key, ticket, 1, task_id=task_id, **start))
+    assert started.ok
     KeyedTask.objects.filter(task_id=task_id).update(
         status="running", started_at=timezone.now() - timedelta(seconds=95), heartbeat_at=timezone.now(),
         worker=worker, attempts=1,
     )  # fmt: skip
+    return Lease(key, ticket, started.token)
 
 
 def test_a_task_behind_a_running_one_names_it_its_worker_and_its_place(gate_redis, broker):
@@ -146,17 +149,49 @@ def test_a_granted_task_of_a_paced_key_says_when_its_rate_lets_it_start(gate_red
     assert why.as_data()["next_slot_in"] == why.next_slot_in
 
 
-def test_a_run_whose_worker_stopped_renewing_is_told_first_with_when_it_is_dispatched_again(gate_redis, broker):
+@pytest.fixture
+def short_lease(settings):
+    """A 3 s lease, renewed every second: a worker that stops renewing is told lost after 2 s."""
+    settings.KEYED_QUEUE_LEASE_SECONDS = 3
+    current().reset_gate()
+    yield
+    current().reset_gate()
+
+
+def unrenewed_for(seconds: float, key: str, ticket: int, task_id: str, **start: object) -> Lease:
+    """The gate starts the ticket as a worker would, which then renews it no more for ``seconds``."""
+    lease = start_as_a_worker(key, ticket, task_id, **start)
+    time.sleep(seconds)
+    return lease
+
+
+def test_a_run_whose_worker_stopped_renewing_is_told_first_by_its_lease_s_deadline(gate_redis, broker, short_lease):
     first, second = submit("account:8", 1, 2)
-    start_as_a_worker("account:8", 1, first)
-    KeyedTask.objects.filter(task_id=first).update(heartbeat_at=timezone.now() - timedelta(seconds=80))
+    unrenewed_for(2.3, "account:8", 1, first, max_lost=3)
 
     mine = explain(first)
-    assert mine.reasons[0].startswith("its worker celery@host-a has not renewed its lease for 1 min 20 s")
-    assert "it is dispatched again at its lease's end, in " in mine.reasons[0]
-    assert mine.reasons[1].startswith("it holds its key: running for 1 min 35 s")
+    assert mine.reasons[0].startswith("its worker celery@host-a last renewed its lease 2."), mine.reasons
+    assert "ago and may be lost; " in mine.reasons[0]
+    assert "the reaper dispatches it again at its lease's end, in " in mine.reasons[0]
+    assert mine.reasons[1].startswith("it holds its key: running for 1 min 3"), "since its start"
     behind = explain(second)
-    assert "has not renewed its lease" in behind.reasons[0], "the task waiting behind it is told too"
+    assert "last renewed its lease" in behind.reasons[0], "the task waiting behind it is told too"
+
+
+def test_a_renewed_lease_is_not_told_lost_whatever_the_record_says(gate_redis, broker, short_lease):
+    [task_id] = submit("account:12", 1)
+    lease = unrenewed_for(1.2, "account:12", 1, task_id)
+    assert get_gate().renew([lease]) == {lease: True}
+    time.sleep(1.1)  # 2.3 s after the start, 1.1 s after the renewal
+    KeyedTask.objects.filter(task_id=task_id).update(heartbeat_at=timezone.now() - timedelta(minutes=5))
+    assert explain(task_id).reasons[0].startswith("it holds its key: running"), "the gate's deadline is the truth"
+
+
+def test_a_lost_run_with_no_recovery_left_is_told_it_fails(gate_redis, broker, short_lease):
+    [task_id] = submit("account:13", 1)
+    unrenewed_for(2.3, "account:13", 1, task_id, max_lost=0, block=True)
+    reason = explain(task_id).reasons[0]
+    assert "may be lost; the reaper fails it (no recovery left), and it blocks its key at its lease's end" in reason
 
 
 def test_a_run_whose_process_celery_reported_lost_says_so_first(gate_redis, broker):
@@ -165,7 +200,7 @@ def test_a_run_whose_process_celery_reported_lost_says_so_first(gate_redis, brok
     from django_keyed_queue.worker.attempt_errors import note_lost_process
 
     [task_id] = submit("account:10", 1)
-    start_as_a_worker("account:10", 1, task_id)
+    start_as_a_worker("account:10", 1, task_id, max_lost=3)  # a task's default max_recoveries
     lost = WorkerLostError("Worker exited prematurely: signal 9 (SIGKILL) Job: 3.")
     assert not note_lost_process(task_id, {"key": "account:10", "ticket": 1}, lost), "no attempt named: nothing"
     assert note_lost_process(task_id, {"key": "account:10", "ticket": 1, "dispatch": 1}, lost)
@@ -174,7 +209,9 @@ def test_a_run_whose_process_celery_reported_lost_says_so_first(gate_redis, brok
 
     why = explain(task_id)
     assert why.reasons[0].startswith("Celery reported its worker process lost: ")
-    assert "signal 9 (SIGKILL)" in why.reasons[0] and "dispatched again at its lease's end" in why.reasons[0]
+    assert (
+        "signal 9 (SIGKILL)" in why.reasons[0] and "the reaper dispatches it again at its lease's end" in why.reasons[0]
+    )
     assert KeyedTask.objects.get(task_id=task_id).status == "running", "the run keeps its key until its lease ends"
 
 

@@ -7,7 +7,7 @@ from django.contrib.auth import get_user_model
 from django.test import override_settings
 from django.urls import reverse
 
-from django_keyed_queue.gate import Start
+from django_keyed_queue.gate import Lease, Start
 from django_keyed_queue.gate.keys import KeyNames
 from django_keyed_queue.process.state import current, get_gate
 from django_keyed_queue.records import submissions
@@ -93,3 +93,28 @@ def test_the_live_page_of_one_key_writes_that_keys_rows_only(staff_client, gate_
     assert 'data-key="shown"' in page
     assert sorted(KeyedTask.objects.values_list("key", "ticket")) == [("shown", 1), ("shown", 2)]
     assert (gate_redis.hlen(KeyNames("shown").unwritten), gate_redis.hlen(KeyNames("other").unwritten)) == (0, 1)
+
+
+def test_unrenewed_runs_are_the_live_pages_runs_whose_worker_may_be_lost(staff_client, gate_redis, broker, settings):
+    """A run whose worker stopped renewing its lease (by the gate's deadline), counted and marked alike; a
+    run renewed on time is neither."""
+    settings.KEYED_QUEUE_LEASE_SECONDS = 3  # renewed every second: told lost 2 s after its last renewal
+    current().reset_gate()
+    try:
+        step.apply_async(("silent", 1), queue=QUEUE)
+        step.apply_async(("renewed", 1), queue=QUEUE)
+        gate = get_gate()
+        assert gate.start(Start("silent", 1, 1, max_lost=1)).ok
+        renewed = gate.start(Start("renewed", 1, 1))
+        time.sleep(1.2)
+        assert gate.renew([Lease("renewed", 1, renewed.token)]) == {Lease("renewed", 1, renewed.token): True}
+        time.sleep(1.1)
+        assert staff_client.get(URL).json()["unrenewed_runs"] == 1
+        staff_client.force_login(get_user_model().objects.create_superuser("root"))
+        page = staff_client.get(reverse("admin:keyed_queue_keys")).content.decode()
+        marked = {k for k in ("silent", "renewed") if f'class="live-key unrenewed" data-key="{k}"' in page}
+        assert marked == {"silent"}
+        assert "its worker last renewed its lease 2." in page and "may be lost; the reaper dispatches it again" in page
+        assert page.index('data-key="silent"') < page.index('data-key="renewed"'), "the key at risk first"
+    finally:
+        current().reset_gate()

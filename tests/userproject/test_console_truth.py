@@ -38,9 +38,33 @@ def test_a_run_whose_child_process_was_killed_is_told_lost_until_its_lease_ends(
         return reasons if reasons[0].startswith("Celery reported its worker process lost: ") else []
 
     reasons = wait_until(told_lost, timeout=10)
-    assert "WorkerLostError" in reasons[0] and "it is dispatched again at its lease's end, in " in reasons[0]
+    assert "WorkerLostError" in reasons[0] and "the reaper dispatches it again at its lease's end, in " in reasons[0]
     assert reasons[1].startswith("it holds its key: running"), "it keeps its key until its lease ends"
     check_run(project, [task], timeout=40, killed=frozenset({task["id"]}))  # recovered, run again, once at a time
+
+
+def test_a_run_whose_whole_worker_was_killed_is_told_it_may_be_lost_within_two_renewal_periods(make_project):
+    """SIGKILL to a worker and its pool: nothing reports it, the gate's lease deadline stops moving. Within
+    two renewal periods (4 s each here) of the kill the task's first reason says its worker may be lost
+    and what the reaper does at its lease's end; then it is recovered and runs again, once at a time."""
+    project = make_project(KEYED_QUEUE_LEASE_SECONDS=12)
+    doomed = project.worker("a")
+    [task] = accepted_by(project.produce("step", 1, 1, 0, 8))
+    wait_until(lambda: started(project, task["id"]), timeout=20)
+    doomed.kill()
+    killed_at = time.time()
+
+    def told() -> list[str]:
+        reasons = why(project, task["id"])["reasons"]
+        return reasons if "may be lost" in reasons[0] else []
+
+    reasons = wait_until(told, timeout=20, interval=0.2)
+    assert time.time() - killed_at < 2 * 4 + 3, "told within two renewal periods (and a status command's start)"
+    assert reasons[0].startswith("its worker ") and " last renewed its lease " in reasons[0], reasons
+    assert "the reaper dispatches it again at its lease's end, in " in reasons[0], reasons
+    assert reasons[1].startswith("it holds its key: running"), "it keeps its key until its lease ends"
+    project.worker("b")
+    check_run(project, [task], timeout=40, killed=frozenset({task["id"]}))
 
 
 def test_a_key_whose_tickets_started_over_names_its_new_holder(make_project):

@@ -20,7 +20,6 @@ from ...exceptions import MessageRefused
 from ...gate import Holder, KeySnapshot
 from ...messaging.message import TaskMessage, sent_eta
 from ...messaging.recovered import stopped_text
-from ...process.leases import renewal_seconds
 from ...process.state import console_gate
 from ...records import idempotency
 from ...records.models import KeyedTask
@@ -28,11 +27,8 @@ from ...records.statuses import TERMINAL_STATUSES, Status
 from ...worker.attempt_errors import lost_process
 from ..actions.lookup import latest_row, registered_task
 from ..display import at, did, from_epoch, last_line, rate_said, since, took
+from .live import at_lease_end, may_be_lost, unrenewed_said
 from .workers import unconsumed
-
-#: How much later than its renewal period a run's heartbeat may come before the run is told as silent:
-#: a renewal's record is written within a flush, and a loaded host is late.
-RENEWAL_SLACK_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -274,22 +270,13 @@ def _being_stopped(own: Holding) -> list[str]:
 
 
 def _dead_run(task: KeyedTask, own: Holding) -> list[str]:
-    """A running holder that is no longer running, first: Celery reported its process lost, or its worker
-    stopped renewing its lease. It keeps its key until the lease ends (a run is never assumed dead)."""
+    """A running holder that may no longer run, first: Celery reported its process lost, or its worker
+    stopped renewing its lease (the gate's deadline says when it last did). It keeps its key until the
+    lease ends (a run is never assumed dead)."""
     assert own.slot is not None
-    ends = own.slot.deadline_in
-    then = (f"it is dispatched again at its lease's end, in {took(ends)}" if ends > 0
-            else f"its lease ended {took(-ends)} ago: the reaper dispatches it again at its next pass")  # fmt: skip
     if task.error.startswith(lost_process(own.slot.dispatch)):
-        return [f"Celery reported its worker process lost: {last_line(task.error)}; {then}"]
-    beat = task.heartbeat_at or task.started_at
-    silent = (timezone.now() - beat).total_seconds() if beat else 0.0
-    if silent > 2 * renewal_seconds() + RENEWAL_SLACK_SECONDS:
-        worker = f"its worker {task.worker}" if task.worker else "its worker"
-        every = took(renewal_seconds())
-        return [f"{worker} has not renewed its lease for {took(silent)} (it renews every {every}): it may have "
-                f"stopped or died; unless it renews, {then}"]  # fmt: skip
-    return []
+        return [f"Celery reported its worker process lost: {last_line(task.error)}; {at_lease_end(own.slot)}"]
+    return [unrenewed_said(own.slot, task.worker)] if may_be_lost(own.slot) else []
 
 
 def _recovered(task: KeyedTask) -> list[str]:

@@ -15,12 +15,13 @@ from django.utils import timezone
 
 from ...conf import settings
 from ...exceptions import MessageRefused
-from ...gate import HolderState, KeySnapshot, Stopping
+from ...gate import Holder, HolderState, KeySnapshot, Stopping
 from ...gate.listing import MatchedKeys
 from ...gate.views import ConsoleGate
 from ...messaging.message import ENQUEUED_HEADER, TaskMessage
 from ...messaging.recovered import stopped_text
 from ...pools import configured_pools
+from ...process.leases import renewal_seconds
 from ...process.state import console_gate
 from ...records import submissions
 from ...records.models import KeyedTask
@@ -52,6 +53,7 @@ class HolderRow:
     task_id: str | None = None  # the task whose message holds the slot (its record may not be written yet)
     stopping: Stopping | None = None  # who is stopping its run (it keeps the key until the run has ended)
     waits_for: str = ""  # the time a granted task waits for (its debounce, its key's rate): Run now applies
+    unrenewed: str = ""  # that its worker may be lost, and what the reaper does when (see ``may_be_lost``)
 
     @property
     def stopping_said(self) -> str | None:
@@ -75,6 +77,54 @@ class HolderRow:
     @property
     def held_for(self) -> str | None:
         return since(self.held_since)
+
+
+def unrenewed_after_seconds() -> float:
+    """How long after its lease's last renewal a running holder's worker may be lost: half a renewal period
+    late, so it is told within two periods of its last renewal (and at least a second late: the renewer's
+    timer and a loaded machine's scheduling may be that late)."""
+    every = renewal_seconds()
+    return max(1.5 * every, every + 1.0)
+
+
+def renewed_ago(holder: Holder) -> float:
+    """Seconds since a running holder's lease was last renewed (or started): the gate sets its deadline a
+    lease from then."""
+    return float(settings.LEASE_SECONDS) - holder.deadline_in
+
+
+def may_be_lost(holder: Holder) -> bool:
+    """The one definition of a run whose worker may be lost, as the gate has it: running, and its lease
+    not renewed for ``unrenewed_after_seconds``. It keeps its key until its lease ends: a run is never
+    assumed dead."""
+    return holder.state == "running" and renewed_ago(holder) > unrenewed_after_seconds()
+
+
+def at_lease_end(holder: Holder) -> str:
+    """What the reaper does to a lost run, as its recoveries left say, and when: "the reaper dispatches it
+    again at its lease's end, in 18.0 s"."""
+    if holder.lost < holder.max_lost:
+        does = "dispatches it again"
+    else:
+        does = "fails it (no recovery left), and it blocks its key" if holder.blocks_on_failure else (
+            "fails it (no recovery left)")  # fmt: skip
+    if holder.deadline_in > 0:
+        return f"the reaper {does} at its lease's end, in {took(holder.deadline_in)}"
+    return f"its lease ended {took(-holder.deadline_in)} ago: the reaper {does} at its next pass"
+
+
+def unrenewed_said(holder: Holder, worker: str) -> str:
+    """A run whose worker may be lost (``may_be_lost``), told: ``worker`` is its worker's name, '' if unknown."""
+    whose = f"its worker {worker}" if worker else "its worker"
+    return f"{whose} last renewed its lease {took(renewed_ago(holder))} ago and may be lost; {at_lease_end(holder)}"
+
+
+def unrenewed_runs(gate: ConsoleGate, *, limit: int = 1000) -> int:
+    """How many running holders' workers may be lost (``may_be_lost``), among the ``limit`` keys the
+    deadline index has due first: a lease renewed on time is due later than those."""
+    due_within = float(settings.LEASE_SECONDS) - unrenewed_after_seconds()
+    keys = gate.overdue_keys(-due_within, limit=limit)
+    return sum(may_be_lost(h) for s in gate.inspect_many(keys, waiting_shown=0) for h in s.holders.values())
 
 
 def stuck_after_seconds() -> float:
@@ -125,6 +175,11 @@ class KeyState:
     waits: bool = False  # a task of the key waits: in its queue, or granted and never started
 
     @property
+    def unrenewed(self) -> bool:
+        """A holder's worker may be lost (``may_be_lost``)."""
+        return any(h.unrenewed for h in self.holders)
+
+    @property
     def waited_for(self) -> str | None:
         return since(self.oldest_wait)
 
@@ -145,9 +200,10 @@ class KeyState:
         return (timezone.now() - self.oldest_wait).total_seconds() if self.oldest_wait else 0.0
 
     def urgency(self) -> tuple:
-        """Most urgent first: a holder stuck past its deadline, a failed task blocking the key, a pause;
-        then the longest wait, the deepest queue."""
-        group = 0 if self.overdue_stuck else 1 if self.blocked_by else 2 if self.paused else 3
+        """Most urgent first: a holder stuck past its deadline, one whose worker may be lost, a failed task
+        blocking the key, a pause; then the longest wait, the deepest queue."""
+        marks = (self.overdue_stuck, self.unrenewed, self.blocked_by is not None, self.paused)
+        group = marks.index(True) if True in marks else len(marks)
         return (group, -self.waited_seconds, -self.depth, self.key)
 
 
@@ -329,8 +385,11 @@ def _state(
     for ticket, h in sorted(snapshot.holders.items()):
         task = (tasks or {}).get((k, ticket))
         waits = run_now.waits_for(task, snapshot) if task is not None and h.state == "granted" else ""
+        unrenewed = unrenewed_said(h, task.worker if task else "") if may_be_lost(h) else ""
         holders.append(
-            HolderRow(ticket, h.state, h.deadline_in, h.attempts, task, h.dispatch, h.task_id, h.stopping, waits)
+            HolderRow(
+                ticket, h.state, h.deadline_in, h.attempts, task, h.dispatch, h.task_id, h.stopping, waits, unrenewed
+            )
         )
     return KeyState(
         k,

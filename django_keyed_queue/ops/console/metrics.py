@@ -41,7 +41,7 @@ from ...records import submissions
 from ...records.manager import seconds_since
 from ...records.models import KeyedTask
 from ...records.statuses import Status
-from .live import pool_states, stuck_after_seconds
+from .live import pool_states, stuck_after_seconds, unrenewed_runs
 from .permissions import may_view_tasks
 
 logger = logging.getLogger(__name__)
@@ -245,6 +245,11 @@ def _gate_gauges(gate: ConsoleGate) -> Iterable[Metric]:
     )
     overdue = gate.overdue_keys(stuck_after_seconds(), limit=MAX_KEYS_READ)
     yield _gauge("keys_overdue", "Keys past a deadline for over two reaper periods: is a reaper running?", len(overdue))
+    yield _gauge(
+        "runs_unrenewed",
+        "Running tasks whose worker stopped renewing their lease: it may be lost (the reaper ends them at lease end).",
+        unrenewed_runs(gate, limit=MAX_KEYS_READ),
+    )
     yield from _pool_gauges(gate)
 
 
