@@ -18,12 +18,13 @@ import hashlib
 import json
 import logging
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import redis
 from django.conf import settings as django_settings
-from django.db import IntegrityError, connections, router, transaction
+from django.db import DatabaseError, IntegrityError, connections, router, transaction
+from django.db.models import F
 from django.utils import timezone
 from django.utils.crypto import salted_hmac
 from kombu.utils.json import dumps as kombu_json
@@ -117,6 +118,7 @@ def claim(
                     task_id=task_id,
                     task_name=task_name,
                     arguments=arguments[0] if arguments else "",
+                    key=key or "",
                     created_at=now,
                     expires_at=now + timedelta(seconds=settings.IDEMPOTENCY_TTL_SECONDS),
                 )
@@ -137,11 +139,28 @@ def claim(
                 f"arguments; a new request needs a new key"
             )
         # The original may still be on its way: its record is written right after its claim.
-        if KeyedTask.objects.using(db).filter(task_id=original.task_id).exists() or time.monotonic() > deadline:
-            return original.task_id
-        if connections[db].in_atomic_block:
-            return original.task_id  # waiting inside a transaction would not see it commit
+        written = KeyedTask.objects.using(db).filter(task_id=original.task_id).exists()
+        # Waiting inside a transaction would not see it commit.
+        if written or time.monotonic() > deadline or connections[db].in_atomic_block:
+            return _answered(original, now, db)
         time.sleep(0.02)
+
+
+def _answered(original: IdempotencyKey, now: datetime, db: str) -> str:
+    """``original`` answers a duplicate: its task is returned, and the duplicate counted on its row once
+    the duplicate's transaction commits (a rolled-back one was never submitted; and the row is not locked
+    for the length of the caller's transaction). A count that cannot be written is logged, not raised."""
+
+    def count() -> None:
+        try:
+            IdempotencyKey.objects.using(db).filter(pk=original.pk).update(
+                duplicates=F("duplicates") + 1, last_duplicate_at=now
+            )
+        except DatabaseError:
+            logger.warning("a duplicate of %s was not counted", original.task_id, exc_info=True)
+
+    transaction.on_commit(count, using=db)
+    return original.task_id
 
 
 def _differ(stored: str, given: tuple[str, ...]) -> bool:

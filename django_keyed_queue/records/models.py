@@ -8,7 +8,7 @@ from django.db import models
 from django.utils.translation import gettext_lazy as _
 
 from ..gate import MAX_KEY_LENGTH
-from .columns import TASK_ID_MAX_LENGTH, TASK_NAME_MAX_LENGTH
+from .columns import IDEMPOTENCY_KEY_MAX_LENGTH, TASK_ID_MAX_LENGTH, TASK_NAME_MAX_LENGTH
 from .manager import KeyedTaskManager
 from .statuses import ACTIVE_STATUSES, Status
 
@@ -133,6 +133,14 @@ class IdempotencyKey(models.Model):
     #: HMAC-SHA256, keyed with the project's secret, of the arguments an explicit key was claimed with
     #: ('' when not compared). Shown nowhere.
     arguments = models.CharField(_("arguments digest"), max_length=64, blank=True, default="")
+    #: The explicit key as the caller gave it ('' for a task idempotent by its arguments, which are not shown).
+    #: Indexed: the admin's search finds a key by its text.
+    key = models.CharField(
+        _("idempotency key"), max_length=IDEMPOTENCY_KEY_MAX_LENGTH, blank=True, default="", db_index=True
+    )
+    #: How many duplicate submissions it answered with its task, and when the last came.
+    duplicates = models.PositiveIntegerField(_("duplicates answered"), default=0)
+    last_duplicate_at = models.DateTimeField(_("last duplicate at"), null=True, blank=True)
     created_at = models.DateTimeField(_("created at"))
     expires_at = models.DateTimeField(_("expires at"), db_index=True)
 

@@ -10,11 +10,15 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
+from urllib.parse import quote
 
 import redis
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.admin.views.main import ChangeList
+from django.db.models import Q
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect
+from django.template.defaultfilters import pluralize
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
@@ -54,7 +58,7 @@ ALLOWED_LOOKUPS = frozenset(
 DETAIL_FIELDS = (
     *("task_id", "task_name", "key", "ticket", "status", "attempts", "worker", "arguments"),
     *("enqueued", "due", "dispatched", "started", "heartbeat", "finished", "waited", "ran", "error", "notes"),
-    *("retried_as_link", "retry_of_link", "superseded_by_link"),
+    *("retried_as_link", "retry_of_link", "superseded_by_link", "idempotency"),
 )
 
 #: What a page shows for a time or a span that has none yet.
@@ -150,6 +154,12 @@ class KeyedTaskAdmin(_PagesOfOurs):
             return _task_link(runs)
         return format_html("{}, itself replaced in turn: {} is the one that runs", _task_link(task.superseded_by),
                            _task_link(runs))  # fmt: skip
+
+    @admin.display(description=_("idempotency"))
+    def idempotency(self, task: KeyedTask) -> str:
+        """The idempotency keys that answer with this task, and the duplicates each answered."""
+        claims = IdempotencyKey.objects.filter(task_id=task.task_id).order_by("created_at")
+        return _joined([_claim_said(claim) for claim in claims]) or NOTHING
 
     enqueued = _at("enqueued_at", _("enqueued at"))
     due = _at("due_at", _("due at"))
@@ -485,19 +495,66 @@ class LiveKeyAdmin(_PagesOfOurs):
         return HttpResponseRedirect(reverse("admin:keyed_queue_keys"))
 
 
+class _CountedOnce(ChangeList):
+    """Django's change list, which with ``show_full_result_count = False`` tells "1 result (Show all)" of a
+    list nobody searched: unsearched, the rows it counted are all of them."""
+
+    def get_results(self, request):
+        super().get_results(request)
+        if not self.query.strip():
+            self.full_result_count = self.result_count
+
+
+def _claim_said(claim: IdempotencyKey) -> SafeString:
+    """An idempotency key on a task's page: its text (or that its arguments are the key), its expiry, and
+    the duplicates it answered."""
+    which = format_html("key <code>{}</code>", claim.key) if claim.key else format_html("{}", "its arguments")
+    answered = (
+        format_html("; answered {} duplicate{}, the last at {}", claim.duplicates, pluralize(claim.duplicates),
+                    at(claim.last_duplicate_at) or NOTHING)
+        if claim.duplicates else format_html("{}", "; no duplicate yet")
+    )  # fmt: skip
+    return format_html("<div>{} (until {}){}</div>", which, at(claim.expires_at), answered)
+
+
 @admin.register(IdempotencyKey)
 class IdempotencyKeyAdmin(_PagesOfOurs):
-    """Which task a duplicate submission resolves to. The fingerprint and the arguments' digest are
-    not shown: small arguments (an amount) could be guessed from them offline."""
+    """Which task a duplicate submission resolves to, and how many it answered. The fingerprint and the
+    arguments' digest are not shown: small arguments (an amount) could be guessed from them offline."""
 
-    list_display = ("task_name", "task_id", "created_at", "expires_at")
-    search_fields = ("=task_id",)
-    fields = readonly_fields = ("task_name", "task_link", "created_at", "expires_at")
+    list_display = ("key_said", "task_name", "task_found", "duplicates", "last_duplicate", "created", "expires")
+    fields = readonly_fields = ("key_said", "task_name", "task_link", *list_display[3:])
+    search_fields = ("=key", "=task_id")
+    search_help_text = _("An idempotency key or a task id, whole. Case-sensitive.")
     show_full_result_count = False
+    created = _at("created_at", _("created at"))
+    expires = _at("expires_at", _("expires at"))
+    last_duplicate = _at("last_duplicate_at", _("last duplicate at"))
+
+    @admin.display(description=_("idempotency key"))
+    def key_said(self, claim: IdempotencyKey) -> StrOrPromise:
+        return claim.key or _("its arguments (not shown)")
 
     @admin.display(description=_("task id"))
-    def task_link(self, key: IdempotencyKey) -> str:
-        return _task_link(key.task_id)
+    def task_link(self, claim: IdempotencyKey) -> str:
+        return _task_link(claim.task_id)
+
+    @admin.display(description=_("task id"))
+    def task_found(self, claim: IdempotencyKey) -> str:
+        """The task list's search for the task id, which opens its page: no query a row."""
+        url = reverse("admin:keyed_queue_keyedtask_changelist")
+        return format_html('<a href="{}?q={}">{}</a>', url, quote(claim.task_id, safe=""), claim.task_id)
+
+    def get_changelist(self, request, **kwargs):
+        return _CountedOnce
+
+    def get_search_results(self, request, queryset, search_term):
+        """The whole key or task id, as written: one lookup on an index each (Django's ``=`` is case-blind,
+        which no plain index serves)."""
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        return queryset.filter(Q(key=term) | Q(task_id=term)), False
 
     def lookup_allowed(self, lookup, value, request=None) -> bool:
         # No filter: Django answers any lookup in the query string with 400 (DisallowedModelAdminLookup).

@@ -276,7 +276,8 @@ def _dead_run(task: KeyedTask, own: Holding) -> list[str]:
     assert own.slot is not None
     if task.error.startswith(lost_process(own.slot.dispatch)):
         return [f"Celery reported its worker process lost: {last_line(task.error)}; {at_lease_end(own.slot)}"]
-    return [unrenewed_said(own.slot, task.worker)] if may_be_lost(own.slot) else []
+    overdue = own.slot.deadline_in <= 0
+    return [unrenewed_said(own.slot, task.worker)] if may_be_lost(own.slot) or overdue else []
 
 
 def _recovered(task: KeyedTask) -> list[str]:

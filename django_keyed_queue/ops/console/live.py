@@ -94,10 +94,10 @@ def renewed_ago(holder: Holder) -> float:
 
 
 def may_be_lost(holder: Holder) -> bool:
-    """The one definition of a run whose worker may be lost, as the gate has it: running, and its lease
-    not renewed for ``unrenewed_after_seconds``. It keeps its key until its lease ends: a run is never
-    assumed dead."""
-    return holder.state == "running" and renewed_ago(holder) > unrenewed_after_seconds()
+    """The one definition of a run whose worker may be lost, as the gate has it: running, its lease not
+    renewed for ``unrenewed_after_seconds`` and not ended yet (then it is overdue: the reaper's to end). It
+    keeps its key until its lease ends: a run is never assumed dead."""
+    return holder.state == "running" and 0 < holder.deadline_in and renewed_ago(holder) > unrenewed_after_seconds()
 
 
 def at_lease_end(holder: Holder) -> str:

@@ -1,0 +1,28 @@
+"""An idempotency key shows what a user sees of it: its text (an explicit key's), and the duplicates it answered."""
+
+from django.db import migrations, models
+
+
+class Migration(migrations.Migration):
+
+    dependencies = [
+        ('keyed_queue', '0001_initial'),
+    ]
+
+    operations = [
+        migrations.AddField(
+            model_name='idempotencykey',
+            name='duplicates',
+            field=models.PositiveIntegerField(default=0, verbose_name='duplicates answered'),
+        ),
+        migrations.AddField(
+            model_name='idempotencykey',
+            name='key',
+            field=models.CharField(blank=True, db_index=True, default='', max_length=255, verbose_name='idempotency key'),
+        ),
+        migrations.AddField(
+            model_name='idempotencykey',
+            name='last_duplicate_at',
+            field=models.DateTimeField(blank=True, null=True, verbose_name='last duplicate at'),
+        ),
+    ]
