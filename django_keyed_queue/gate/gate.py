@@ -594,13 +594,14 @@ class Gate:
     # can write it on a Redis Cluster: a list is kept by a command of its own, in the order that errs on the
     # safe side (each method says which).
 
-    def pause(self, key: str, *, by: str = "") -> None:
+    def pause(self, key: str, *, by: str = "") -> bool:
         """Grant nothing more on ``key``: running tasks finish, submissions queue in order. ``by`` (who
-        paused it) and the time are kept for the operator who finds the key paused."""
+        paused it) and the time are kept for the operator who finds the key paused; False if it was
+        paused already (its first pause is kept)."""
         # Listed first, in a call of its own, so that every paused key is listed (a listed key may
         # have failed to pause).
         self.client.sadd(PAUSED_KEYS, key)
-        self._call(pausing.call(key, self, pause=True, by=by))
+        return pausing.paused(self._call(pausing.call(key, self, pause=True, by=by)))
 
     def resume(self, key: str) -> list[Grant] | None:
         """Let ``key`` grant again; returns the tickets granted at once, to be published, or None if the key

@@ -34,6 +34,11 @@ def call(key: str, gate: Gate, *, pause: bool, by: str = "") -> ScriptCall:
     return ScriptCall("pause", [n.meta, n.queue, n.messages, n.holders, n.wires], [argv[name] for name in ARGV])
 
 
+def paused(reply: list[Any]) -> bool:
+    """Whether a pause paused its key (False: it was paused already, and keeps that pause)."""
+    return Code(reply[0]) is Code.OK
+
+
 def parse(key: str, reply: list[Any], read_pushed: Callable[[Any], bool]) -> list[Grant] | None:
     """The tickets a resume granted, or None if the key was not paused (nothing changed)."""
     logger.debug("pause key=%r code=%s", key, Code(reply[0]).name)

@@ -35,6 +35,7 @@ class Code(enum.IntEnum):
     BLOCKED = 11
     TOO_EARLY = 12
     NOT_PAUSED = 13
+    ALREADY_PAUSED = 14
 
 
 def _read(path: str) -> str:

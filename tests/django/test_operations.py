@@ -4,6 +4,7 @@ import io
 import json
 import logging
 import sys
+import time
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -48,6 +49,20 @@ def test_a_paused_key_dispatches_nothing_new_and_resume_dispatches_in_order(gate
     gate.resume("k")
     assert published_tickets(broker) == [1] and gate.inspect("k").holders.keys() == {2}
     assert len(results) == 3
+
+
+def test_a_pause_or_a_resume_repeated_says_it_changed_nothing_and_exits_as_the_first(gate_redis, broker):
+    """The same request twice gives the same exit status; the second writes nothing and keeps the first's pause."""
+    assert run("keyed_queue_resume", "never-paused") == "key 'never-paused' was not paused: nothing changed\n"
+    assert gate_redis.dbsize() == 0, "nothing written for a key never paused"
+    assert "paused 'k'" in run("keyed_queue_pause", "k")
+    first = get_gate().inspect("k")
+    time.sleep(0.01)
+    assert run("keyed_queue_pause", "k") == "key 'k' was paused already: nothing changed\n"
+    again = get_gate().inspect("k")
+    assert (again.paused_since, again.paused_by) == (first.paused_since, first.paused_by), "the first pause is kept"
+    assert "resumed 'k'" in run("keyed_queue_resume", "k")
+    assert run("keyed_queue_resume", "k") == "key 'k' was not paused: nothing changed\n"
 
 
 def test_a_command_prints_its_result_once_and_the_audit_log_still_gets_it(gate_redis, capsys):
@@ -103,7 +118,6 @@ def test_commands_report_an_unreachable_redis(settings, command):
 @pytest.mark.parametrize(
     "command, error",
     [
-        (("keyed_queue_resume", "never-paused"), "key 'never-paused' is not paused"),
         (("keyed_queue_status", "--key", "unknown"), "no keyed task has the key 'unknown'"),
         (("keyed_queue_status", "--key", ""), "a key is 1 to 200 characters"),
         (("keyed_queue_pause", "k" * 201), "a key is 1 to 200 characters"),

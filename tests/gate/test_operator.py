@@ -201,11 +201,15 @@ def test_a_stop_note_is_read_only_for_its_own_attempt(gate, gate_redis):
 
 def test_a_pause_keeps_who_paused_the_key_and_when_until_it_is_resumed(gate, gate_redis):
     before = time.time()
-    gate.pause("k", by="olga (admin)")
+    assert gate.pause("k", by="olga (admin)")
     snapshot = gate.inspect("k")
     assert snapshot.paused and snapshot.paused_by == "olga (admin)"
     assert snapshot.paused_since is not None and before - 1 <= snapshot.paused_since <= time.time() + 1
-    gate.pause("k", by="x" * 1000)
+    assert not gate.pause("k", by="another"), "paused already"
+    again = gate.inspect("k")
+    assert (again.paused_by, again.paused_since) == ("olga (admin)", snapshot.paused_since), "the first pause kept"
+    gate.resume("k")
+    assert gate.pause("k", by="x" * 1000)
     assert gate.inspect("k").paused_by == "x" * 200, "kept to 200 characters"
     gate.resume("k")
     resumed = gate.inspect("k")

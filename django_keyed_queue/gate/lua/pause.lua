@@ -13,11 +13,15 @@
   Returns {code, ticket1, dispatch1, message1, pushed1, ...}
     code 0 OK          done; on resume, the listed tickets are now granted: those not pushed must be published
     code 13 NOT_PAUSED on resume: the key was not paused (resumed meanwhile); nothing changed
+    code 14 ALREADY_PAUSED on pause: the key was paused already; its pause (when, by whom) is kept
 ]]
 --- @include "common"
 
 local meta_key, queue_key, messages_key, holders_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 if ARGV[1] == '1' then
+  if redis.call('HEXISTS', meta_key, 'paused') == 1 then
+    return {14}
+  end
   -- When (server clock) and by whom, for the operator who finds the key paused; 'paused' alone decides.
   redis.call('HSET', meta_key, 'paused', now_ms(), 'paused_by', ARGV[4] or '')
   redis.call('PERSIST', meta_key)

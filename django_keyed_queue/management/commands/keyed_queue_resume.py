@@ -10,6 +10,8 @@ class Command(KeyCommand):
 
     def act(self, key: str) -> str:
         dispatched = resume(key, by=operator("keyed_queue_resume"))
+        if dispatched is None:
+            return f"key {key!r} was not paused: nothing changed"
         if dispatched.broker_refused or dispatched.message_refused:
             raise CommandError(f"resumed {key!r}: {dispatched}")
         return f"resumed {key!r}: {dispatched}"

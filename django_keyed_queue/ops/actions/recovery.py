@@ -100,24 +100,29 @@ def republish_unstarted(lost_seconds: float, *, app: Celery | None = None) -> Re
     return report
 
 
-def pause(key: str, *, by: str = "an operator") -> None:
-    """Pause a key: nothing new is dispatched; submissions still queue in order."""
-    operator_gate().pause(operator_key(key), by=by)
+def pause(key: str, *, by: str = "an operator") -> bool:
+    """Pause a key: nothing new is dispatched; submissions still queue in order. False if it was paused
+    already: it keeps its pause (when, by whom), and that is no error (repeated, a pause does the same)."""
+    if not operator_gate().pause(operator_key(key), by=by):
+        logger.info("keyed queue key %r: paused already; %s changed nothing", key, by)
+        return False
     logger.info("keyed queue key %r paused by %s", key, by)
+    return True
 
 
-def resume(key: str, *, by: str = "an operator", app: Celery | None = None) -> Dispatched:
-    """Resume a key and dispatch what it had waiting, up to its limit.
+def resume(key: str, *, by: str = "an operator", app: Celery | None = None) -> Dispatched | None:
+    """Resume a key and dispatch what it had waiting, up to its limit; None if it was not paused, which is
+    no error (repeated, a resume does the same), and nothing is written for it.
 
-    A grant the broker refused is published again by the reaper. A key
-    that is not paused is refused, and nothing is written for it.
+    A grant the broker refused is published again by the reaper.
     """
     gate = operator_gate()
-    # Read first, so that a key never paused is refused with nothing written; the resume itself says
-    # whether it resumed the key, so that of racing resumes one does and the others are refused.
+    # Read first, so that a key never paused writes nothing; the resume itself says whether it resumed
+    # the key, so that of racing resumes one does and the others are told it was not paused.
     granted = gate.resume(key) if gate.is_paused(operator_key(key)) else None
     if granted is None:
-        raise ActionRefused(f"key {key!r} is not paused")
+        logger.info("keyed queue key %r: not paused; %s changed nothing", key, by)
+        return None
     done = publish_grants(celery_app(app), granted)
     current().recorder.flush()
     logger.info("keyed queue key %r resumed by %s: %s", key, by, done)

@@ -114,12 +114,18 @@ class LiveKeysPages:
         level = messages.SUCCESS
         with self.admin.refusals(request):
             if action == "pause":
-                recovery.pause(key, by=by)
-                text = f"Key {key!r} paused by {by}"
+                if recovery.pause(key, by=by):
+                    text = f"Key {key!r} paused by {by}"
+                else:
+                    text, level = f"Key {key!r} was paused already: nothing changed, by {by}", messages.INFO
             elif action == "resume":
                 dispatched = recovery.resume(key, by=by)
-                text = f"Key {key!r} resumed by {by}; {dispatched}"
-                level = messages.WARNING if dispatched.broker_refused or dispatched.message_refused else level
+                if dispatched is None:
+                    text, level = f"Key {key!r} was not paused: nothing changed, by {by}", messages.INFO
+                else:
+                    text = f"Key {key!r} resumed by {by}; {dispatched}"
+                    refused = dispatched.broker_refused or dispatched.message_refused
+                    level = messages.WARNING if refused else level
             elif action == "limit":
                 typed = {name: request.POST.get(name, "").strip() for name in ("limit", "rate")}
                 text = f"Key {key!r}: {limits.set_typed(key=key, **typed, by=by) or 'nothing changed'}, set by {by}"
