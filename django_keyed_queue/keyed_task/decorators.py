@@ -139,6 +139,7 @@ def pooled_task(*, pool: str, **options: Any) -> Callable[[Callable[..., Any]], 
     def pool_key(*args: Any, **kwargs: Any) -> str:
         return shared_key
 
+    pool_key.key_template = shared_key  # type: ignore[attr-defined]  # what the metrics label its tasks by
     return keyed_serial_task(key=pool_key, limit=POOLED_KEY_LIMIT, pool=pool, **options)
 
 

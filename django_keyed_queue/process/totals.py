@@ -63,10 +63,13 @@ def parse_field(raw: str) -> tuple[str, str, str, str] | None:
 
 
 def template_of(task: CountedTask) -> str:
-    """The key template label of ``task``: its template, or the key function's dotted name."""
+    """The key template label of ``task``: its template, the key a pool's keyless tasks share (their key
+    function's ``key_template``), or the key function's dotted name."""
     spec = task.serial_key
     if isinstance(spec, str):
         return spec
+    if isinstance(shared := getattr(spec, "key_template", None), str):
+        return shared
     return f"{getattr(spec, '__module__', '?')}.{getattr(spec, '__qualname__', '?')}()"
 
 

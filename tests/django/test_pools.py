@@ -17,6 +17,7 @@ from django_keyed_queue.gate import Code, Pool
 from django_keyed_queue.gate.keys import PoolNames
 from django_keyed_queue.pools import configured_pools
 from django_keyed_queue.process.state import get_gate
+from django_keyed_queue.process.totals import template_of
 from testproject.demo.tasks import step
 from tests.django.queues import QUEUE
 from tests.django.test_operator_races import race
@@ -134,11 +135,12 @@ def test_a_raised_pool_limit_dispatches_waiting_tasks_now(gate_redis, broker):
     assert "pool 'one': limit 2" in said and "2 running, 0 waiting" in said, said
     assert [json.loads(m)["headers"]["id"] for m in broker.lrange(QUEUE, 0, -1)] == [waiting_id]
     assert gate.inspect("b").holders[ticket].state == "granted"
-    assert command("--pool", "one", "2").endswith("limit 2, rate default; 2 running, 0 waiting\n"), "a repeat"
+    repeat = command("--pool", "one", "2")
+    assert repeat.endswith("limit 2, rate default (none, the settings'); 2 running, 0 waiting\n"), "a repeat"
     assert broker.llen(QUEUE) == 1, "a repeat publishes nothing"
 
     said = command("--pool", "one", "default", "--rate", "10/s")
-    assert "limit default (1, its tasks')" in said and "rate 10/s" in said, said
+    assert "limit default (1, the settings')" in said and "rate 10/s" in said, said
     assert gate_redis.hget(PoolNames("one").meta, "interval_override") == b"100"
 
 
@@ -276,7 +278,31 @@ def test_the_metrics_show_each_pool_s_running_waiting_and_limit(viewer_client, g
 
     assert [value(samples, f"keyed_queue_pool_{s}", pool="one") for s in ("running", "waiting", "limit")] == [1, 2, 1]
     assert value(samples, "keyed_queue_pool_limit", pool="payments") == 4, "an operator's, over the settings'"
-    assert value(samples, "keyed_queue_pool_limit", pool="mail") == 0, "a rate only"
+    assert "mail" not in {labels["pool"] for labels, _ in samples["keyed_queue_pool_limit"]}, "a rate only: no limit"
+
+
+@override_settings(KEYED_QUEUE_POOLS=POOLS)
+def test_the_command_the_live_page_and_the_metrics_tell_a_pool_s_settings_alike(gate_redis, as_user):
+    """A pool's configured rate and limit, as the settings give them, where no task of it ran yet; a pool
+    with no limit has no limit sample (a 0 would read as nothing may run)."""
+    from django.urls import reverse
+    from prometheus_client.parser import text_string_to_metric_families
+
+    assert command("--pool", "mail") == "pool 'mail': limit default (none, the settings'), rate default (5/s, the " \
+        "settings'); 0 running, 0 waiting\n"  # fmt: skip
+    assert "limit default (10, the settings'), rate default (20/s, the settings')" in command("--pool", "payments")
+    client = as_user("vic", "view_keyedtask")
+    page = client.get(reverse("admin:keyed_queue_keys")).content.decode()
+    row = page[page.index('data-pool="mail"') :].split("</tr>")[0]
+    assert "0 (no limit)" in row and "5/s" in row
+    scraped = client.get("/keyed-queue/metrics/").content.decode()
+    limits = {
+        s.labels["pool"]: s.value
+        for family in text_string_to_metric_families(scraped)
+        for s in family.samples
+        if s.name == "keyed_queue_pool_limit"
+    }
+    assert limits == {"payments": 10, "one": 1}, "no sample for the pool with no limit"
 
 
 @override_settings(KEYED_QUEUE_POOLS=POOLS)
@@ -290,6 +316,7 @@ def test_a_task_of_no_key_joins_a_pool_and_nothing_else():
 
     assert mailer.serial_pool == "mail" and mailer.serial_limit == POOLED_KEY_LIMIT
     assert mailer.key_for(("a@example.com",), {}) == mailer.key_for(("b@example.com",), {"subject": "x"})
+    assert template_of(mailer) == "keyed_queue.pool:mail", "its metrics' key_template: the key its pool's tasks share"
     with pytest.raises(TypeError, match="takes no key=: its pool decides"):
         pooled_task(pool="mail", key="{to}")
     with pytest.raises(TypeError, match="pool is required"):

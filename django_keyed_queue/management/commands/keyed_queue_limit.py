@@ -3,7 +3,8 @@ from django.core.management.base import CommandError
 from django_keyed_queue.ops.actions.limits import DEFAULT, set_typed
 from django_keyed_queue.ops.display import rate_said
 
-from ...process.state import operator_gate
+from ...ops.console.live import pool_state
+from ...process.state import console_gate, operator_gate
 from ._key import KeyCommand, gate_reachable, operator
 
 
@@ -43,10 +44,11 @@ class Command(KeyCommand):
 
     def act_on_pool(self, pool: str) -> str:
         said = set_typed(pool=pool, limit=self._limit or "", rate=self._rate or "", by=operator("keyed_queue_limit"))
-        state = operator_gate().inspect_pool(pool, waiting_shown=0)
-        own = f"{state.task_limit or 'none'}, its tasks'"
-        now = _now(f"pool {pool!r}", said, state.limit_override, own, state.interval_override_ms)
-        return f"{now}; {len(state.running)} running, {state.waiting} waiting"
+        state = pool_state(console_gate(), pool)  # as the live keys page's pools table has it
+        limit = state.limit_override or f"{DEFAULT} ({state.own_limit or 'none'}, the settings')"
+        rate = state.rate_override or f"{DEFAULT} ({state.own_rate or 'none'}, the settings')"
+        done = f"{said} -> " if said else ""
+        return f"pool {pool!r}: {done}limit {limit}, rate {rate}; {state.running} running, {state.waiting} waiting"
 
 
 def _now(what: str, said: str, limit: int | None, own: str, interval_ms: int | None) -> str:

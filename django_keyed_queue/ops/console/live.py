@@ -17,6 +17,7 @@ from ...conf import settings
 from ...exceptions import MessageRefused
 from ...gate import Holder, HolderState, KeySnapshot, Stopping
 from ...gate.listing import MatchedKeys
+from ...gate.pools import Pool
 from ...gate.views import ConsoleGate
 from ...messaging.message import ENQUEUED_HEADER, TaskMessage
 from ...messaging.recovered import stopped_text
@@ -218,30 +219,30 @@ class PoolState:
     rate: str  # in force, said; "": none
     limit_override: int | None
     rate_override: str  # an operator's, said; "": none
+    own_limit: int  # the settings' (or, for a pool they no longer name, its tasks' last); 0: none
+    own_rate: str  # the same, said; "": none
 
 
 def pool_states(gate: ConsoleGate) -> list[PoolState]:
-    """Every pool the settings name or tasks used, by name: one round trip each. A pool's own limit and rate
-    are the settings' (the gate keeps those its tasks last gave), an operator's over them."""
+    """Every pool the settings name or tasks used, by name: one round trip each (see ``pool_state``)."""
     configured = configured_pools()
-    states = []
-    for name in sorted(set(configured) | set(gate.pool_names())):
-        pool = gate.inspect_pool(name, waiting_shown=0)
-        own = configured.get(name)
-        limit = pool.limit_override or (own.limit if own else pool.task_limit) or 0
-        interval_ms = pool.interval_override_ms or (own.interval_ms if own else pool.task_interval_ms) or 0
-        states.append(
-            PoolState(
-                name,
-                len(pool.running),
-                limit,
-                pool.waiting,
-                rate_said(interval_ms) if interval_ms else "",
-                pool.limit_override,
-                rate_said(pool.interval_override_ms) if pool.interval_override_ms else "",
-            )  # fmt: skip
-        )
-    return states
+    return [pool_state(gate, name, configured) for name in sorted(set(configured) | set(gate.pool_names()))]
+
+
+def pool_state(gate: ConsoleGate, name: str, configured: dict[str, Pool] | None = None) -> PoolState:
+    """A pool as the pages and commands tell it: its own limit and rate are the settings' (the gate keeps
+    those its tasks last gave, for a pool the settings no longer name), an operator's over them."""
+    pool = gate.inspect_pool(name, waiting_shown=0)
+    own = (configured_pools() if configured is None else configured).get(name)
+    own_limit = (own.limit if own else pool.task_limit) or 0
+    own_interval_ms = (own.interval_ms if own else pool.task_interval_ms) or 0
+    interval_ms = pool.interval_override_ms or own_interval_ms
+    return PoolState(
+        name, len(pool.running), pool.limit_override or own_limit, pool.waiting,
+        rate_said(interval_ms) if interval_ms else "", pool.limit_override,
+        rate_said(pool.interval_override_ms) if pool.interval_override_ms else "",
+        own_limit, rate_said(own_interval_ms) if own_interval_ms else "",
+    )  # fmt: skip
 
 
 @dataclass

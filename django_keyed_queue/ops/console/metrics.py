@@ -254,16 +254,19 @@ def _gate_gauges(gate: ConsoleGate) -> Iterable[Metric]:
 
 
 def _pool_gauges(gate: ConsoleGate) -> Iterable[Metric]:
-    """Each pool's running, waiting and limit, labelled by its name (a project names a few, in its settings)."""
+    """Each pool's running, waiting and limit, labelled by its name (a project names a few, in its settings).
+    A pool with no limit has no limit sample: a 0 would read as a pool where nothing may run."""
     pools = pool_states(gate)
     for name, doc, read in (
         ("pool_running", "Tasks holding a slot of their pool.", lambda p: p.running),
         ("pool_waiting", "Tasks waiting for a slot of their pool (each holds its key).", lambda p: p.waiting),
-        ("pool_limit", "A pool's limit in force (an operator's, else the settings'); 0: none.", lambda p: p.limit),
-    ):
+        ("pool_limit", "A pool's limit in force (an operator's, else the settings'); none for no limit.",
+         lambda p: p.limit or None),
+    ):  # fmt: skip
         family = GaugeMetricFamily(f"keyed_queue_{name}", doc, labels=["pool"])
         for pool in pools:
-            family.add_metric([pool.name], read(pool))
+            if (value := read(pool)) is not None:
+                family.add_metric([pool.name], value)
         yield family
 
 
