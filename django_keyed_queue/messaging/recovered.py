@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from datetime import datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -83,14 +84,35 @@ def carry_out(app: Celery, recovery: Recovery, reason: str = "", *, stopped_stat
             output_field=models.TextField(),
         )
         settle(recovery.ticket, status, **failed)
+        _note_attempt_end(task_id, recovery, failed["error"], now)
         current().totals.count("finished", task_name, outcome=status)
         return True
     if recovery.action is RecoveryAction.REDISPATCH:
-        again = {"dispatched_at": now, "error": f"{lost}; dispatched again"}
-        settle(recovery.ticket, Status.DISPATCHED, **again)
+        error = f"{lost}; dispatched again"
+        settle(recovery.ticket, Status.DISPATCHED, dispatched_at=now, error=error)
+        _note_attempt_end(task_id, recovery, error, now)
     # A redispatch's record was settled above; any other publish records its dispatch.
     mark_dispatched = recovery.action is not RecoveryAction.REDISPATCH
     return publish(app, recovery, mark_dispatched=mark_dispatched) is not Published.BROKER_REFUSED
+
+
+def _note_attempt_end(task_id: str, recovery: Recovery, how: str, now: datetime) -> None:
+    """The attempt a recovery ended, a line of its record's notes, kept whatever its later attempts do: which
+    worker ran it and from when (as its row has them, if they are that attempt's), and how and when it ended."""
+    key, ticket, attempt = recovery.key, recovery.ticket, recovery.attempts
+    row = recorded(
+        "reading a recovered attempt",
+        lambda: (
+            KeyedTask.objects.filter(task_id=task_id, key=key, ticket=ticket)
+            .values_list("attempts", "worker", "started_at")
+            .first()
+        ),
+    )
+    ran = " (its worker died before its record said where it ran)"
+    if row is not None and row[0] == attempt and row[2] is not None:
+        ran = f" on {row[1] or 'an unnamed worker'}, started {row[2].isoformat(timespec='milliseconds')}"
+    line = f"attempt {attempt}{ran} ended {now.isoformat(timespec='milliseconds')}: {how}"
+    recorded("noting a recovered attempt", KeyedTask.objects.note, task_id, key, ticket, line)
 
 
 def _end_in_pool(app: Celery, task_name: str, recovery: Recovery) -> None:

@@ -32,6 +32,8 @@ class KeyedTask(models.Model):
     due_at = models.DateTimeField(_("due at"), null=True, blank=True)
     dispatched_at = models.DateTimeField(_("dispatched at"), null=True, blank=True)
     started_at = models.DateTimeField(_("started at"), null=True, blank=True)
+    #: Its first attempt's start (``started_at`` is its last's): the end of its wait for its key.
+    first_started_at = models.DateTimeField(_("first started at"), null=True, blank=True)
     heartbeat_at = models.DateTimeField(_("heartbeat at"), null=True, blank=True)
     finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
     error = models.TextField(_("error"), blank=True)
@@ -81,14 +83,16 @@ class KeyedTask(models.Model):
 
     @property
     def waited(self) -> timedelta | None:
-        """From submission, or from its due time if it was delayed, to its start: the wait for its key."""
-        if self.started_at is None:
+        """From submission, or from its due time if it was delayed, to its first start: the wait for its key
+        (a recovery's or a retry's attempt does not wait for it again)."""
+        started = self.first_started_at or self.started_at
+        if started is None:
             return None
-        return max(self.started_at - (self.due_at or self.enqueued_at), timedelta(0))
+        return max(started - (self.due_at or self.enqueued_at), timedelta(0))
 
     @property
     def ran(self) -> timedelta | None:
-        """From its (last) start to its end."""
+        """From its last attempt's start to its end."""
         if self.started_at is None or self.finished_at is None:
             return None
         return self.finished_at - self.started_at

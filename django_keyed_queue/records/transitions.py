@@ -17,7 +17,10 @@ from .statuses import STATUS_RANK
 ARGUMENTS_MAX_LENGTH = 2000
 
 #: Fields a transition may carry besides status and attempts.
-FIELDS = ("worker", "error", "dispatched_at", "started_at", "heartbeat_at", "finished_at", "superseded_by")
+FIELDS = (
+    *("worker", "error", "dispatched_at", "started_at", "first_started_at", "heartbeat_at", "finished_at"),
+    "superseded_by",
+)
 #: Fields a missing row may be created from, as the gate keeps them (arguments already described).
 CREATE_FIELDS = ("task_name", "enqueued_at", "arguments")
 

@@ -95,7 +95,12 @@ class Run:
                 lease.ticket,
                 Status.RUNNING,
                 attempts,
-                {"started_at": now, "heartbeat_at": now, "worker": request.hostname or ""},
+                {
+                    "started_at": now,
+                    "heartbeat_at": now,
+                    "worker": request.hostname or "",
+                    **({"first_started_at": now} if attempts == 1 else {}),
+                },  # fmt: skip
                 joins=joins,
                 insert_first=young and attempts == 1 and not joins,
                 create={

@@ -5,12 +5,15 @@ import json
 import signal
 import subprocess
 import time
+from datetime import timedelta
 
 import pytest
 from celery.app.task import Context
 from celery.signals import task_revoked
 from django.core.management import call_command
+from django.utils import timezone
 
+from django_keyed_queue import explain
 from django_keyed_queue.gate import Gate, Start
 from django_keyed_queue.gate.keys import KeyNames
 from django_keyed_queue.messaging.message import HEADER
@@ -61,6 +64,37 @@ def test_a_lost_run_is_dispatched_again_and_recorded(gate_redis, broker):
     assert message["headers"][HEADER] == {"key": "k", "ticket": 1, "dispatch": 2}
     row = KeyedTask.objects.get(task_id=result.id)
     assert row.status == "dispatched" and "lease of attempt 1 expired" in row.error
+
+
+def test_a_recovered_attempt_is_kept_on_its_record_whatever_the_next_does(gate_redis, broker):
+    """Which worker ran the lost attempt, from when, and how it ended, a line of its notes that the next
+    attempt's end leaves; its wait for its key stays its first start's."""
+    result = lose_a_running_task(gate_redis, broker, max_lost=1)
+    write_submission_rows()
+    began = timezone.now()
+    assert KeyedTask.objects.filter(task_id=result.id).update(
+        status="running", attempts=1, worker="celery@host-a", started_at=began, first_started_at=began
+    )
+    run()
+    [line] = KeyedTask.objects.get(task_id=result.id).notes.splitlines()
+    assert line.startswith(f"attempt 1 on celery@host-a, started {began.isoformat(timespec='milliseconds')} ended ")
+    assert line.endswith(": its worker was lost: the lease of attempt 1 expired; dispatched again")
+
+    later = began + timedelta(seconds=30)  # attempt 2 runs elsewhere and succeeds
+    KeyedTask.objects.filter(task_id=result.id).update(
+        status="succeeded", attempts=2, worker="celery@host-b", started_at=later, finished_at=later, error=""
+    )
+    row = KeyedTask.objects.get(task_id=result.id)
+    assert row.notes.splitlines() == [line] and row.waited == began - row.enqueued_at and row.ran == timedelta(0)
+    assert explain(result.id).history == [line]
+
+
+def test_a_lost_run_whose_record_never_said_where_it_ran_says_so(gate_redis, broker):
+    result = lose_a_running_task(gate_redis, broker, max_lost=0)
+    run()
+    [line] = KeyedTask.objects.get(task_id=result.id).notes.splitlines()
+    assert line.startswith("attempt 1 (its worker died before its record said where it ran) ended "), line
+    assert line.endswith("no recoveries left"), line
 
 
 def test_a_run_lost_once_too_often_fails_and_passes_the_key_on(gate_redis, broker):

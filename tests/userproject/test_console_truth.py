@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import time
+from datetime import datetime
 
 import pytest
 
@@ -13,6 +14,11 @@ from tests.userproject.run_checks import accepted_by, check_run
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.workers
+
+
+def parse_moment(value) -> datetime:
+    """A moment as the project's database gives it back (SQLite: text; PostgreSQL: a datetime)."""
+    return value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
 
 
 def why(project, task_id: str) -> dict:
@@ -51,6 +57,8 @@ def test_a_run_whose_whole_worker_was_killed_is_told_it_may_be_lost_within_two_r
     doomed = project.worker("a")
     [task] = accepted_by(project.produce("step", 1, 1, 0, 8))
     wait_until(lambda: started(project, task["id"]), timeout=20)
+    # Killed once its worker wrote the run's start (within a second), which names the worker.
+    wait_until(lambda: project.rows().get(task["id"], {}).get("worker"), 20, 0.1, "the run's row")
     doomed.kill()
     killed_at = time.time()
 
@@ -65,6 +73,15 @@ def test_a_run_whose_whole_worker_was_killed_is_told_it_may_be_lost_within_two_r
     assert reasons[1].startswith("it holds its key: running"), "it keeps its key until its lease ends"
     project.worker("b")
     check_run(project, [task], timeout=40, killed=frozenset({task["id"]}))
+
+    # After the recovery: what became of attempt 1, and a wait for the key that is its first start's.
+    told = wait_until(lambda: (data := why(project, task["id"]))["state"] == "succeeded" and data, timeout=20)
+    [lost] = told["history"]
+    assert lost.startswith("attempt 1 on a@") and ", started 20" in lost, lost
+    assert lost.endswith(": its worker was lost: the lease of attempt 1 expired; dispatched again"), lost
+    row = project.rows()[task["id"]]
+    first, last = (parse_moment(row[f]) for f in ("first_started_at", "started_at"))
+    assert first < last and (first - parse_moment(row["enqueued_at"])).total_seconds() < 5, row
 
 
 def test_a_key_whose_tickets_started_over_names_its_new_holder(make_project):

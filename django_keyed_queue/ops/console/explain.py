@@ -101,9 +101,17 @@ class Explanation:
     def waits(self) -> bool:
         return self.state in ("waiting", "not due yet", "dispatched")
 
+    @property
+    def history(self) -> list[str]:
+        """What happened to its earlier attempts, oldest first, as its record's notes keep it: which worker
+        ran each one a recovery or a release ended, from when, and how it ended."""
+        return [line for line in self.task.notes.splitlines() if line.strip()]
+
     def __str__(self) -> str:
+        history = [f"  - {line}" for line in self.history]
         return "\n".join([f"{self.task.task_name}[{self.task.task_id}] key {self.task.key!r}: {self.state}",
-                          *(f"  - {reason}" for reason in self.reasons)])  # fmt: skip
+                          *(f"  - {reason}" for reason in self.reasons),
+                          *(["  history:", *history] if history else [])])  # fmt: skip
 
     def as_data(self) -> dict[str, Any]:
         task = self.task
@@ -122,6 +130,7 @@ class Explanation:
             "blocked_by": self.blocked_by.as_data() if self.blocked_by else None,
             "next_slot_in": self.next_slot_in,
             "due_at": self.due_at.isoformat() if self.due_at else None,
+            "history": self.history,
         }
 
 

@@ -1,4 +1,5 @@
-"""An idempotency key shows what a user sees of it: its text (an explicit key's), and the duplicates it answered."""
+"""What an operator sees: an idempotency key's text and the duplicates it answered, and a task's first start
+(the end of its wait for its key, whatever its later attempts)."""
 
 from django.db import migrations, models
 
@@ -24,5 +25,10 @@ class Migration(migrations.Migration):
             model_name='idempotencykey',
             name='last_duplicate_at',
             field=models.DateTimeField(blank=True, null=True, verbose_name='last duplicate at'),
+        ),
+        migrations.AddField(
+            model_name='keyedtask',
+            name='first_started_at',
+            field=models.DateTimeField(blank=True, null=True, verbose_name='first started at'),
         ),
     ]
