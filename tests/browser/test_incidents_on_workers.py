@@ -50,7 +50,7 @@ def test_a_hung_account_sync_is_stopped_and_the_next_runs_after_it(worker, gate_
 
     row = on_call.live_key("7734", "account:7734")
     assert "running" in row.locator(".holder").inner_text()
-    on_call.click(row.get_by_role("link", name="Stop #1…"))
+    on_call.click(row.get_by_role("link", name=f"Stop {hung.id[:8]}…"))
     on_call.shoot("hung-stop-confirm")
     assert "never beside it" in on_call.text("#what-it-does")
     on_call.click(on_call.page.get_by_role("button", name="Yes, stop"))
@@ -88,7 +88,7 @@ def test_a_ledger_task_waiting_for_its_keys_rate_runs_now(worker, gate_redis, lo
 
     row = on_call.live_key("1001", "ledger:1001")
     on_call.shoot("ledger-live-keys-run-now")
-    on_call.click(row.get_by_role("link", name="Run now #2…"))
+    on_call.click(row.get_by_role("link", name=f"Run now {second.id[:8]}…"))
     assert "instead of waiting for its key's rate" in on_call.text("#what-it-does")
     on_call.click(on_call.page.get_by_role("button", name="Yes, run now"))
 
@@ -104,7 +104,7 @@ def test_a_ledger_blocked_by_a_failed_entry_is_retried_from_its_number(worker, g
     on_call = Operator(logged_in, screenshot, DOCS_SHOTS)
 
     row = on_call.live_key("5120", "ledger:5120")
-    assert "blocked by failed task #1" in row.inner_text()
+    assert f"blocked by failed task {failed.id[:8]}" in row.inner_text()
     on_call.click(row.get_by_role("link", name="Retry…"))
     assert "runs again first, as itself" in on_call.text("#what-it-does")
     on_call.click(on_call.page.get_by_role("button", name="Yes, retry"))
@@ -129,7 +129,7 @@ def test_a_task_whose_worker_died_is_released_and_runs_on_another(worker, gate_r
 
         row = on_call.live_key("4471", "order:4471")
         assert "running on doomed@" in row.locator(".holder").inner_text()
-        on_call.click(row.get_by_role("link", name="Release #1…"))
+        on_call.click(row.get_by_role("link", name=f"Release {order.id[:8]}…"))
         on_call.click(on_call.page.get_by_role("button", name="Yes, release"))
         assert "Released by operator (redispatch)" in on_call.text(".messagelist")
 

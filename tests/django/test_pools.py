@@ -18,6 +18,7 @@ from django_keyed_queue.gate.keys import PoolNames
 from django_keyed_queue.pools import configured_pools
 from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.process.totals import template_of
+from django_keyed_queue.testing import write_submission_rows
 from testproject.demo.tasks import step
 from tests.django.queues import QUEUE
 from tests.django.test_operator_races import race
@@ -345,3 +346,25 @@ def test_the_api_sets_a_pool_s_limit_and_rate_once_however_often_asked(gate_redi
         set_limits(pool="one", limit=0)
     with pytest.raises(ActionRefused, match="no pool 'two'"):
         set_limits(pool="two", rate="1/s")
+
+
+@override_settings(KEYED_QUEUE_POOLS=POOLS)
+def test_the_live_page_tells_a_task_waiting_for_its_pool_by_its_words_and_its_task_id(gate_redis, broker, as_user):
+    """G9: "waiting for pool 'one'", not the gate's state name; a holder named by its task, never by a ticket."""
+    from django.urls import reverse
+
+    @keyed_serial_task(key="{key}", pool="one", name="tests.pools.one_at_a_time")
+    def one_at_a_time(key, n):
+        return n
+
+    gate = get_gate()
+    for key in ("a", "b"):
+        result = one_at_a_time.apply_async((key, 0), queue=QUEUE)
+        ticket = gate.inspect(key).holders.popitem()[0]
+        if gate.pool_acquire(Pool("one", limit=1, interval_ms=0), key, ticket).code is Code.PARKED:
+            assert gate.pool_wait(key, ticket, 1, pool="one")
+    write_submission_rows()
+    page = as_user("vic", "view_keyedtask").get(reverse("admin:keyed_queue_keys")).content.decode()
+    row = page[page.index('data-key="b"') :].split("</tr>")[0]
+    assert "waiting for pool &#x27;one&#x27;" in row and "waiting_for_pool" not in row, row
+    assert f"[{result.id}]" in row and "#1" not in row, row

@@ -224,7 +224,7 @@ def test_a_failed_task_that_blocks_its_key_offers_retry_and_cancel_on_its_page(g
     KeyedTask.objects.filter(pk=failed.pk).update(status="failed", error="boom")
     page = admin_client.get(page_of(failed)).content.decode()
     assert 'id="act-retry"' in page and 'id="act-cancel"' in page and 'id="act-release"' not in page
-    assert "(#1) failed and blocks the key" in admin_client.get(page_of(waiting)).content.decode()
+    assert f"[{failed.task_id}] failed and blocks the key" in admin_client.get(page_of(waiting)).content.decode()
 
 
 def test_a_run_that_failed_and_blocks_its_key_shows_so_before_its_worker_writes_its_end(

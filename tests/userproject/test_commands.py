@@ -139,7 +139,7 @@ def test_status_of_a_task_says_what_holds_it_with_real_workers(make_project):
 
     def told() -> str:
         out = project.manage("keyed_queue_status", "--task", last).stdout
-        return out if f"[{holder}] (#1) holds the key: running for" in out and " on a@" in out else ""
+        return out if f"[{holder}] holds the key: running for" in out and " on a@" in out else ""
 
     said = wait_until(told, 10, 0.2, "the status to name the running holder and its worker")
     assert said.splitlines()[0] == f"shop.tasks.step[{last}] key 'acct:0': waiting"

@@ -49,23 +49,34 @@ class Holding:
 
     @property
     def name(self) -> str:
-        return f"{self.task.task_name}[{self.task.task_id}]" if self.task else f"ticket {self.ticket} (no record yet)"
+        if self.task is not None:
+            return f"{self.task.task_name}[{self.task.task_id}]"
+        task_id = self.slot.task_id if self.slot is not None else None
+        return f"task {task_id} (no record yet)" if task_id else "a task whose message is gone (no record)"
+
+    @property
+    def attempt(self) -> str:
+        """Which attempt holds the slot, when not its first: " (attempt 2)"; a ticket is no name (tickets restart)."""
+        if self.slot is None:
+            return ""
+        attempt = self.slot.attempts if self.state == "running" else self.slot.attempts + 1
+        return f" (attempt {attempt})" if attempt > 1 else ""
 
     def describe(self) -> str:
         worker = self.task.worker if self.task and self.task.worker else ""
         held = f" for {since(self.since)}" if self.since else ""
         if self.state == "running":
             dead = _dead_run(self.task, self) if self.task else []
-            running = f"{self.name} (#{self.ticket}) holds the key: running{held}{f' on {worker}' if worker else ''}"
+            running = f"{self.name}{self.attempt} holds the key: running{held}{f' on {worker}' if worker else ''}"
             return f"{running}; {dead[0]}" if dead else running
         if self.state == "blocked":
             return (
-                f"{self.name} (#{self.ticket}) failed and blocks the key (on_failure='block'): nothing more of it "
+                f"{self.name} failed and blocks the key (on_failure='block'): nothing more of it "
                 "runs until an operator retries or cancels that task"
             )
         if self.state == "waiting_for_pool":
-            return f"{self.name} (#{self.ticket}) holds the key: waiting for its pool"
-        return f"{self.name} (#{self.ticket}) holds the key: dispatched{held}, not started by a worker yet"
+            return f"{self.name}{self.attempt} holds the key: waiting for its pool"
+        return f"{self.name}{self.attempt} holds the key: dispatched{held}, not started by a worker yet"
 
     def as_data(self) -> dict[str, Any]:
         task = self.task

@@ -27,6 +27,7 @@ from ...process.state import console_gate
 from ...records import submissions
 from ...records.models import KeyedTask
 from ..actions import run_now
+from ..actions.lookup import registered_task
 from ..display import at, from_epoch, rate_said, since, took
 from .key_fragment import KeyFragment
 from .unheld import UnheldKey, oldest_unfinished, unheld
@@ -55,6 +56,27 @@ class HolderRow:
     stopping: Stopping | None = None  # who is stopping its run (it keeps the key until the run has ended)
     waits_for: str = ""  # the time a granted task waits for (its debounce, its key's rate): Run now applies
     unrenewed: str = ""  # that its worker may be lost, and what the reaper does when (see ``may_be_lost``)
+
+    @property
+    def attempt(self) -> int:
+        """The attempt that holds the slot: a running or failed one's, else the one it waits to start."""
+        return self.attempts if self.state in ("running", "blocked") else self.attempts + 1
+
+    @property
+    def short_id(self) -> str:
+        """What its buttons name it by: its task id's first 8 characters (a ticket is no name: tickets restart)."""
+        task_id = self.task.task_id if self.task is not None else self.task_id
+        return task_id[:8] if task_id else "?"
+
+    @property
+    def state_said(self) -> str:
+        """Its state in words: "running", "dispatched, not started yet", "waiting for pool 'payments'"..."""
+        if self.state == "waiting_for_pool":
+            pool = getattr(registered_task(None, self.task.task_name), "serial_pool", None) if self.task else None
+            return f"waiting for pool {pool!r}" if pool else "waiting for its pool"
+        if self.state == "granted":
+            return f"waiting for {self.waits_for}" if self.waits_for else "dispatched, not started yet"
+        return "failed, blocking its key" if self.state == "blocked" else "running"
 
     @property
     def stopping_said(self) -> str | None:
