@@ -93,7 +93,7 @@ def test_a_task_behind_a_failed_task_that_blocks_its_key_names_that_task(gate_re
 
     why = explain(waiting)
     assert why.blocked_by is not None and why.blocked_by.task.task_id == failed
-    assert why.reasons[0].startswith(f"testproject.demo.tasks.step[{failed}] (#1) failed and blocks the key")
+    assert why.reasons[0].startswith(f"testproject.demo.tasks.step[{failed}] failed and blocks the key")
     assert why.as_data()["blocked_by"]["task_id"] == failed
     own = explain(failed)
     assert own.state == "failed, blocking its key", "its record says how it ended, and that it blocks its key"

@@ -18,6 +18,7 @@ from django_keyed_queue.gate.keys import PoolNames
 from django_keyed_queue.pools import configured_pools
 from django_keyed_queue.process.state import get_gate
 from django_keyed_queue.process.totals import template_of
+from django_keyed_queue.records.models import KeyedTask
 from django_keyed_queue.testing import write_submission_rows
 from testproject.demo.tasks import step
 from tests.django.queues import QUEUE
@@ -197,8 +198,9 @@ def test_a_task_waiting_for_its_pool_is_explained_by_its_pool(gate_redis, broker
     b, c = explain(results[1].id), explain(results[2].id)
 
     assert b.state == c.state == "waiting for its pool"
-    assert b.reasons[0] == "waiting for pool 'one' (1 of 1 running); it is next in its pool's line"
-    assert c.reasons[0] == "waiting for pool 'one' (1 of 1 running); 1 task of the pool waits ahead of it"
+    running = f"1 of 1 running: tests.pools.paid_one[{results[0].id}]"
+    assert b.reasons[0] == f"waiting for pool 'one' ({running}); it is next in its pool's line"
+    assert c.reasons[0] == f"waiting for pool 'one' ({running}); 1 task of the pool waits ahead of it"
     command("--pool", "one", "2")
     assert explain(results[1].id).state == "dispatched", "given a slot: published again"
 
@@ -368,3 +370,35 @@ def test_the_live_page_tells_a_task_waiting_for_its_pool_by_its_words_and_its_ta
     row = page[page.index('data-key="b"') :].split("</tr>")[0]
     assert "waiting for pool &#x27;one&#x27;" in row and "waiting_for_pool" not in row, row
     assert f"[{result.id}]" in row and "#1" not in row, row
+
+
+@override_settings(KEYED_QUEUE_POOLS=POOLS)
+def test_a_task_waiting_for_its_pool_names_the_pool_s_holders_and_its_page_its_pool(gate_redis, broker, admin_client):
+    from django.urls import reverse
+
+    from django_keyed_queue import explain
+
+    @keyed_serial_task(key="{key}", pool="one", name="tests.pools.one_slot")
+    def one_slot(key, n):
+        return n
+
+    gate = get_gate()
+    ids = []
+    for key in ("a", "b"):
+        ids.append(one_slot.apply_async((key, 0), queue=QUEUE).id)
+        ticket = gate.inspect(key).holders.popitem()[0]
+        if gate.pool_acquire(Pool("one", limit=1, interval_ms=0), key, ticket).code is Code.PARKED:
+            assert gate.pool_wait(key, ticket, 1, pool="one")
+    write_submission_rows()
+    holder, waiting = ids
+
+    why = explain(waiting)
+    assert why.reasons[0].startswith(f"waiting for pool 'one' (1 of 1 running: tests.pools.one_slot[{holder}]); ")
+    assert [h.task_id for h in why.pool_holders] == [holder] and why.as_data()["pool_holders"][0]["task_id"] == holder
+    page = admin_client.get(
+        reverse("admin:keyed_queue_keyedtask_change", args=[KeyedTask.objects.get(task_id=waiting).pk])
+    )
+    text = page.content.decode()
+    assert f'?q={holder}">tests.pools.one_slot[{holder}]</a>' in text, "the holder linked"
+    assert '<div class="readonly">one</div>' in text, "its page names its pool"
+    assert "waiting_for_pool" not in text and "#1" not in text.split('id="why"')[1].split("</fieldset>")[0]

@@ -34,6 +34,7 @@ from ...records import idempotency, submissions
 from ...records.models import IdempotencyKey, KeyedTask, LiveKey
 from ...records.statuses import ACTIVE_STATUSES, Status
 from ..actions import task_actions
+from ..actions.lookup import registered_task
 from ..display import at, epoch_ms, took
 from .admin_keys import LiveKeysPages
 from .changelist import CursorChangeList, TaskNameFilter, open_only_match
@@ -56,7 +57,7 @@ ALLOWED_LOOKUPS = frozenset(
 
 #: The task page's fields, in order.
 DETAIL_FIELDS = (
-    *("task_id", "task_name", "key", "ticket", "status", "attempts", "worker", "arguments"),
+    *("task_id", "task_name", "key", "pool", "ticket", "status", "attempts", "worker", "arguments"),
     *("enqueued", "due", "dispatched", "started", "heartbeat", "finished", "waited", "ran", "error", "notes"),
     *("retried_as_link", "retry_of_link", "superseded_by_link", "idempotency"),
 )
@@ -154,6 +155,11 @@ class KeyedTaskAdmin(_PagesOfOurs):
             return _task_link(runs)
         return format_html("{}, itself replaced in turn: {} is the one that runs", _task_link(task.superseded_by),
                            _task_link(runs))  # fmt: skip
+
+    @admin.display(description=_("pool"))
+    def pool(self, task: KeyedTask) -> str:
+        """The pool its task takes a slot of (``pool=``), as this project registers the task."""
+        return getattr(registered_task(None, task.task_name), "serial_pool", None) or NOTHING
 
     @admin.display(description=_("idempotency"))
     def idempotency(self, task: KeyedTask) -> str:

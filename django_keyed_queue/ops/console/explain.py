@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from ...exceptions import MessageRefused
 from ...gate import Holder, KeySnapshot
+from ...gate.views import ConsoleGate
 from ...messaging.message import TaskMessage, sent_eta
 from ...messaging.recovered import stopped_text
 from ...process.state import console_gate
@@ -27,7 +28,7 @@ from ...records.statuses import TERMINAL_STATUSES, Status
 from ...worker.attempt_errors import lost_process
 from ..actions.lookup import latest_row, registered_task
 from ..display import at, did, from_epoch, last_line, rate_said, since, took
-from .live import at_lease_end, may_be_lost, unrenewed_said
+from .live import at_lease_end, may_be_lost, state_said, unrenewed_said
 from .workers import unconsumed
 
 
@@ -53,6 +54,10 @@ class Holding:
             return f"{self.task.task_name}[{self.task.task_id}]"
         task_id = self.slot.task_id if self.slot is not None else None
         return f"task {task_id} (no record yet)" if task_id else "a task whose message is gone (no record)"
+
+    @property
+    def state_said(self) -> str:
+        return state_said(self.state, self.task)
 
     @property
     def attempt(self) -> str:
@@ -107,6 +112,8 @@ class Explanation:
     due_at: datetime | None = None  # a countdown or eta still running
     #: The slot the task's own ticket holds in the gate, if any: what the actions on it go by.
     own_slot: Holder | None = None
+    #: The tasks holding the slots of the pool it waits for (the first few, longest held first).
+    pool_holders: list[PoolHolder] = field(default_factory=list)
 
     @property
     def waits(self) -> bool:
@@ -142,6 +149,7 @@ class Explanation:
             "next_slot_in": self.next_slot_in,
             "due_at": self.due_at.isoformat() if self.due_at else None,
             "history": self.history,
+            "pool_holders": [{"task_name": h.task_name, "task_id": h.task_id} for h in self.pool_holders],
         }
 
 
@@ -223,7 +231,8 @@ def _holding(key_state: Explanation, own: Holding, snapshot: KeySnapshot) -> Exp
         pool = getattr(registered_task(None, task.task_name), "serial_pool", None)
         held = "it holds its key" + (f" ({since(own.since)} so far)" if own.since else "")
         held += ", and is published again once its pool gives it a slot"
-        return replace(key_state, state="waiting for its pool", reasons=[pool_wait(pool, task.key, own.ticket), held])
+        wait, holders = pool_wait(pool, task.key, own.ticket)
+        return replace(key_state, state="waiting for its pool", reasons=[wait, held], pool_holders=holders)
     recovered = _recovered(task)
     reasons = [*recovered]
     if own.slot is not None and own.slot.run_now:
@@ -260,12 +269,33 @@ def _holding(key_state: Explanation, own: Holding, snapshot: KeySnapshot) -> Exp
     return replace(key_state, state="dispatched", reasons=reasons, next_slot_in=next_slot)
 
 
-def pool_wait(pool: str | None, key: str, ticket: int) -> str:
-    """Why a task waits for its pool, as the pool has it now: "waiting for pool 'payments' (10 of 10 running)"."""
+@dataclass(frozen=True)
+class PoolHolder:
+    """A task holding a slot of a pool, as its stored message names it."""
+
+    task_name: str
+    task_id: str
+
+    def __str__(self) -> str:
+        return f"{self.task_name}[{self.task_id}]"
+
+
+#: How many of a pool's holders an explanation names (longest held first): a pool may have hundreds.
+POOL_HOLDERS_SHOWN = 5
+
+
+def pool_wait(pool: str | None, key: str, ticket: int) -> tuple[str, list[PoolHolder]]:
+    """Why a task waits for its pool, as the pool has it now, and who holds its slots: "waiting for pool
+    'payments' (2 of 2 running: tasks.charge[1a2b...], tasks.charge[9f8e...]); it is next in its pool's line"."""
     if pool is None:
-        return "waiting for its pool (its task, not registered here, does not say which)"
-    state = console_gate().inspect_pool(pool, waiting_shown=POOL_LINE_SHOWN)
+        return "waiting for its pool (its task, not registered here, does not say which)", []
+    gate = console_gate()
+    state = gate.inspect_pool(pool, waiting_shown=POOL_LINE_SHOWN)
+    holders = _pool_holders(gate, state.running[:POOL_HOLDERS_SHOWN])
     limit = f"{len(state.running)} of {state.limit} running" if state.limit else f"{len(state.running)} running"
+    if holders:
+        more = len(state.running) - len(holders)
+        limit += ": " + ", ".join(map(str, holders)) + (f" and {more} more" if more else "")
     rate = f", at most {rate_said(state.interval_ms)}" if state.interval_ms else ""
     line = state.waiting_first
     place = line.index((key, ticket)) if (key, ticket) in line else None
@@ -276,7 +306,21 @@ def pool_wait(pool: str | None, key: str, ticket: int) -> str:
         if place == 0
         else f"; {state.waiting} tasks wait in its pool's line"
     )
-    return f"waiting for pool {pool!r} ({limit}{rate}){ahead}"
+    return f"waiting for pool {pool!r} ({limit}{rate}){ahead}", holders
+
+
+def _pool_holders(gate: ConsoleGate, running: list[tuple[str, int, float]]) -> list[PoolHolder]:
+    """The tasks of ``running`` (a pool's slots), as their stored messages name them; one round trip. A slot
+    whose message is gone or unreadable (someone else's) is left out."""
+    holders = []
+    for raw in gate.stored_messages([(key, ticket) for key, ticket, _ in running]):
+        try:
+            task_name, task_id, _ = TaskMessage.peek(raw) if raw else ("", "", {})
+        except MessageRefused:
+            continue
+        if task_id:
+            holders.append(PoolHolder(task_name, task_id))
+    return holders
 
 
 def _being_stopped(own: Holding) -> list[str]:

@@ -70,13 +70,7 @@ class HolderRow:
 
     @property
     def state_said(self) -> str:
-        """Its state in words: "running", "dispatched, not started yet", "waiting for pool 'payments'"..."""
-        if self.state == "waiting_for_pool":
-            pool = getattr(registered_task(None, self.task.task_name), "serial_pool", None) if self.task else None
-            return f"waiting for pool {pool!r}" if pool else "waiting for its pool"
-        if self.state == "granted":
-            return f"waiting for {self.waits_for}" if self.waits_for else "dispatched, not started yet"
-        return "failed, blocking its key" if self.state == "blocked" else "running"
+        return state_said(self.state, self.task, self.waits_for)
 
     @property
     def stopping_said(self) -> str | None:
@@ -100,6 +94,17 @@ class HolderRow:
     @property
     def held_for(self) -> str | None:
         return since(self.held_since)
+
+
+def state_said(state: str, task: KeyedTask | None, waits_for: str = "") -> str:
+    """A holder's state in words, never the gate's name for it: "running", "dispatched, not started yet",
+    "waiting for its key's rate (...)", "waiting for pool 'payments'", "failed, blocking its key"."""
+    if state == "waiting_for_pool":
+        pool = getattr(registered_task(None, task.task_name), "serial_pool", None) if task else None
+        return f"waiting for pool {pool!r}" if pool else "waiting for its pool"
+    if state == "granted":
+        return f"waiting for {waits_for}" if waits_for else "dispatched, not started yet"
+    return "failed, blocking its key" if state == "blocked" else "running"
 
 
 def unrenewed_after_seconds() -> float:
