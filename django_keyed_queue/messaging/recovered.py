@@ -97,22 +97,13 @@ def carry_out(app: Celery, recovery: Recovery, reason: str = "", *, stopped_stat
 
 
 def _note_attempt_end(task_id: str, recovery: Recovery, how: str, now: datetime) -> None:
-    """The attempt a recovery ended, a line of its record's notes, kept whatever its later attempts do: which
-    worker ran it and from when (as its row has them, if they are that attempt's), and how and when it ended."""
+    """The attempt a recovery ended, noted on its record (``note_attempt``), with its worker and start as its
+    row has them, if they are that attempt's."""
     key, ticket, attempt = recovery.key, recovery.ticket, recovery.attempts
-    row = recorded(
-        "reading a recovered attempt",
-        lambda: (
-            KeyedTask.objects.filter(task_id=task_id, key=key, ticket=ticket)
-            .values_list("attempts", "worker", "started_at")
-            .first()
-        ),
-    )
-    ran = " (its worker died before its record said where it ran)"
-    if row is not None and row[0] == attempt and row[2] is not None:
-        ran = f" on {row[1] or 'an unnamed worker'}, started {row[2].isoformat(timespec='milliseconds')}"
-    line = f"attempt {attempt}{ran} ended {now.isoformat(timespec='milliseconds')}: {how}"
-    recorded("noting a recovered attempt", KeyedTask.objects.note, task_id, key, ticket, line)
+    rows = KeyedTask.objects.filter(task_id=task_id, key=key, ticket=ticket)
+    row = recorded("reading a recovered attempt", rows.values_list("attempts", "worker", "started_at").first)
+    ran = (row[1], row[2]) if row is not None and row[0] == attempt and row[2] is not None else None
+    recorded("noting a recovered attempt", KeyedTask.objects.note_attempt, task_id, key, ticket, attempt, how, now, ran)
 
 
 def _end_in_pool(app: Celery, task_name: str, recovery: Recovery) -> None:

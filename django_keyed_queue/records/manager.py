@@ -281,6 +281,18 @@ class KeyedTaskManager(_KeyedTaskManagerBase["KeyedTask"]):
         rows = self.filter(task_id=task_id, key=key, ticket=ticket).using(self.db_for_write())
         return rows.update(notes=Concat(models.F("notes"), models.Value(text + "\n"), output_field=models.TextField()))
 
+    def note_attempt(
+        self, task_id: str, key: str, ticket: int, attempt: int, how: str, ended: datetime,
+        ran: tuple[str, datetime] | None = None,
+    ) -> int:  # fmt: skip
+        """Note how attempt ``attempt`` ended, a line of the record's notes that its later attempts keep: which
+        worker ran it and from when (``ran``; None: its worker died before its record said), how and when."""
+        where = " (its worker died before its record said where it ran)"
+        if ran is not None:
+            where = f" on {ran[0] or 'an unnamed worker'}, started {ran[1].isoformat(timespec='milliseconds')}"
+        line = f"attempt {attempt}{where} ended {ended.isoformat(timespec='milliseconds')}: {how}"
+        return self.note(task_id, key, ticket, line)
+
     def note_ran_on(self, task_id: str, key: str, ticket: int, attempt: int, began: datetime, ended: datetime) -> None:
         """Attempt ``attempt`` lost its key (released, or its lease expired) and ran on until ``ended``: its
         record says so, and how long it ran beside the attempt after it, as that one's record has it."""

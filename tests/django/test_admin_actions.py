@@ -294,6 +294,8 @@ def test_retry_runs_a_task_that_blocks_its_key_again_first(gate_redis, broker, a
     assert published(broker) == [(1, 1), (1, 2)], "its own message again, with the next dispatch"
     again = row(failed)
     assert (again.status, again.attempts, again.error) == ("dispatched", 2, "retried first by rita")
+    [kept] = again.notes.splitlines()
+    assert kept.startswith("attempt 1") and kept.endswith(": failed (boom); retried first by rita"), "its error kept"
     assert get_gate().inspect("k").blocked is None
     assert row(waiting).status == "waiting", "the key's next task still waits behind it"
     assert KeyedTask.objects.count() == 2, "no new task"

@@ -32,7 +32,7 @@ from ...records import submissions
 from ...records.idempotency import repoint
 from ...records.models import KeyedTask
 from ...records.statuses import Status
-from ..display import did
+from ..display import did, last_line
 from . import AUDIT_LOGGER
 from .lookup import celery_app, join_id_of, latest_row, operator_key, registered_task, slot_of, stored_message
 
@@ -271,12 +271,18 @@ def retry(task_id: str, *, by: str = "an operator", app: Celery | None = None) -
     row = latest_row(task_id)
     if blocks_its_key(row, slot_of(row)):
         # Marked first: the run may start, and write its own progress, as soon as it is published.
-        again = {"dispatched_at": timezone.now(), "finished_at": None, "error": f"retried first by {by}"}
+        retried_at = timezone.now()
+        again = {"dispatched_at": retried_at, "finished_at": None, "error": f"retried first by {by}"}
         marked = KeyedTask.objects.filter(pk=row.pk, status=Status.FAILED).update(
             status=Status.DISPATCHED, attempts=models.F("attempts") + 1, **again
         )
         if not marked:
             raise ActionRefused(f"task {task_id} is no longer failed: it was retried or cancelled meanwhile")
+        # Its error gives way to the retry's: the failed attempt stays in its notes.
+        ran = (row.worker, row.started_at) if row.started_at else None
+        ended = row.finished_at or retried_at
+        failed = f"failed ({last_line(row.error) or 'no error kept'}); retried first by {by}"
+        KeyedTask.objects.note_attempt(task_id, row.key, row.ticket or 0, row.attempts, failed, ended, ran)
         _unblock(row, retry=True, app=app)
         logger.info("keyed queue task %s key=%r, which blocked its key, retried first by %s", task_id, row.key, by)
         return task_id
