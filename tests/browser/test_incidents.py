@@ -73,6 +73,10 @@ def test_an_invoice_failed_retry_it_from_its_page(gate_redis, logged_in, screens
     on_call.click(on_call.page.get_by_role("link", name="Keyed tasks"))
     on_call.search("#searchbar", "41")  # the order's number: its one task opens
     assert "CardDeclined: card declined" in on_call.text(".field-error")
+    shown = on_call.page.locator(".field-error .readonly")
+    white_space, font = shown.evaluate("e => [getComputedStyle(e).whiteSpace, getComputedStyle(e).fontFamily]")
+    assert white_space == "pre-wrap" and "monospace" in font, "a traceback as written: fixed-width"
+    assert "\n  ...\n" in shown.inner_text(), "its indentation kept"
     on_call.click(on_call.page.get_by_role("link", name="Retry…"))
     on_call.shoot("failed-retry-confirm")
     assert "is submitted again as a new task, with the same arguments" in on_call.text("#what-it-does")
