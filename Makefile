@@ -32,7 +32,13 @@ chromium:
 		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
 		else echo "please install chromium (sudo apt-get install chromium)"; exit 1; fi; }
 
-demo: redis-server $(BIN)/.installed
+# The demo needs the package alone (and the metrics page's client), not the tests' or the docs' packages.
+$(BIN)/.demo: setup.cfg pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -e ".[metrics]"
+	touch $@
+
+demo: redis-server $(BIN)/.demo
 	$(BIN)/python -m testproject.demo.run
 
 test: redis-server postgresql chromium $(BIN)/.installed lint

@@ -261,7 +261,8 @@ def test_a_stop_signal_stops_everything_the_demo_started(tmp_path, signum):
             os.killpg(demo.process.pid, signum)  # Ctrl-C: the terminal signals the job's process group
         else:
             os.kill(demo.process.pid, signum)  # kill -TERM / kill -HUP: the demo alone
-        assert demo.process.wait(30) == 128 + signum, demo.output
+        # Ctrl-C ends the demo cleanly (`make demo` exits 0); a signal from elsewhere is told by the status.
+        assert demo.process.wait(30) == (0 if signum == signal.SIGINT else 128 + signum), demo.output
         deadline = time.monotonic() + 10
         while survivors := {pid: cmd for pid, (start, cmd) in started.items() if alive(pid, start)}:
             assert time.monotonic() < deadline, f"still running after {signum.name}: {survivors}"
