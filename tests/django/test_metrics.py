@@ -134,7 +134,8 @@ def test_fields_that_are_not_ours_are_left_out_and_the_rest_is_served(viewer_cli
     )
     samples = scrape(viewer_client)
     assert value(samples, "keyed_queue_started_total", task="ours") == 3
-    assert [labels for labels, _ in samples.get("keyed_queue_submitted_total", [])] == []
+    assert [labels for labels, n in samples.get("keyed_queue_submitted_total", []) if n] == [], "only zeros"
+    assert "t" not in {labels["task"] for labels, _ in samples["keyed_queue_submitted_total"]}
 
 
 def test_the_top_keys_gauge_is_opt_in_and_capped(viewer_client, gate_redis, broker, fresh_totals):
@@ -165,9 +166,23 @@ def test_any_task_name_and_template_make_the_scrape_that_names_them(viewer_clien
     gate_redis.hset(TOTALS_TEMPLATES, kept, template)
     samples = scrape(viewer_client)
     assert value(samples, "keyed_queue_finished_total", task=kept, outcome="failed") == 2
-    assert value(samples, "keyed_queue_finished_total", task=kept)  # one series
+    assert value(samples, "keyed_queue_finished_total", task=kept, outcome="succeeded") == 0, "exported from zero"
     assert value(samples, "keyed_queue_wait_seconds_count", task=kept, key_template=template) == 1
     assert value(samples, "keyed_queue_wait_seconds_sum", task=kept) == pytest.approx(max(0.0, seconds))
+
+
+def test_every_counter_of_a_registered_task_is_exported_from_zero(viewer_client, gate_redis, fresh_totals):
+    """A series born at its first count is one increase() never sees rise: one fenced end would not fire the
+    docs' alert. Each registered keyed task's counters are there at 0 before anything counts them."""
+    samples = scrape(viewer_client)
+    for series in totals.COUNTERS:
+        outcomes = {"finished": ("succeeded", "failed"), "recovered": ("redispatch", "fail")}.get(series, (None,))
+        for outcome in outcomes:
+            labels = {"task": step.name, "key_template": "{key}", **({"outcome": outcome} if outcome else {})}
+            assert value(samples, f"keyed_queue_{series}_total", **labels) == 0, (series, outcome)
+    current().totals.count("fenced", step)
+    current().totals.flush()
+    assert value(scrape(viewer_client), "keyed_queue_fenced_total", task=step.name) == 1, "the first count, seen"
 
 
 def test_the_docs_list_every_series_and_the_dashboard_reads_no_other(viewer_client, gate_redis, broker, fresh_totals):

@@ -18,8 +18,10 @@ import hashlib
 import logging
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
+from functools import cache
 from hmac import compare_digest
 
+from celery import current_app
 from django.contrib.admin.views.decorators import staff_member_required
 from django.core.exceptions import ImproperlyConfigured
 from django.db.models import Count, Min
@@ -64,6 +66,12 @@ HISTOGRAM_HELP = {
 }
 #: The series that carry an ``outcome`` label.
 WITH_OUTCOME = frozenset({"finished", "recovered", "run_seconds"})
+#: The outcomes a counter of each task is exported with from zero (others appear at their first count):
+#: a series born at its first count is one ``increase()`` and ``rate()`` never see rise.
+OUTCOMES_FROM_ZERO = {
+    "finished": (Status.SUCCEEDED, Status.FAILED),
+    "recovered": ("redispatch", "republish", "fail", "block"),
+}
 #: Statuses the ``running`` gauge counts: the task holds one of its key's slots.
 HOLDING = (Status.DISPATCHED, Status.RUNNING, Status.RETRYING)
 
@@ -138,7 +146,8 @@ class _Collector:
     def collect(self) -> Iterator[Metric]:
         try:
             gate = console_gate()
-            amounts, templates = gate.totals()
+            amounts, counted = gate.totals()
+            templates = {**_registered_templates(), **counted}  # every task known, counted or not
             submissions.write_page(gate)  # recent submissions count as waiting also while no worker runs
         except Exception:
             logger.warning("keyed queue metrics: the gate's Redis did not answer", exc_info=True)
@@ -184,6 +193,8 @@ def _totals(amounts: dict[str, str], templates: dict[str, str]) -> Iterable[Metr
             buckets[series, task_name, outcome][bucket] = number
     if unreadable:
         logger.warning("keyed queue metrics: %d totals fields are not ours and were left out", unreadable)
+    for series, counter in counters.items():
+        _from_zero(series, counter, templates)
     yield from counters.values()
     for name, doc in HISTOGRAM_HELP.items():
         family = HistogramMetricFamily(f"keyed_queue_{name}", doc, labels=_labels(name))
@@ -197,6 +208,25 @@ def _totals(amounts: dict[str, str], templates: dict[str, str]) -> Iterable[Metr
             labels = _label_values(name, task_name, outcome, templates)
             family.add_metric(labels, cumulative, sum_value=counts.get(totals.SUM, 0.0))
         yield family
+
+
+@cache
+def _registered_templates() -> dict[str, str]:
+    """The key template label of each keyed task this project registers (its task modules imported once, as
+    Celery's worker imports them): their counters are exported from zero before any process counts one."""
+    app = current_app
+    app.loader.import_default_modules()
+    return {name: totals.template_of(task) for name, task in list(app.tasks.items()) if hasattr(task, "serial_key")}
+
+
+def _from_zero(series: str, family: CounterMetricFamily, templates: dict[str, str]) -> None:
+    """A 0 sample of ``series`` for each task the totals name and outcome of ``OUTCOMES_FROM_ZERO`` it has none of."""
+    counted = {tuple(s.labels[label] for label in _labels(series)) for s in family.samples}
+    for task_name in sorted(templates):
+        for outcome in OUTCOMES_FROM_ZERO.get(series, ("",)):
+            labels = _label_values(series, task_name, outcome, templates)
+            if tuple(labels) not in counted:
+                family.add_metric(labels, 0.0)
 
 
 def _record_gauges(templates: dict[str, str]) -> Iterable[Metric]:
