@@ -35,10 +35,13 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def carry_out(app: Celery, recovery: Recovery, reason: str = "", *, stopped_status: str = Status.FAILED) -> bool:
+def carry_out(
+    app: Celery, recovery: Recovery, reason: str = "", *, stopped_status: str = Status.FAILED, after: str = ""
+) -> bool:
     """Carry out one recovery; False if its message had to be published and the broker refused it.
 
-    ``reason``: why its run ended, for its record (default: its lease expired). A stopped run's
+    ``reason``: why its run ended, for its record (default: its lease expired); ``after``: what the note of
+    the attempt it ended adds (a release: that the attempt may still run). A stopped run's
     end (``recovery.stopped``) says who stopped it; its task fails (blocking its key, if its task
     does), or ends ``stopped_status`` when Celery killed it and no operator stopped it.
     """
@@ -84,13 +87,13 @@ def carry_out(app: Celery, recovery: Recovery, reason: str = "", *, stopped_stat
             output_field=models.TextField(),
         )
         settle(recovery.ticket, status, **failed)
-        _note_attempt_end(task_id, recovery, failed["error"], now)
+        _note_attempt_end(task_id, recovery, failed["error"] + after, now)
         current().totals.count("finished", task_name, outcome=status)
         return True
     if recovery.action is RecoveryAction.REDISPATCH:
         error = f"{lost}; dispatched again"
         settle(recovery.ticket, Status.DISPATCHED, dispatched_at=now, error=error)
-        _note_attempt_end(task_id, recovery, error, now)
+        _note_attempt_end(task_id, recovery, error + after, now)
     # A redispatch's record was settled above; any other publish records its dispatch.
     mark_dispatched = recovery.action is not RecoveryAction.REDISPATCH
     return publish(app, recovery, mark_dispatched=mark_dispatched) is not Published.BROKER_REFUSED

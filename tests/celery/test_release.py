@@ -34,6 +34,7 @@ def test_a_released_hung_run_is_fenced_and_its_key_moves_on(workers, gate_redis)
     # The overlap shows on the record, which holds both attempts: the release, then how long they overlapped.
     notes = wait_until(lambda: len(n := KeyedTask.objects.get(task_id=hung.id).notes.splitlines()) == 2 and n, 10)
     released, ran_on = notes
-    assert released.startswith("attempt 1 released by tester at ") and "while it may still run" in released
+    assert released.startswith("attempt 1 on "), released
+    assert ": released by tester; dispatched again; it may still run: " in released
     assert ran_on.startswith("attempt 1 ran on after it lost its key: ") and " beside attempt 2 (started " in ran_on
     assert records[after.id].status == "succeeded"

@@ -398,14 +398,10 @@ def release(
             f"ticket {ticket} of key {key!r} moved on from dispatch {seen}: it was released, recovered or "
             "finished meanwhile; look again"
         )
+    # A running attempt released may still run: its note says so (the attempt after it may run beside it).
+    beside = "; it may still run: its end is refused, and the attempt after it may run beside it until it ends"
     for recovery in recoveries:
-        carry_out(app, recovery, reason=f"released by {by}")
-    if holder.state == "running" and holder.task_id is not None:
-        KeyedTask.objects.note(
-            holder.task_id, key, ticket,
-            f"attempt {holder.attempts} released by {by} at {timezone.now():%H:%M:%S} UTC while it may still run: "
-            "its end is refused, and the attempt after it may run beside it until it ends",
-        )  # fmt: skip
+        carry_out(app, recovery, reason=f"released by {by}", after=beside if holder.state == "running" else "")
     current().recorder.flush()
     logger.info("keyed queue key=%r ticket=%s released by %s", key, ticket, by)
     return recoveries
