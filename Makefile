@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # Two pytest-xdist workers, each with a temp dir, a Redis, a database and Celery workers of its own (tests/settings.py).
 PARALLEL := -n 2 --ds=tests.settings
 
-.PHONY: demo test check compat topologies lint docs bench redis-server postgresql chromium
+.PHONY: demo test check compat topologies lint docs bench redis-server postgresql chromium prometheus
 
 $(BIN)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,10 +38,17 @@ $(BIN)/.demo: setup.cfg pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[metrics]"
 	touch $@
 
+# Debian's promtool (its prometheus package): the tests fire the docs' alert rules with `promtool test rules`.
+prometheus:
+	@command -v promtool >/dev/null || { \
+		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; \
+		else echo "please install promtool (sudo apt-get install prometheus)"; exit 1; fi; }
+
 demo: redis-server $(BIN)/.demo
 	$(BIN)/python -m testproject.demo.run
 
-test: redis-server postgresql chromium $(BIN)/.installed lint
+test: redis-server postgresql chromium prometheus $(BIN)/.installed lint
 	$(BIN)/python -m pytest $(PARALLEL)
 	KEYED_QUEUE_TESTS_DATABASE=postgresql $(BIN)/python -m pytest $(PARALLEL) tests/django
 
