@@ -70,6 +70,8 @@ class RedisServer:
                 with redis.Redis(port=self.port) as client:
                     client.ping()
                 return self
+            except redis.AuthenticationError:  # it answered: its ACL file turns the default user off
+                return self
             except redis.ConnectionError:  # also BusyLoadingError, while it reads its append-only file
                 if self.process.poll() is not None or time.monotonic() > deadline:
                     raise ServerError(f"redis-server did not start: see {self.directory / 'redis.log'}") from None

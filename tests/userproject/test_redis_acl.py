@@ -37,10 +37,39 @@ REFUSED = "an ACL refusal (NOPERM"
 
 
 def acl_lines(title: str) -> list[str]:
-    """The ACL file lines docs/deployment.md gives for ``title``."""
-    blocks = re.findall(r"```text\n# users\.acl: (.*?)\n(.*?)```", DEPLOYMENT.read_text(), re.DOTALL)
-    (lines,) = [block.splitlines() for name, block in blocks if name == title]
+    """The ACL file docs/deployment.md gives for ``title`` (the paragraph before its block begins so)."""
+    blocks = re.findall(r"\n([^\n]*), `users\.acl`:\n\n```text\n(.*?)```", DEPLOYMENT.read_text(), re.DOTALL)
+    (lines,) = [block.splitlines() for caption, block in blocks if caption.lower().startswith(title)]
     return lines
+
+
+#: This test's own user, added to the docs' ACL file to read Redis' ACL log (the docs turn ``default`` off).
+ADMIN_LINE = "user tests-admin on >tests-admin-secret ~* &* +@all"
+
+
+def admin_client(server: RedisServer) -> redis.Redis:
+    return redis.Redis(port=server.port, username="tests-admin", password="tests-admin-secret")
+
+
+def test_each_block_pasted_whole_as_an_acl_file_starts_redis_with_default_off(workdir):
+    """The docs' ACL files as a user pastes them: Redis starts, refuses ``default``, and takes each user."""
+    for n, title in enumerate((ONE_USER, GATE_BESIDE_BROKER)):
+        lines = acl_lines(title)
+        assert lines[0] == "user default off", lines
+        directory = workdir / f"pasted-{n}"
+        directory.mkdir(parents=True)
+        (directory / "users.acl").write_text("\n".join(lines) + "\n")
+        server = RedisServer(f"redis://127.0.0.1:{free_port()}", directory)
+        server.start("--aclfile", str(directory / "users.acl"))
+        try:
+            with pytest.raises(redis.AuthenticationError), redis.Redis(port=server.port) as anyone:
+                anyone.ping()
+            for line in lines[1:]:
+                user = line.split()[1]
+                with redis.Redis(port=server.port, username=user, password=password(lines, user)) as client:
+                    assert client.ping(), user
+        finally:
+            server.stop()
 
 
 def password(lines: list[str], user: str) -> str:
@@ -57,7 +86,7 @@ def acl_redis(workdir) -> Iterator[Callable[[list[str]], RedisServer]]:
         directory = workdir / "redis"
         directory.mkdir(parents=True, exist_ok=True)
         aclfile = directory / "users.acl"
-        aclfile.write_text("\n".join(["user default on nopass ~* &* +@all", *lines]) + "\n")
+        aclfile.write_text("\n".join([*lines, ADMIN_LINE]) + "\n")
         server = RedisServer(f"redis://127.0.0.1:{free_port()}", directory)
         started.append(server)
         server.start("--aclfile", str(aclfile))
@@ -70,7 +99,7 @@ def acl_redis(workdir) -> Iterator[Callable[[list[str]], RedisServer]]:
 
 
 def refusals(server: RedisServer) -> list[dict]:
-    with redis.Redis(port=server.port) as admin:
+    with admin_client(server) as admin:
         return admin.acl_log()
 
 
@@ -132,7 +161,7 @@ def test_a_gate_user_beside_a_broker_user_pushes_or_says_once_why_it_cannot(acl_
         assert PUSHES not in log, "with two users the worker says only what it knows"
         assert REFUSED not in log
 
-        with redis.Redis(port=server.port) as admin:  # the gate user as it would be without the push's rules
+        with admin_client(server) as admin:  # the gate user as it would be without the push's rules
             admin.execute_command("ACL", "SETUSER", "gate", "resetkeys", "~keyed_queue:*")
             admin.acl_log_reset()
         run_keyed_tasks(project, "refused")
