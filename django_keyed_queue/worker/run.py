@@ -114,6 +114,7 @@ class Run:
                 },  # fmt: skip
             )
         )
+        tag_error_reports(lease.key, attempts)
         process.leases.hold(lease, cast(str, request.id), attempts, task.serial_pool)
         process.totals.count("started", task)
         waited = waited_for_key(request) if attempts == 1 else None
@@ -343,6 +344,14 @@ class Run:
             send_now(ticket_header(lease.key, lease.ticket, dispatch))
 
         return send_to_gate(task.app, task, task_id, args, kwargs, options, keep_slot_for_retry)
+
+
+def tag_error_reports(key: str, attempt: int) -> None:
+    """What the run's error reports say besides Celery's: its key and attempt, as tags of the Sentry scope its
+    task runs in (sentry-sdk's Celery integration gives each task one), where the project uses sentry-sdk."""
+    sentry = sys.modules.get("sentry_sdk")  # never imported here: a project without it pays nothing
+    if sentry is not None:
+        sentry.set_tags({"keyed_queue.key": key, "keyed_queue.attempt": attempt})
 
 
 def key_drift(task: KeyedTaskProtocol, key: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> InvalidKey | None:
