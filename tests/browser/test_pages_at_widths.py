@@ -64,8 +64,9 @@ TEXT_BOXES = """element => {
 
 
 def assert_title_clear_of_the_buttons(page) -> None:
-    """No line of the page's title (h1, and the subtitle h2 of Django 5) runs under an object-tools button."""
-    titles = page.locator("#content > h1, #content > h2")
+    """No line of the page's title (h1, and the subtitle h2 of Django 5 on) runs under an object-tools button."""
+    # Django 6.1 puts them in a .titles box.
+    titles = page.locator("#content > h1, #content > h2, #content .titles > h1, #content .titles > h2")
     assert titles.count() >= 1
     for title in titles.all():
         lines = title.evaluate(TEXT_BOXES)
@@ -78,10 +79,26 @@ def assert_title_clear_of_the_buttons(page) -> None:
                 )
 
 
+#: Each box of the page that scrolls sideways, as "<tag>#id.class: scrollWidth > clientWidth" (Django's change list
+#: scrolls its table inside ``.results``: a column behind that scrollbar is as hidden as one off-screen).
+SCROLLED_BOXES = """() => Array.from(document.querySelectorAll("#content *")).filter(e => {
+    const overflow = getComputedStyle(e).overflowX;
+    return (overflow === "auto" || overflow === "scroll") && e.scrollWidth > e.clientWidth + 1;
+}).map(e => `${e.tagName.toLowerCase()}#${e.id}.${e.className}: ${e.scrollWidth} > ${e.clientWidth}`)"""
+
+
+#: A list's columns and their widths, for the message of a list wider than its box.
+COLUMN_WIDTHS = """() => Array.from(document.querySelectorAll("#result_list thead th, #live-keys thead th"))
+    .map(th => `${th.className}: ${Math.round(th.getBoundingClientRect().width)}`)"""
+
+
 def assert_fits(page) -> None:
-    """No horizontal scrollbar: nothing is wider than the window."""
+    """No horizontal scrollbar, of the window or of any box in it: nothing is wider than where it is shown."""
     scroll, client = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
-    assert scroll <= client, f"at {page.viewport_size['width']} px the page is {scroll} px wide"
+    columns = page.evaluate(COLUMN_WIDTHS)
+    assert scroll <= client, f"at {page.viewport_size['width']} px the page is {scroll} px wide: {columns}"
+    columns = page.evaluate(COLUMN_WIDTHS)
+    assert page.evaluate(SCROLLED_BOXES) == [], f"at {page.viewport_size['width']} px a box scrolls sideways: {columns}"
 
 
 def assert_on_screen(page, locator) -> None:
@@ -245,6 +262,8 @@ def test_the_live_keys_page(gate_redis, logged_in):
         for name in keys:
             assert_on_screen(page, row[name].locator("td").first)
             assert_on_screen(page, row[name].locator("td.actions button").last)
+        for button in page.locator("#live-keys td.actions a.button, #live-keys td.actions button").all():
+            assert len(button.evaluate(TEXT_BOXES)) == 1, f"{button.inner_text()!r} wraps over its cell"
 
 
 def test_the_idempotency_keys_list(logged_in):
@@ -266,3 +285,15 @@ def test_the_idempotency_keys_list(logged_in):
         assert_title_clear_of_the_buttons(page)
         assert page.locator("#result_list tbody tr").count() == 12
         assert_on_screen(page, page.locator("#result_list thead th").last)
+
+
+def test_our_pages_breadcrumbs_are_styled_as_django_s_own(gate_redis, logged_in):
+    """Each Django writes its admin's breadcrumbs its own way (a ``div`` before 6.0, an ``ol`` since), and styles
+    only that: ours, in the same markup, wear the same bar as Django's own pages."""
+    page = logged_in
+    task = seed_history()[0]
+    page.goto(LIST)
+    bar = page.locator(".breadcrumbs").evaluate("e => [getComputedStyle(e).backgroundColor, e.tagName]")
+    for ours in (f"{LIST}keys/", f"{LIST}{task.pk}/act/cancel/"):
+        page.goto(ours)
+        assert page.locator(".breadcrumbs").evaluate("e => [getComputedStyle(e).backgroundColor, e.tagName]") == bar

@@ -65,8 +65,10 @@ DETAIL_FIELDS = (
 #: What a page shows for a time or a span that has none yet.
 NOTHING = "—"
 
-#: A span that still grows, which the page's script ticks (``since_script.html``).
-TICKING = '<span class="kq-since" data-since="{}">{}</span>'
+#: A span that still grows, which the page's script ticks (``since_script.html``); never broken across lines.
+TICKING = '<span class="kq-since" data-since="{}" style="white-space: nowrap">{}</span>'
+#: A short value the list's narrow columns never break ("12 min 3 s"; a date; a time of day).
+UNBROKEN = '<span style="white-space: nowrap">{}</span>'
 
 
 def _at(field: str, label: StrOrPromise) -> Callable:
@@ -116,7 +118,9 @@ class KeyedTaskAdmin(_PagesOfOurs):
 
     @admin.display(description=_("enqueued at"))
     def enqueued_at_s(self, task: KeyedTask) -> str | None:
-        return at(task.enqueued_at)
+        """Its moment, as every page of ours writes one; in the list it may wrap between its date and its time."""
+        day, _, time_of_day = (at(task.enqueued_at) or "").partition(" ")
+        return format_html(UNBROKEN + " " + UNBROKEN, day, time_of_day)
 
     @admin.display(description=_("waited"))
     def waited(self, task: KeyedTask) -> str | None:
@@ -125,7 +129,7 @@ class KeyedTaskAdmin(_PagesOfOurs):
             waits_since = task.due_at or task.enqueued_at
             if waits_since <= timezone.now():
                 return format_html("waiting for " + TICKING, epoch_ms(waits_since), took(timezone.now() - waits_since))
-        return took(task.waited) or NOTHING
+        return format_html(UNBROKEN, took(task.waited) or NOTHING)
 
     @admin.display(description=_("ran"))
     def ran(self, task: KeyedTask) -> str | None:
@@ -133,7 +137,7 @@ class KeyedTaskAdmin(_PagesOfOurs):
             return format_html(
                 "running for " + TICKING, epoch_ms(task.started_at), took(timezone.now() - task.started_at)
             )
-        return took(task.ran) or NOTHING
+        return format_html(UNBROKEN, took(task.ran) or NOTHING)
 
     @admin.display(description=_("retried as"))
     def retried_as_link(self, task: KeyedTask) -> str:
@@ -528,7 +532,7 @@ class IdempotencyKeyAdmin(_PagesOfOurs):
     """Which task a duplicate submission resolves to, and how many it answered. The fingerprint and the
     arguments' digest are not shown: small arguments (an amount) could be guessed from them offline."""
 
-    list_display = ("key_said", "task_name", "task_found", "duplicates", "last_duplicate", "created", "expires")
+    list_display = ("key_said", "task_name", "task_found", "answered", "last_duplicate", "created", "expires")
     fields = readonly_fields = ("key_said", "task_name", "task_link", *list_display[3:])
     search_fields = ("=key", "=task_id")
     search_help_text = _("An idempotency key or a task id, whole. Case-sensitive.")
@@ -536,6 +540,11 @@ class IdempotencyKeyAdmin(_PagesOfOurs):
     created = _at("created_at", _("created at"))
     expires = _at("expires_at", _("expires at"))
     last_duplicate = _at("last_duplicate_at", _("last duplicate at"))
+
+    @admin.display(description=_("duplicates"), ordering="duplicates")
+    def answered(self, claim: IdempotencyKey) -> int:
+        """How many duplicate submissions it answered with its task (the column's name kept short)."""
+        return claim.duplicates
 
     @admin.display(description=_("idempotency key"))
     def key_said(self, claim: IdempotencyKey) -> StrOrPromise:
