@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from datetime import timedelta
 
@@ -16,6 +17,17 @@ TASK_NAMES = (
     "testproject.demo.tasks.write_file",
     "testproject.demo.tasks.step",
 )
+
+
+#: One seek of the task-name filter's skip scan (``recorded_task_names``), as either database writes it.
+TASK_NAME_SEEK = re.compile(
+    r'SELECT "keyed_queue_keyedtask"\."task_name"( AS "task_name")? FROM "keyed_queue_keyedtask"'
+    r'( WHERE "keyed_queue_keyedtask"\."task_name" > .+)? ORDER BY .+ LIMIT 1'
+)
+
+
+def is_task_name_seek(sql: str) -> bool:
+    return TASK_NAME_SEEK.fullmatch(sql) is not None
 
 
 def status_of(i: int) -> str:

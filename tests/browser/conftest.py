@@ -47,8 +47,10 @@ def _gate_without_workers(settings):
 
 
 @pytest.fixture(scope="session")
-def admin_server(django_db_setup) -> str:
-    """The base URL of the testproject served by ``runserver`` on a free port."""
+def admin_server(django_db_setup, redis_server) -> str:
+    """The base URL of the testproject served by ``runserver`` on a free port, its gate on the tests' Redis
+    (started first: a task's page reads the gate, and a test that asks for no Redis of its own may be the
+    first of its worker)."""
     port = free_port()
     log_path = DATA_DIR / "logs" / "runserver.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)

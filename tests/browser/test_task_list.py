@@ -55,7 +55,7 @@ def test_filtering_by_status_and_searching_a_key(logged_in, screenshot):
     page.goto(LIST)
     follow(page, page.locator("#changelist-filter").get_by_role("link", name="failed", exact=True))
     failed = [r.task_id for r in rows if r.status == "failed"]
-    assert shown_task_ids(page) == failed and set(column(page, "status")) == {"failed"}
+    assert shown_task_ids(page) == failed and set(column(page, "status_said")) == {"failed"}
     screenshot("1-failed")
 
     page.fill("#searchbar", "account:3")

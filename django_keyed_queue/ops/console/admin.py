@@ -94,7 +94,17 @@ class _PagesOfOurs(admin.ModelAdmin):
 
 @admin.register(KeyedTask)
 class KeyedTaskAdmin(_PagesOfOurs):
-    list_display = ("short_id", "task_name", "key", "ticket", "status", "attempts", "enqueued_at_s", "waited", "ran")
+    list_display = (
+        "short_id",
+        "task_name",
+        "key",
+        "ticket",
+        "status_said",
+        "attempts",
+        "enqueued_at_s",
+        "waited",
+        "ran",
+    )
     list_filter = ("status", TaskNameFilter)
     search_fields = ("=key", "=task_id")
     search_help_text = _(
@@ -115,6 +125,14 @@ class KeyedTaskAdmin(_PagesOfOurs):
     def short_id(self, task: KeyedTask) -> str:
         """The first 8 characters (a task id is 36): the full id on hover and on the task's page."""
         return format_html('<span title="{}">{}</span>', task.task_id, task.task_id[:8])
+
+    @admin.display(description=_("status"))
+    def status_said(self, task: KeyedTask) -> str:
+        """Its status, marked where another task took its place: an operator's retry, a newer submission."""
+        said = task.get_status_display()
+        if task.retried_as:
+            return format_html('{}, <a href="?q={}" title="{}">retried</a>', said, task.retried_as, task.retried_as)
+        return f"{said}, superseded" if task.superseded_by else said
 
     @admin.display(description=_("enqueued at"))
     def enqueued_at_s(self, task: KeyedTask) -> str | None:
