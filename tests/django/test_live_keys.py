@@ -218,9 +218,11 @@ def commands_run(client) -> int:
 
 
 def page_load_cost(gate_redis, read: int) -> tuple[int, int]:
-    """The Redis commands and the queries of one ``live_keys(read=read)``. What this process counted is added
-    first: the totals' own thread would add it within a second, inside the measured load on a slow machine."""
+    """The Redis commands and the queries of one ``live_keys(read=read)``. What this process counted, and the
+    records it buffered (an earlier test's), are written first: the totals' and the recorder's own threads
+    would write them within a second, inside the measured load on a slow machine (two commands more, once)."""
     current().totals.flush()
+    current().recorder.flush()
     before = commands_run(gate_redis)
     with CaptureQueriesContext(connection) as queries:
         live_keys(read=read)
