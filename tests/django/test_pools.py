@@ -350,30 +350,23 @@ def test_the_api_sets_a_pool_s_limit_and_rate_once_however_often_asked(gate_redi
         set_limits(pool="two", rate="1/s")
 
 
-@override_settings(KEYED_QUEUE_POOLS=POOLS)
-def test_the_live_page_tells_a_task_waiting_for_its_pool_by_its_words_and_its_task_id(gate_redis, broker, as_user):
-    """G9: "waiting for pool 'one'", not the gate's state name; a holder named by its task, never by a ticket."""
-    from django.urls import reverse
-
-    @keyed_serial_task(key="{key}", pool="one", name="tests.pools.one_at_a_time")
-    def one_at_a_time(key, n):
-        return n
-
-    gate = get_gate()
-    for key in ("a", "b"):
-        result = one_at_a_time.apply_async((key, 0), queue=QUEUE)
+def in_pool_one(task, keys: tuple[str, ...]) -> list[str]:
+    """A task of each of ``keys`` (their ids), as the workers leave them: the first holds pool "one"'s one
+    slot, the others wait for it in turn; their rows written."""
+    gate, ids = get_gate(), []
+    for key in keys:
+        ids.append(task.apply_async((key, 0), queue=QUEUE).id)
         ticket = gate.inspect(key).holders.popitem()[0]
         if gate.pool_acquire(Pool("one", limit=1, interval_ms=0), key, ticket).code is Code.PARKED:
             assert gate.pool_wait(key, ticket, 1, pool="one")
     write_submission_rows()
-    page = as_user("vic", "view_keyedtask").get(reverse("admin:keyed_queue_keys")).content.decode()
-    row = page[page.index('data-key="b"') :].split("</tr>")[0]
-    assert "waiting for pool &#x27;one&#x27;" in row and "waiting_for_pool" not in row, row
-    assert f"[{result.id}]" in row and "#1" not in row, row
+    return ids
 
 
 @override_settings(KEYED_QUEUE_POOLS=POOLS)
-def test_a_task_waiting_for_its_pool_names_the_pool_s_holders_and_its_page_its_pool(gate_redis, broker, admin_client):
+def test_a_task_waiting_for_its_pool_is_told_in_words_with_the_pool_s_holders_and_its_pool(gate_redis, broker, as_user):
+    """G9 on every surface: "waiting for pool 'one'", never the gate's state name; a holder named by its task,
+    never by a ticket; the pool's holders named (linked on its page), and its page names its pool."""
     from django.urls import reverse
 
     from django_keyed_queue import explain
@@ -382,15 +375,12 @@ def test_a_task_waiting_for_its_pool_names_the_pool_s_holders_and_its_page_its_p
     def one_slot(key, n):
         return n
 
-    gate = get_gate()
-    ids = []
-    for key in ("a", "b"):
-        ids.append(one_slot.apply_async((key, 0), queue=QUEUE).id)
-        ticket = gate.inspect(key).holders.popitem()[0]
-        if gate.pool_acquire(Pool("one", limit=1, interval_ms=0), key, ticket).code is Code.PARKED:
-            assert gate.pool_wait(key, ticket, 1, pool="one")
-    write_submission_rows()
-    holder, waiting = ids
+    holder, waiting = in_pool_one(one_slot, ("a", "b"))
+    admin_client = as_user("vic", "view_keyedtask")
+    page = admin_client.get(reverse("admin:keyed_queue_keys")).content.decode()
+    row = page[page.index('data-key="b"') :].split("</tr>")[0]
+    assert "waiting for pool &#x27;one&#x27;" in row and "waiting_for_pool" not in row, row
+    assert f"[{waiting}]" in row and "#1" not in row, row
 
     why = explain(waiting)
     assert why.reasons[0].startswith(f"waiting for pool 'one' (1 of 1 running: tests.pools.one_slot[{holder}]); ")
