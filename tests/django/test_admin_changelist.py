@@ -175,7 +175,7 @@ def test_the_list_shows_short_ids_seconds_and_durations(admin_client):
     page = admin_client.get(reverse("admin:keyed_queue_keyedtask_changelist")).content.decode()
     assert '<span title="0123456789abcdef-full-id">01234567</span>' in page
     day, time_of_day = localtime(at).strftime("%Y-%m-%d"), localtime(at).strftime("%H:%M:%S")
-    assert f'{day}</span> <span style="white-space: nowrap">{time_of_day}' in page, "a moment, wrapping at its space"
+    assert f'{day}</span> <span class="kq-unbroken">{time_of_day}' in page, "a moment, wrapping at its space"
     assert "2.5 s" in page and "12 ms" in page, "waited for the key, then ran"
     detail = admin_client.get(reverse("admin:keyed_queue_keyedtask_change", args=[task.pk])).content.decode()
     assert "0123456789abcdef-full-id" in detail

@@ -65,10 +65,10 @@ DETAIL_FIELDS = (
 #: What a page shows for a time or a span that has none yet.
 NOTHING = "—"
 
-#: A span that still grows, which the page's script ticks (``since_script.html``); never broken across lines.
-TICKING = '<span class="kq-since" data-since="{}" style="white-space: nowrap">{}</span>'
-#: A short value the list's narrow columns never break ("12 min 3 s"; a date; a time of day).
-UNBROKEN = '<span style="white-space: nowrap">{}</span>'
+#: A span that still grows, which the page's script ticks (``since_script.html``).
+TICKING = '<span class="kq-since" data-since="{}">{}</span>'
+#: A short value the list's narrow columns never break ("12 min 3 s"; a date; a time of day; see its CSS).
+UNBROKEN = '<span class="kq-unbroken">{}</span>'
 
 
 def _at(field: str, label: StrOrPromise) -> Callable:
